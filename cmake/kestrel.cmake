@@ -1,0 +1,27 @@
+# Shared compile flags and the one-library-per-folder helper.
+add_library(kestrel_flags INTERFACE)
+target_compile_options(kestrel_flags INTERFACE -Wall -Wextra -Werror -Wno-unknown-pragmas)
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  # GCC 12 reports false -Wrestrict positives inside libstdc++ string concatenation (GCC PR105651).
+  target_compile_options(kestrel_flags INTERFACE -Wno-restrict)
+endif()
+if(KESTREL_NATIVE)
+  target_compile_options(kestrel_flags INTERFACE -march=native)
+endif()
+if(KESTREL_SANITIZE)
+  target_compile_options(kestrel_flags INTERFACE -fsanitize=address,undefined -fno-omit-frame-pointer
+                                                 -fno-sanitize-recover=undefined)
+  target_link_options(kestrel_flags INTERFACE -fsanitize=address,undefined)
+endif()
+if(KESTREL_FUZZ)
+  target_compile_options(kestrel_flags INTERFACE -fsanitize=fuzzer-no-link)
+endif()
+
+# kestrel_library(<name> SOURCES <files...> DEPS <targets...>)
+# Creates target kestrel_<name>; dependencies must point down the tree (docs/ARCHITECTURE.md).
+function(kestrel_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_library(kestrel_${name} STATIC ${ARG_SOURCES})
+  target_include_directories(kestrel_${name} PUBLIC ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(kestrel_${name} PUBLIC kestrel_flags ${ARG_DEPS})
+endfunction()

@@ -1,0 +1,129 @@
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "app/args.h"
+#include "app/commands.h"
+#include "app/default_model.h"
+#include "runtime/engine.h"
+#include "runtime/sampler.h"
+
+namespace kestrel::app {
+
+std::string resolve_model_or_default(const std::string& model_flag, bool verbose, int& rc) {
+  rc = 0;
+  if (!model_flag.empty()) return model_flag;
+  auto d = ensure_preset_model("k3-default", verbose);
+  if (!d) {
+    std::fprintf(stderr, "kestrel: %s\n", d.error().message().c_str());
+    rc = 1;
+    return "";
+  }
+  if (verbose) std::fprintf(stderr, "kestrel: no --model given: using the embedded default K3-architecture model "
+                                    "(RANDOM weights: the output is not meaningful text)\n");
+  return *d;
+}
+
+namespace {
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "kestrel: %s\n", s.message().c_str());
+  return 1;
+}
+
+// Top-n (id, logit) pairs of one row.
+std::vector<std::pair<int32_t, float>> top_entries(const std::vector<float>& l, int n) {
+  std::vector<int32_t> idx(l.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int32_t>(i);
+  n = std::min<int>(n, static_cast<int>(idx.size()));
+  std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {
+    return l[static_cast<size_t>(a)] > l[static_cast<size_t>(b)] || (l[static_cast<size_t>(a)] == l[static_cast<size_t>(b)] && a < b);
+  });
+  std::vector<std::pair<int32_t, float>> out;
+  for (int i = 0; i < n; ++i) out.push_back({idx[static_cast<size_t>(i)], l[static_cast<size_t>(idx[static_cast<size_t>(i)])]});
+  return out;
+}
+
+}  // namespace
+
+int cmd_generate(const std::vector<std::string>& argv) {
+  auto a = Args::parse(argv, {"model", "prompt-ids", "max-tokens", "temperature", "top-k", "top-p", "min-p", "seed",
+                              "chunk", "top-logits"},
+                       {"json", "ignore-eos", "quiet"});
+  if (!a) return fail(a.error());
+  const bool quiet = a->has("quiet");
+  int rc = 0;
+  const std::string dir = resolve_model_or_default(a->str("model"), !quiet, rc);
+  if (rc) return rc;
+  auto ids = parse_id_list(a->str("prompt-ids", a->has("model") ? "" : "1,2,3"));
+  if (!ids) return fail(ids.error());
+  auto max_tokens = a->integer("max-tokens", 16);
+  auto temp = a->number("temperature", 0.0);
+  auto top_k = a->integer("top-k", 0);
+  auto top_p = a->number("top-p", 1.0);
+  auto min_p = a->number("min-p", 0.0);
+  auto seed = a->integer("seed", 0);
+  auto chunk = a->integer("chunk", 512);
+  auto top_logits = a->integer("top-logits", 0);
+  Status bad;
+  auto chk = [&](const auto& r) {
+    if (!r && bad.is_ok()) bad = r.error();
+  };
+  chk(max_tokens), chk(temp), chk(top_k), chk(top_p), chk(min_p), chk(seed), chk(chunk), chk(top_logits);
+  if (!bad.is_ok()) return fail(bad);
+  if (*max_tokens < 0 || *temp < 0 || *top_k < 0 || *top_p <= 0 || *top_p > 1 || *min_p < 0 || *min_p > 1 ||
+      *chunk < 1 || *top_logits < 0)
+    return fail(invalid_argument("sampling flag out of range"));
+
+  auto eng = Engine::load(dir);
+  if (!eng) return fail(eng.error());
+  Engine& e = **eng;
+  SamplingParams sp{static_cast<float>(*temp), static_cast<int>(*top_k), static_cast<float>(*top_p),
+                    static_cast<float>(*min_p), static_cast<uint64_t>(*seed)};
+  Sampler sampler(sp);
+  SequenceState seq = e.new_sequence();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto logits = e.prefill(seq, *ids, *chunk);
+  if (!logits) return fail(logits.error());
+  const auto t1 = std::chrono::steady_clock::now();
+  std::vector<int32_t> out;
+  nlohmann::json tops = nlohmann::json::array();
+  std::string finish = "length";
+  std::vector<float> cur = std::move(*logits);
+  for (long long i = 0; i < *max_tokens; ++i) {
+    if (*top_logits > 0) {
+      nlohmann::json row = nlohmann::json::array();
+      for (auto [id, v] : top_entries(cur, static_cast<int>(*top_logits))) row.push_back({{"id", id}, {"logit", v}});
+      tops.push_back(row);
+    }
+    const int32_t tok = sampler.sample(cur);
+    out.push_back(tok);
+    if (!a->has("ignore-eos") && tok == e.config().text.eos_token_id) {
+      finish = "stop";
+      break;
+    }
+    if (i + 1 == *max_tokens) break;
+    auto next = e.decode(seq, tok);
+    if (!next) return fail(next.error());
+    cur = std::move(*next);
+  }
+  const auto t2 = std::chrono::steady_clock::now();
+  const double pre_s = std::chrono::duration<double>(t1 - t0).count();
+  const double dec_s = std::chrono::duration<double>(t2 - t1).count();
+  if (a->has("json")) {
+    nlohmann::json j = {{"model", dir}, {"prompt_ids", *ids}, {"tokens", out}, {"finish_reason", finish},
+                        {"prefill_seconds", pre_s}, {"decode_seconds", dec_s}};
+    if (*top_logits > 0) j["top_logits"] = tops;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
+    std::printf("\n");
+    if (!quiet)
+      std::fprintf(stderr, "kestrel: %zu prompt tokens in %.3f s, %zu generated in %.3f s (finish: %s)\n", ids->size(),
+                   pre_s, out.size(), dec_s, finish.c_str());
+  }
+  return 0;
+}
+
+}  // namespace kestrel::app

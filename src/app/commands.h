@@ -1,0 +1,16 @@
+// CLI subcommands. Each returns the process exit code and prints one-line errors to stderr.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kestrel::app {
+
+int cmd_generate(const std::vector<std::string>& args);
+int cmd_make_model(const std::vector<std::string>& args);
+int cmd_bench(const std::vector<std::string>& args);
+
+// Resolves --model (a checkpoint dir) or, when absent, the embedded default.
+std::string resolve_model_or_default(const std::string& model_flag, bool verbose, int& rc);
+
+}  // namespace kestrel::app

@@ -1,0 +1,36 @@
+// kestrel: one binary, subcommands. Wiring only; the logic lives in the libraries.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "app/commands.h"
+
+namespace {
+void usage() {
+  std::fprintf(stderr,
+               "usage: kestrel <command> [flags]\n"
+               "  generate   --model DIR --prompt-ids 1,2,3 --max-tokens N [--json] [--top-logits K]\n"
+               "             [--temperature T --top-k K --top-p P --min-p M --seed S --chunk C]\n"
+               "  bench      [--preset k3-bench | --model DIR] [--prompt N --gen M --chunk C] [--json]\n"
+               "  make-model --preset NAME --out DIR [--seed S --shards N --bf16-experts ...]\n"
+               "With no command, kestrel runs `generate` on the embedded default model (random weights).\n");
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) return kestrel::app::cmd_generate({});
+  const std::string cmd = args.front();
+  args.erase(args.begin());
+  if (cmd == "generate") return kestrel::app::cmd_generate(args);
+  if (cmd == "bench") return kestrel::app::cmd_bench(args);
+  if (cmd == "make-model") return kestrel::app::cmd_make_model(args);
+  if (cmd == "-h" || cmd == "--help" || cmd == "help") return usage(), 0;
+  if (cmd.rfind("--", 0) == 0) {  // flags without a command: generate on the default model
+    args.insert(args.begin(), cmd);
+    return kestrel::app::cmd_generate(args);
+  }
+  std::fprintf(stderr, "kestrel: unknown command '%s'\n", cmd.c_str());
+  usage();
+  return 2;
+}

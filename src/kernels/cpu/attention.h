@@ -1,0 +1,25 @@
+// Causal softmax attention, fp32, one sequence. One kernel serves both MLA forms:
+//   expanded (prefill): per-head keys/values [L, H, D]        → k_head_stride = D
+//   absorbed (decode):  one shared 576-wide latent key row; values are its first 512 entries
+//                       → k_head_stride = v_head_stride = 0 (MQA)
+// Queries are the LAST T of the L positions: query t (absolute L-T+t) attends keys 0..L-T+t.
+#pragma once
+
+#include <cstdint>
+
+namespace kestrel::kernels {
+
+struct AttentionArgs {
+  int64_t T = 0, L = 0, H = 0, Dk = 0, Dv = 0;
+  const float* q = nullptr;  // [T, H, Dk]
+  const float* k = nullptr;  // element (j, h, d) at k[j*k_token_stride + h*k_head_stride + d]
+  int64_t k_token_stride = 0, k_head_stride = 0;
+  const float* v = nullptr;  // element (j, h, d) at v[j*v_token_stride + h*v_head_stride + d]
+  int64_t v_token_stride = 0, v_head_stride = 0;
+  float scale = 1.0f;
+  float* out = nullptr;  // [T, H, Dv]
+};
+
+void causal_attention(const AttentionArgs& a);
+
+}  // namespace kestrel::kernels

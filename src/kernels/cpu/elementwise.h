@@ -1,0 +1,23 @@
+// Small fp32 row ops: RMSNorm, activations, GLU variants. All shapes are [rows, n] contiguous.
+#pragma once
+
+#include <cstdint>
+
+namespace kestrel::kernels {
+
+// y = x * rsqrt(mean(x^2) + eps) * w   (w may be null → no weight). In-place allowed.
+void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y);
+
+// x / sqrt(sum(x^2) + eps), per row of n (fla's l2norm). In-place allowed.
+void l2_norm(float* x, int64_t rows, int64_t n, float eps);
+
+inline float sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
+inline float silu(float x) { return x * sigmoid(x); }
+
+// Gated linear unit over separate gate and up arrays [rows, n] → out [rows, n].
+//   SwiGLU: silu(g) * u
+//   SiTU-GLU: beta*tanh(g/beta)*sigmoid(g) * beta_lin*tanh(u/beta_lin)   (kimi_k3_spec.md §4.6)
+void swiglu(const float* g, const float* u, int64_t count, float* out);
+void situ_glu(const float* g, const float* u, int64_t count, float beta, float beta_lin, float* out);
+
+}  // namespace kestrel::kernels

@@ -1,0 +1,65 @@
+#include "layers/binder.h"
+
+namespace kestrel {
+
+namespace {
+const std::vector<DType> kFloat = {DType::kF32, DType::kBF16, DType::kF16};
+
+kernels::WeightFormat format_of(DType d) {
+  switch (d) {
+    case DType::kBF16: return kernels::WeightFormat::kBF16;
+    case DType::kF16: return kernels::WeightFormat::kF16;
+    default: return kernels::WeightFormat::kF32;
+  }
+}
+}  // namespace
+
+kernels::WeightMatrix Binder::linear(const std::string& name, int64_t out, int64_t in) {
+  kernels::WeightMatrix w;
+  w.out = out;
+  w.in = in;
+  if (!ok()) return w;
+  const std::string packed = name + ".weight_packed";
+  if (ckpt_.contains(packed)) {
+    if (in % 32 != 0) {
+      fail(corrupt(ckpt_.file_of(packed) + ": tensor '" + packed + "': MXFP4 input dim " + std::to_string(in) +
+                   " is not a multiple of 32"));
+      return w;
+    }
+    auto p = ckpt_.get(packed, {DType::kU8}, {out, in / 2});
+    if (!p) return fail(p.error()), w;
+    auto s = ckpt_.get(name + ".weight_scale", {DType::kU8}, {out, in / 32});
+    if (!s) return fail(s.error()), w;
+    w.format = kernels::WeightFormat::kMxfp4;
+    w.data = p->data;
+    w.scales = static_cast<const uint8_t*>(s->data);
+    return w;
+  }
+  auto t = ckpt_.get(name + ".weight", kFloat, {out, in});
+  if (!t) return fail(t.error()), w;
+  w.format = format_of(t->dtype);
+  w.data = t->data;
+  return w;
+}
+
+std::vector<float> Binder::vec(const std::string& name, const std::vector<int64_t>& shape) {
+  if (!ok()) return {};
+  auto t = ckpt_.get(name, kFloat, shape);
+  if (!t) return fail(t.error()), std::vector<float>{};
+  return to_f32(*t);
+}
+
+std::vector<float> Binder::vec_any(const std::string& name, const std::vector<std::vector<int64_t>>& shapes) {
+  if (!ok()) return {};
+  auto any = ckpt_.get(name, kFloat, {});
+  if (!any) return fail(any.error()), std::vector<float>{};
+  for (const auto& s : shapes)
+    if (any->shape == s) return to_f32(*any);
+  std::string want;
+  for (const auto& s : shapes) want += (want.empty() ? "" : " or ") + shape_str(s);
+  fail(corrupt(ckpt_.file_of(name) + ": tensor '" + name + "' has shape " + shape_str(any->shape) +
+               ", expected " + want));
+  return {};
+}
+
+}  // namespace kestrel

@@ -1,0 +1,53 @@
+// Feed-forward blocks: gated MLP (dense layer 0, shared experts, each routed expert) and the MoE
+// block in both forms (kimi_k3_spec.md §4.5 LatentMoE; kda_kimi_linear.md §5 Kimi Linear MoE).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "layers/binder.h"
+#include "loader/model_config.h"
+
+namespace kestrel {
+
+// down(act(gate x, up x)); act = SwiGLU or SiTU-GLU per config.
+class GatedMlp {
+ public:
+  // Names: <prefix><gate>.weight etc.; e.g. ("mlp.", "gate_proj", "up_proj", "down_proj") or
+  // ("experts.3.", "w1", "w3", "w2").
+  void bind(Binder& b, const std::string& prefix, const char* gate, const char* up, const char* down,
+            int64_t in, int64_t inter, const TextConfig& c);
+  // x: [T, in] → y: [T, in]   (y overwritten)
+  void forward(const float* x, int64_t T, float* y);
+
+ private:
+  const TextConfig* c_ = nullptr;
+  kernels::WeightMatrix wg_, wu_, wd_;
+  std::vector<float> g_, u_;
+};
+
+class MoeBlock {
+ public:
+  Status bind(Binder& b, const std::string& prefix, const TextConfig& c);
+  // x: [T, hidden] post-attention-normed → out: [T, hidden].
+  void forward(const float* x, int64_t T, float* out);
+
+  // Routing alone (exposed for tests): ids/weights [T, top_k].
+  void route(const float* x, int64_t T, std::vector<int>& ids, std::vector<float>& weights);
+
+ private:
+  const TextConfig* c_ = nullptr;
+  int64_t E_ = 0, K_ = 0, in_ = 0;  // in_ = latent width (LatentMoE) or hidden
+  kernels::WeightMatrix router_, lat_down_, lat_up_;
+  std::vector<float> bias_, lat_norm_;
+  std::vector<GatedMlp> experts_;
+  GatedMlp shared_;
+  bool has_shared_ = false;
+  // Scratch.
+  std::vector<float> logits_, z_, acc_, gathered_, eout_, shared_out_;
+  std::vector<int> ids_;
+  std::vector<float> w_;
+  std::vector<std::vector<std::pair<int64_t, float>>> by_expert_;
+};
+
+}  // namespace kestrel

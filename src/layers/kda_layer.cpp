@@ -1,0 +1,144 @@
+#include "layers/kda_layer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/kda.h"
+
+namespace kestrel {
+
+using kernels::matmul;
+
+void KdaState::reset(const TextConfig& c) {
+  const int64_t P = c.kda_proj_size(), W = c.linear_attn.short_conv_kernel_size;
+  const int64_t H = c.linear_attn.num_heads, D = c.linear_attn.head_dim;
+  conv.assign(static_cast<size_t>(3 * (W - 1) * P), 0.0f);
+  recurrent.assign(static_cast<size_t>(H * D * D), 0.0f);
+}
+
+Status KdaLayer::bind(Binder& b, const std::string& p, const TextConfig& c) {
+  c_ = &c;
+  H_ = c.linear_attn.num_heads;
+  D_ = c.linear_attn.head_dim;
+  P_ = H_ * D_;
+  W_ = c.linear_attn.short_conv_kernel_size;
+  const int64_t hid = c.hidden_size;
+  wq_ = b.linear(p + "q_proj", P_, hid);
+  wk_ = b.linear(p + "k_proj", P_, hid);
+  wv_ = b.linear(p + "v_proj", P_, hid);
+  const char* conv_names[3] = {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"};
+  for (int i = 0; i < 3; ++i) conv_w_[i] = b.vec(p + conv_names[i], {P_, 1, W_});
+  wfa_ = b.linear(p + "f_a_proj", D_, hid);
+  wfb_ = b.linear(p + "f_b_proj", P_, D_);
+  wb_ = b.linear(p + "b_proj", H_, hid);
+  dt_bias_ = b.vec(p + "dt_bias", {P_});
+  // A_log is per head: Kimi Linear stores [1,1,H,1]; K3 stores [head_dim] padded past H.
+  std::vector<std::vector<int64_t>> a_shapes = {{1, 1, H_, 1}, {H_}};
+  if (D_ > H_) a_shapes.push_back({D_});
+  const std::vector<float> a_log = b.vec_any(p + "A_log", a_shapes);
+  a_exp_.resize(static_cast<size_t>(H_));
+  if (b.ok())
+    for (int64_t h = 0; h < H_; ++h) a_exp_[static_cast<size_t>(h)] = std::exp(a_log[static_cast<size_t>(h)]);
+  o_norm_ = b.vec(p + "o_norm.weight", {D_});
+  if (c.linear_attn.use_full_rank_gate) {
+    wg_ = b.linear(p + "g_proj", P_, hid);
+  } else {
+    wga_ = b.linear(p + "g_a_proj", D_, hid);
+    wgb_ = b.linear(p + "g_b_proj", P_, D_);
+  }
+  wo_ = b.linear(p + "o_proj", hid, P_);
+  return b.status();
+}
+
+// Depthwise causal conv over time (kernel W, no bias) + SiLU; conv_state holds the previous W-1
+// inputs [W-1, P] oldest first and is advanced by T tokens.
+void KdaLayer::short_conv(const float* in, int64_t T, int which, float* conv_state, float* out) {
+  const float* w = conv_w_[which].data();
+  const int64_t hist = W_ - 1;
+  auto input_at = [&](int64_t t, int64_t c) -> float {  // t may be negative (history)
+    return t >= 0 ? in[t * P_ + c] : conv_state[(hist + t) * P_ + c];
+  };
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < P_; ++c) {
+    for (int64_t t = 0; t < T; ++t) {
+      float s = 0;
+      for (int64_t i = 0; i < W_; ++i) s += w[c * W_ + i] * input_at(t - hist + i, c);
+      out[t * P_ + c] = kernels::silu(s);
+    }
+  }
+  // Advance the history: new state row r holds input at time T - hist + r.
+  std::vector<float>& next = conv_next_;
+  next.resize(static_cast<size_t>(hist * P_));
+  for (int64_t r = 0; r < hist; ++r)
+    for (int64_t c = 0; c < P_; ++c) next[static_cast<size_t>(r * P_ + c)] = input_at(T - hist + r, c);
+  std::copy(next.begin(), next.end(), conv_state);
+}
+
+void KdaLayer::forward(const float* x, int64_t T, KdaState& st, float* out, bool force_recurrent) {
+  const size_t TP = static_cast<size_t>(T * P_);
+  const kernels::WeightMatrix* w[3] = {&wq_, &wk_, &wv_};
+  for (int i = 0; i < 3; ++i) {
+    proj_[i].resize(TP);
+    act_[i].resize(TP);
+    matmul(*w[i], x, T, proj_[i].data());
+    short_conv(proj_[i].data(), T, i, st.conv.data() + i * (W_ - 1) * P_, act_[i].data());
+  }
+  kernels::l2_norm(act_[0].data(), T * H_, D_, 1e-6f);
+  kernels::l2_norm(act_[1].data(), T * H_, D_, 1e-6f);
+
+  // Decay gate g [T, H, D] (log space), written into f_.
+  f_low_.resize(static_cast<size_t>(T * D_));
+  f_.resize(TP);
+  matmul(wfa_, x, T, f_low_.data());
+  matmul(wfb_, f_low_.data(), T, f_.data());
+  const bool bounded = c_->linear_attn.gate_lower_bound.has_value();
+  const float lb = bounded ? *c_->linear_attn.gate_lower_bound : 0.0f;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < P_; ++c) {
+      float& g = f_[static_cast<size_t>(t * P_ + c)];
+      const float a = a_exp_[static_cast<size_t>(c / D_)];
+      const float z = g + dt_bias_[static_cast<size_t>(c)];
+      if (bounded) {
+        g = lb * kernels::sigmoid(a * z);
+      } else {
+        const float sp = z > 20.0f ? z : std::log1p(std::exp(z));
+        g = -a * sp;
+      }
+    }
+  beta_.resize(static_cast<size_t>(T * H_));
+  matmul(wb_, x, T, beta_.data());
+  for (float& v : beta_) v = kernels::sigmoid(v);
+
+  o_.resize(TP);
+  kernels::KdaArgs a;
+  a.T = T;
+  a.H = H_;
+  a.K = D_;
+  a.V = D_;
+  a.q = act_[0].data();
+  a.k = act_[1].data();
+  a.v = act_[2].data();
+  a.g = f_.data();
+  a.beta = beta_.data();
+  a.scale = 1.0f / std::sqrt(static_cast<float>(D_));
+  a.state = st.recurrent.data();
+  a.out = o_.data();
+  if (T == 1 || force_recurrent) kernels::kda_recurrent(a);
+  else kernels::kda_chunked(a, 64);
+
+  // Output gate and per-head gated RMSNorm (sigmoid).
+  gate_.resize(TP);
+  if (c_->linear_attn.use_full_rank_gate) {
+    matmul(wg_, x, T, gate_.data());
+  } else {
+    gate_low_.resize(static_cast<size_t>(T * D_));
+    matmul(wga_, x, T, gate_low_.data());
+    matmul(wgb_, gate_low_.data(), T, gate_.data());
+  }
+  kernels::rms_norm(o_.data(), o_norm_.data(), T * H_, D_, c_->rms_norm_eps, o_.data());
+  for (size_t i = 0; i < TP; ++i) o_[i] *= kernels::sigmoid(gate_[i]);
+  matmul(wo_, o_.data(), T, out);
+}
+
+}  // namespace kestrel

@@ -1,0 +1,41 @@
+// Kimi Delta Attention layer (kimi_k3_spec.md §4.3, kda_kimi_linear.md §3).
+// Both gate forms (bounded sigmoid with gate_lower_bound; -exp(A_log)·softplus) and both output
+// gates (full-rank g_proj; low-rank g_a/g_b) are typed config choices.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "layers/binder.h"
+#include "loader/model_config.h"
+
+namespace kestrel {
+
+// Per-sequence KDA state for one layer.
+struct KdaState {
+  std::vector<float> conv;       // [3 (q,k,v), W-1, P]: last W-1 pre-conv inputs, oldest first
+  std::vector<float> recurrent;  // [H, K, V] fp32
+  void reset(const TextConfig& c);
+};
+
+class KdaLayer {
+ public:
+  Status bind(Binder& b, const std::string& prefix, const TextConfig& c);
+  // x: [T, hidden] (already input-normed); out: [T, hidden]. `force_recurrent` is for tests.
+  void forward(const float* x, int64_t T, KdaState& st, float* out, bool force_recurrent = false);
+
+ private:
+  void short_conv(const float* in, int64_t T, int which, float* conv_state, float* out);
+
+  const TextConfig* c_ = nullptr;
+  int64_t H_ = 0, D_ = 0, P_ = 0, W_ = 0;
+  kernels::WeightMatrix wq_, wk_, wv_, wfa_, wfb_, wb_, wg_, wga_, wgb_, wo_;
+  std::vector<float> conv_w_[3];  // [P, W]
+  std::vector<float> a_exp_;      // exp(A_log[h]) for h < H
+  std::vector<float> dt_bias_;    // [P]
+  std::vector<float> o_norm_;     // [D]
+  // Scratch, reused across calls (the layer is not reentrant).
+  std::vector<float> proj_[3], act_[3], conv_next_, f_low_, f_, beta_, gate_low_, gate_, o_;
+};
+
+}  // namespace kestrel

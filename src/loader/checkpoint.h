@@ -1,0 +1,43 @@
+// A Hugging Face checkpoint directory: config.json plus one model.safetensors or shards listed in
+// model.safetensors.index.json. Tensors are looked up by name with strict dtype/shape checks; every
+// lookup is recorded so the binder can report tensors the model never used.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "loader/safetensors.h"
+
+namespace kestrel {
+
+class Checkpoint {
+ public:
+  static Result<Checkpoint> open(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
+  // Any dtype in `dtypes` accepted (empty = any); shape must match exactly (empty = any).
+  Result<TensorView> get(const std::string& name, const std::vector<DType>& dtypes,
+                         const std::vector<int64_t>& shape);
+  // Names never fetched through get().
+  std::vector<std::string> unused() const;
+  // Where a tensor lives, for error messages.
+  std::string file_of(const std::string& name) const;
+  size_t size() const { return tensors_.size(); }
+
+ private:
+  struct Loc {
+    size_t file;
+    const SafetensorsEntry* entry;
+  };
+  std::string dir_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, Loc> tensors_;
+  std::set<std::string> used_;
+};
+
+}  // namespace kestrel

@@ -1,0 +1,222 @@
+#include "loader/model_config.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace kestrel {
+namespace {
+
+using nlohmann::json;
+
+// Reads keys from one JSON object; collects the first error with the file and key named.
+class Reader {
+ public:
+  Reader(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
+  const Status& status() const { return st_; }
+  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+
+  int req_int(const char* key) {
+    if (!has(key)) return fail(key, "missing required key"), 0;
+    if (!j_[key].is_number_integer()) return fail(key, "must be an integer"), 0;
+    return j_[key].get<int>();
+  }
+  int opt_int(const char* key, int dflt) { return has(key) ? req_int(key) : dflt; }
+  float req_float(const char* key) {
+    if (!has(key)) return fail(key, "missing required key"), 0.0f;
+    if (!j_[key].is_number()) return fail(key, "must be a number"), 0.0f;
+    return j_[key].get<float>();
+  }
+  float opt_float(const char* key, float dflt) { return has(key) ? req_float(key) : dflt; }
+  bool opt_bool(const char* key, bool dflt) {
+    if (!has(key)) return dflt;
+    if (!j_[key].is_boolean()) return fail(key, "must be a boolean"), dflt;
+    return j_[key].get<bool>();
+  }
+  std::string req_str(const char* key) {
+    if (!has(key)) return fail(key, "missing required key"), "";
+    if (!j_[key].is_string()) return fail(key, "must be a string"), "";
+    return j_[key].get<std::string>();
+  }
+  std::vector<int> req_layer_list(const char* key, int num_layers) {
+    std::vector<int> out;
+    if (!has(key)) return fail(key, "missing required key"), out;
+    if (!j_[key].is_array()) return fail(key, "must be a list of one-based layer numbers"), out;
+    for (const auto& v : j_[key]) {
+      if (!v.is_number_integer() || v.get<int>() < 1 || v.get<int>() > num_layers)
+        return fail(key, "entries must be one-based layer numbers in 1.." + std::to_string(num_layers)), out;
+      out.push_back(v.get<int>() - 1);
+    }
+    return out;
+  }
+  void fail(const std::string& key, const std::string& what) {
+    if (st_.is_ok()) st_ = invalid_argument(where_ + ": key '" + key + "': " + what);
+  }
+
+ private:
+  const json& j_;
+  std::string where_;
+  Status st_;
+};
+
+Status parse_linear_attn(const json& j, const std::string& where, int layers, LinearAttnConfig& la) {
+  Reader r(j, where + " linear_attn_config");
+  la.num_heads = r.req_int("num_heads");
+  la.head_dim = r.req_int("head_dim");
+  la.short_conv_kernel_size = r.req_int("short_conv_kernel_size");
+  la.use_full_rank_gate = r.opt_bool("use_full_rank_gate", false);
+  if (r.has("gate_lower_bound")) la.gate_lower_bound = r.req_float("gate_lower_bound");
+  la.kda_layers = r.req_layer_list("kda_layers", layers);
+  la.full_attn_layers = r.req_layer_list("full_attn_layers", layers);
+  if (!r.status().is_ok()) return r.status();
+  if (la.num_heads <= 0 || la.head_dim <= 0 || la.short_conv_kernel_size < 1)
+    return invalid_argument(where + ": linear_attn_config has non-positive sizes");
+  if (la.gate_lower_bound && !(*la.gate_lower_bound < 0.0f))
+    return invalid_argument(where + ": gate_lower_bound must be negative");
+  return Status::ok();
+}
+
+Status parse_text(const json& j, const std::string& where, Arch arch, TextConfig& t) {
+  Reader r(j, where);
+  t.vocab_size = r.req_int("vocab_size");
+  t.hidden_size = r.req_int("hidden_size");
+  t.num_hidden_layers = r.req_int("num_hidden_layers");
+  t.num_attention_heads = r.req_int("num_attention_heads");
+  t.intermediate_size = r.req_int("intermediate_size");
+  const std::string act = r.req_str("hidden_act");
+  t.rms_norm_eps = r.req_float("rms_norm_eps");
+  t.attn_res_block_size = r.opt_int("attn_res_block_size", 0);
+  t.first_k_dense_replace = r.req_int("first_k_dense_replace");
+  t.moe_layer_freq = r.opt_int("moe_layer_freq", 1);
+  t.num_experts = r.req_int("num_experts");
+  t.num_experts_per_token = r.req_int("num_experts_per_token");
+  t.num_shared_experts = r.req_int("num_shared_experts");
+  t.moe_intermediate_size = r.req_int("moe_intermediate_size");
+  t.routed_expert_hidden_size = r.opt_int("routed_expert_hidden_size", 0);
+  t.latent_moe_use_norm = r.opt_bool("latent_moe_use_norm", false);
+  t.moe_renormalize = r.opt_bool("moe_renormalize", true);
+  t.routed_scaling_factor = r.opt_float("routed_scaling_factor", 1.0f);
+  t.num_expert_group = r.opt_int("num_expert_group", 1);
+  t.topk_group = r.opt_int("topk_group", 1);
+  t.q_lora_rank = r.opt_int("q_lora_rank", 0);
+  t.kv_lora_rank = r.req_int("kv_lora_rank");
+  t.qk_nope_head_dim = r.req_int("qk_nope_head_dim");
+  t.qk_rope_head_dim = r.req_int("qk_rope_head_dim");
+  t.v_head_dim = r.req_int("v_head_dim");
+  const bool nope = r.opt_bool("mla_use_nope", false);
+  t.mla_use_output_gate = r.opt_bool("mla_use_output_gate", false);
+  t.tie_word_embeddings = r.opt_bool("tie_word_embeddings", false);
+  t.bos_token_id = r.opt_int("bos_token_id", -1);
+  t.eos_token_id = r.opt_int("eos_token_id", -1);
+  t.pad_token_id = r.opt_int("pad_token_id", -1);
+  if (act == "situ") {
+    t.hidden_act = Activation::kSiTU;
+    t.situ_beta = r.req_float("activation_situ_beta");
+    t.situ_linear_beta = r.req_float("activation_situ_linear_beta");
+  } else if (act == "silu") {
+    t.hidden_act = Activation::kSiLU;
+  } else if (r.status().is_ok()) {
+    return invalid_argument(where + ": key 'hidden_act': unsupported activation '" + act + "'");
+  }
+  if (r.has("moe_router_activation_func") && r.req_str("moe_router_activation_func") != "sigmoid")
+    r.fail("moe_router_activation_func", "only 'sigmoid' is supported");
+  if (!r.has("linear_attn_config")) r.fail("linear_attn_config", "missing required key");
+  if (!r.status().is_ok()) return r.status();
+  if (!nope) return unsupported(where + ": key 'mla_use_nope': only NoPE MLA (true) is supported");
+  if (t.num_expert_group != 1 || t.topk_group != 1)
+    return unsupported(where + ": group-limited routing (num_expert_group > 1) is not supported yet");
+  if (t.hidden_size <= 0 || t.num_hidden_layers <= 0 || t.vocab_size <= 0 || t.num_attention_heads <= 0)
+    return invalid_argument(where + ": non-positive model sizes");
+  if (t.num_experts_per_token > t.num_experts || t.num_experts_per_token <= 0)
+    return invalid_argument(where + ": num_experts_per_token must be in 1..num_experts");
+  KESTREL_RETURN_IF_ERROR(parse_linear_attn(j["linear_attn_config"], where, t.num_hidden_layers, t.linear_attn));
+  // Kimi Linear's reference builds its q/kv MLA norms with the RMSNorm class default eps (1e-6);
+  // K3 uses rms_norm_eps for every norm (kimi_k3_spec.md §4.7, kda_kimi_linear.md §9.6).
+  t.mla_q_norm_eps = arch == Arch::kKimiK3 ? t.rms_norm_eps : 1e-6f;
+  t.mla_kv_norm_eps = arch == Arch::kKimiK3 ? t.rms_norm_eps : 1e-6f;
+
+  t.attn_kind.assign(static_cast<size_t>(t.num_hidden_layers), AttnKind::kKda);
+  std::vector<int> seen(static_cast<size_t>(t.num_hidden_layers), 0);
+  for (int l : t.linear_attn.kda_layers) seen[static_cast<size_t>(l)]++;
+  for (int l : t.linear_attn.full_attn_layers) {
+    seen[static_cast<size_t>(l)]++;
+    t.attn_kind[static_cast<size_t>(l)] = AttnKind::kMla;
+  }
+  for (int l = 0; l < t.num_hidden_layers; ++l)
+    if (seen[static_cast<size_t>(l)] != 1)
+      return invalid_argument(where + ": layer " + std::to_string(l + 1) +
+                              " must appear in exactly one of kda_layers / full_attn_layers");
+  t.ffn_kind.assign(static_cast<size_t>(t.num_hidden_layers), FfnKind::kDense);
+  for (int l = 0; l < t.num_hidden_layers; ++l)
+    if (t.num_experts > 0 && l >= t.first_k_dense_replace && l % t.moe_layer_freq == 0)
+      t.ffn_kind[static_cast<size_t>(l)] = FfnKind::kMoe;
+  return Status::ok();
+}
+
+Status parse_quant(const json& j, const std::string& where, TextConfig& t) {
+  if (!j.contains("quantization_config") || j["quantization_config"].is_null()) return Status::ok();
+  const json& q = j["quantization_config"];
+  Reader r(q, where + " quantization_config");
+  const std::string method = r.req_str("quant_method");
+  if (!r.status().is_ok()) return r.status();
+  if (method != "compressed-tensors")
+    return unsupported(where + ": quantization_config.quant_method '" + method + "' is not supported");
+  const std::string fmt = q.value("format", "");
+  if (fmt != "mxfp4-pack-quantized")
+    return unsupported(where + ": compressed-tensors format '" + fmt + "' is not supported");
+  t.experts_mxfp4 = true;
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& label) {
+  json j = json::parse(json_text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return invalid_argument(label + ": not a valid JSON object");
+  ModelConfig c;
+  if (!j.contains("model_type") || !j["model_type"].is_string())
+    return invalid_argument(label + ": key 'model_type': missing required key");
+  c.model_type = j["model_type"].get<std::string>();
+  if (c.model_type == "kimi_k3") {
+    c.arch = Arch::kKimiK3;
+    c.weight_prefix = "language_model.";
+    c.lm_head_name = "language_model.lm_head.weight";
+    if (!j.contains("text_config") || !j["text_config"].is_object())
+      return invalid_argument(label + ": key 'text_config': missing required key");
+    const json& tj = j["text_config"];
+    if (tj.value("model_type", "") != "kimi_linear")
+      return invalid_argument(label + ": text_config.model_type must be 'kimi_linear'");
+    KESTREL_RETURN_IF_ERROR(parse_text(tj, label + " text_config", c.arch, c.text));
+    // The quantization block sits inside text_config in the release; accept it at top level too.
+    KESTREL_RETURN_IF_ERROR(parse_quant(tj.contains("quantization_config") ? tj : j, label, c.text));
+    if (c.text.attn_res_block_size <= 0)
+      return invalid_argument(label + ": text_config key 'attn_res_block_size': missing required key");
+    if (!c.text.latent_moe())
+      return invalid_argument(label + ": text_config key 'routed_expert_hidden_size': missing required key");
+    if (j.contains("vision_config")) c.vision_config_json = j["vision_config"].dump();
+  } else if (c.model_type == "kimi_linear") {
+    c.arch = Arch::kKimiLinear;
+    c.lm_head_name = "lm_head.weight";
+    KESTREL_RETURN_IF_ERROR(parse_text(j, label, c.arch, c.text));
+    KESTREL_RETURN_IF_ERROR(parse_quant(j, label, c.text));
+    if (c.text.linear_attn.use_full_rank_gate || c.text.linear_attn.gate_lower_bound)
+      return unsupported(label + ": kimi_linear with K3-only KDA options; use model_type kimi_k3");
+  } else {
+    return unsupported(label + ": unknown model_type '" + c.model_type +
+                       "' (supported: kimi_k3, kimi_linear)");
+  }
+  return c;
+}
+
+Result<ModelConfig> load_model_config(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "config.json").string();
+  std::ifstream in(path);
+  if (!in) return io_error(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_model_config(ss.str(), path);
+}
+
+}  // namespace kestrel

@@ -1,0 +1,91 @@
+// Typed model configuration, parsed once from config.json. Nothing below models/ reads JSON.
+// K3: model_type "kimi_k3" with text_config of type "kimi_linear" (+ vision_config kept for later).
+// Kimi Linear: model_type "kimi_linear" at top level. Layer lists in the file are ONE-based.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+
+namespace kestrel {
+
+enum class Arch { kKimiK3, kKimiLinear };
+enum class Activation { kSiLU, kSiTU };
+enum class AttnKind { kKda, kMla };
+enum class FfnKind { kDense, kMoe };
+
+struct LinearAttnConfig {
+  int num_heads = 0;
+  int head_dim = 0;
+  int short_conv_kernel_size = 0;
+  bool use_full_rank_gate = false;          // K3: single g_proj [P, hidden]; Kimi Linear: g_a/g_b low rank
+  std::optional<float> gate_lower_bound;    // K3: -5 → bounded sigmoid gate; absent → -exp(A)·softplus
+  std::vector<int> kda_layers;              // zero-based
+  std::vector<int> full_attn_layers;        // zero-based
+};
+
+struct TextConfig {
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int num_hidden_layers = 0;
+  int num_attention_heads = 0;
+  int intermediate_size = 0;  // dense MLP (layer 0)
+  Activation hidden_act = Activation::kSiLU;
+  float situ_beta = 4.0f;
+  float situ_linear_beta = 25.0f;
+  float rms_norm_eps = 1e-5f;
+  int attn_res_block_size = 0;  // 0 = plain additive residual (Kimi Linear)
+
+  int first_k_dense_replace = 1;
+  int moe_layer_freq = 1;
+  int num_experts = 0;
+  int num_experts_per_token = 0;
+  int num_shared_experts = 0;
+  int moe_intermediate_size = 0;
+  int routed_expert_hidden_size = 0;  // > 0 → LatentMoE (K3)
+  bool latent_moe_use_norm = false;
+  bool moe_renormalize = true;
+  float routed_scaling_factor = 1.0f;
+  int num_expert_group = 1;
+  int topk_group = 1;
+
+  int q_lora_rank = 0;  // 0 → plain q_proj (Kimi Linear)
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0;
+  int qk_rope_head_dim = 0;
+  int v_head_dim = 0;
+  bool mla_use_output_gate = false;
+  float mla_q_norm_eps = 1e-5f;
+  float mla_kv_norm_eps = 1e-5f;  // Kimi Linear's reference uses the RMSNorm class default 1e-6
+
+  bool tie_word_embeddings = false;
+  int bos_token_id = -1;
+  int eos_token_id = -1;
+  int pad_token_id = -1;
+  bool experts_mxfp4 = false;  // compressed-tensors mxfp4-pack-quantized declared
+
+  LinearAttnConfig linear_attn;
+  std::vector<AttnKind> attn_kind;  // per layer
+  std::vector<FfnKind> ffn_kind;    // per layer
+
+  int kda_proj_size() const { return linear_attn.num_heads * linear_attn.head_dim; }
+  int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  bool latent_moe() const { return routed_expert_hidden_size > 0; }
+};
+
+struct ModelConfig {
+  Arch arch = Arch::kKimiK3;
+  std::string model_type;
+  std::string weight_prefix;  // "language_model." for K3
+  std::string lm_head_name;   // full tensor name
+  TextConfig text;
+  std::string vision_config_json;  // kept verbatim for the vision tower (not used by the text path)
+};
+
+// Parses config.json text; `label` names the file in errors.
+Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& label);
+Result<ModelConfig> load_model_config(const std::string& dir);
+
+}  // namespace kestrel

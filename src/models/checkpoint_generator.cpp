@@ -1,0 +1,338 @@
+#include "models/checkpoint_generator.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "loader/safetensors.h"
+#include "tensor/dtype.h"
+
+namespace kestrel {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// splitmix64: tiny, deterministic across platforms.
+class Rng {
+ public:
+  explicit Rng(uint64_t s) : s_(s) {}
+  uint64_t next() {
+    uint64_t z = (s_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return static_cast<float>((next() >> 40) * (1.0 / 16777216.0)); }  // [0,1)
+  float sym() { return 2.0f * uniform() - 1.0f; }                                     // [-1,1)
+
+ private:
+  uint64_t s_;
+};
+
+uint64_t name_seed(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ull ^ seed;
+  for (char ch : name) h = (h ^ static_cast<uint8_t>(ch)) * 1099511628211ull;
+  return h;
+}
+
+class Writer {
+ public:
+  Writer(const GenSpec& s) : spec_(s) {}
+  std::vector<TensorToWrite> tensors;
+
+  void bf16(const std::string& name, std::vector<int64_t> shape, float scale, float offset = 0.0f) {
+    push(name, DType::kBF16, std::move(shape), [&](Rng& r, std::vector<uint8_t>& b, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t v = f32_to_bf16(offset + scale * r.sym());
+        b[static_cast<size_t>(2 * i)] = static_cast<uint8_t>(v), b[static_cast<size_t>(2 * i + 1)] = static_cast<uint8_t>(v >> 8);
+      }
+    });
+  }
+  template <typename F>
+  void f32(const std::string& name, std::vector<int64_t> shape, F value) {
+    push(name, DType::kF32, std::move(shape), [&](Rng& r, std::vector<uint8_t>& b, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = value(r, i);
+        std::memcpy(b.data() + 4 * i, &v, 4);
+      }
+    });
+  }
+  // Linear [out, in] with uniform(-a, a), a = sqrt(3/in) → unit-variance outputs for unit inputs.
+  void linear(const std::string& name, int64_t out, int64_t in) {
+    bf16(name + ".weight", {out, in}, std::sqrt(3.0f / static_cast<float>(in)));
+  }
+  // compressed-tensors MXFP4: random E2M1 codes, E8M0 scales around 2^-(log2(sqrt(in))+1).
+  void mxfp4(const std::string& name, int64_t out, int64_t in) {
+    const int base = 127 - static_cast<int>(std::lround(std::log2(std::sqrt(static_cast<float>(in))))) - 1;
+    push(name + ".weight_packed", DType::kU8, {out, in / 2}, [&](Rng& r, std::vector<uint8_t>& b, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) b[static_cast<size_t>(i)] = static_cast<uint8_t>(r.next() & 0xff);
+    });
+    push(name + ".weight_scale", DType::kU8, {out, in / 32}, [&](Rng& r, std::vector<uint8_t>& b, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) b[static_cast<size_t>(i)] = static_cast<uint8_t>(base - 1 + static_cast<int>(r.next() % 3));
+    });
+  }
+  void norm(const std::string& name, int64_t n) { bf16(name, {n}, 0.1f, 1.0f); }
+
+ private:
+  template <typename F>
+  void push(const std::string& name, DType dt, std::vector<int64_t> shape, F fill) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    TensorToWrite t{name, dt, std::move(shape), std::vector<uint8_t>(static_cast<size_t>(n * dtype_size(dt)))};
+    Rng r(name_seed(spec_.seed, name));
+    fill(r, t.bytes, n);
+    tensors.push_back(std::move(t));
+  }
+  const GenSpec& spec_;
+};
+
+bool is_mla(const GenSpec& s, int l) {
+  for (int f : s.full_attn_layers)
+    if (f == l + 1) return true;
+  return false;
+}
+
+void write_kda(Writer& w, const GenSpec& s, const std::string& p) {
+  const int64_t H = s.kda_heads, D = s.head_dim, P = H * D, hid = s.hidden;
+  w.linear(p + "q_proj", P, hid);
+  w.linear(p + "k_proj", P, hid);
+  w.linear(p + "v_proj", P, hid);
+  for (const char* c : {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"})
+    w.f32(p + c, {P, 1, 4}, [](Rng& r, int64_t) { return 0.6f * r.sym(); });
+  w.linear(p + "f_a_proj", D, hid);
+  w.linear(p + "f_b_proj", P, D);
+  w.linear(p + "b_proj", H, hid);
+  // fla init: dt ~ logU(1e-3, 0.1), dt_bias = inverse softplus(dt); A ~ U(1, 16).
+  w.f32(p + "dt_bias", {P}, [](Rng& r, int64_t) {
+    const float dt = std::exp(r.uniform() * (std::log(0.1f) - std::log(1e-3f)) + std::log(1e-3f));
+    return dt + std::log(-std::expm1(-dt));
+  });
+  const std::vector<int64_t> a_shape = s.pad_a_log ? std::vector<int64_t>{std::max<int64_t>(D, H)}
+                                                   : std::vector<int64_t>{1, 1, H, 1};
+  w.f32(p + "A_log", a_shape, [H](Rng& r, int64_t i) { return i < H ? std::log(1.0f + 15.0f * r.uniform()) : 0.0f; });
+  w.f32(p + "o_norm.weight", {D}, [](Rng& r, int64_t) { return 1.0f + 0.1f * r.sym(); });
+  if (s.arch == "kimi_k3") {
+    w.linear(p + "g_proj", P, hid);
+  } else {
+    w.linear(p + "g_a_proj", D, hid);
+    w.linear(p + "g_b_proj", P, D);
+  }
+  w.linear(p + "o_proj", hid, P);
+}
+
+void write_mla(Writer& w, const GenSpec& s, const std::string& p) {
+  const int64_t nh = s.mla_heads, hid = s.hidden, qk = s.nope + s.rope;
+  if (s.q_lora > 0) {
+    w.linear(p + "q_a_proj", s.q_lora, hid);
+    w.norm(p + "q_a_layernorm.weight", s.q_lora);
+    w.linear(p + "q_b_proj", nh * qk, s.q_lora);
+  } else {
+    w.linear(p + "q_proj", nh * qk, hid);
+  }
+  w.linear(p + "kv_a_proj_with_mqa", s.kv_lora + s.rope, hid);
+  w.norm(p + "kv_a_layernorm.weight", s.kv_lora);
+  w.linear(p + "kv_b_proj", nh * (s.nope + s.v_dim), s.kv_lora);
+  if (s.arch == "kimi_k3") w.linear(p + "g_proj", nh * s.v_dim, hid);
+  w.linear(p + "o_proj", hid, nh * s.v_dim);
+}
+
+void write_moe(Writer& w, const GenSpec& s, const std::string& p) {
+  const bool k3 = s.arch == "kimi_k3";
+  const int64_t hid = s.hidden, in = k3 ? s.latent : s.hidden;
+  w.bf16(p + "gate.weight", {s.experts, hid}, std::sqrt(3.0f / static_cast<float>(hid)));
+  w.f32(p + "gate.e_score_correction_bias", {s.experts}, [](Rng& r, int64_t) { return 0.05f * r.sym(); });
+  if (k3) {
+    w.linear(p + "routed_expert_down_proj", s.latent, hid);
+    w.norm(p + "routed_expert_norm.weight", s.latent);
+    w.linear(p + "routed_expert_up_proj", hid, s.latent);
+  }
+  for (int e = 0; e < s.experts; ++e) {
+    const std::string ep = p + "experts." + std::to_string(e) + ".";
+    if (s.mxfp4_experts) {
+      w.mxfp4(ep + "w1", s.moe_inter, in);
+      w.mxfp4(ep + "w3", s.moe_inter, in);
+      w.mxfp4(ep + "w2", in, s.moe_inter);
+    } else {
+      w.linear(ep + "w1", s.moe_inter, in);
+      w.linear(ep + "w3", s.moe_inter, in);
+      w.linear(ep + "w2", in, s.moe_inter);
+    }
+  }
+  if (s.shared > 0) {
+    const int64_t sw = static_cast<int64_t>(s.shared) * s.moe_inter;
+    w.linear(p + "shared_experts.gate_proj", sw, hid);
+    w.linear(p + "shared_experts.up_proj", sw, hid);
+    w.linear(p + "shared_experts.down_proj", hid, sw);
+  }
+}
+
+json text_config(const GenSpec& s) {
+  const bool k3 = s.arch == "kimi_k3";
+  std::vector<int> kda;
+  for (int l = 0; l < s.layers; ++l)
+    if (!is_mla(s, l)) kda.push_back(l + 1);
+  json la = {{"num_heads", s.kda_heads}, {"head_dim", s.head_dim}, {"short_conv_kernel_size", 4},
+             {"full_attn_layers", s.full_attn_layers}, {"kda_layers", kda}};
+  if (k3) la["use_full_rank_gate"] = true, la["gate_lower_bound"] = -5.0;
+  json t = {{"architectures", {"KimiLinearForCausalLM"}}, {"model_type", "kimi_linear"},
+            {"vocab_size", s.vocab}, {"hidden_size", s.hidden}, {"num_hidden_layers", s.layers},
+            {"num_attention_heads", s.mla_heads}, {"num_key_value_heads", s.mla_heads},
+            {"intermediate_size", s.intermediate}, {"hidden_act", k3 ? "situ" : "silu"},
+            {"rms_norm_eps", 1e-5}, {"max_position_embeddings", 1048576},
+            {"first_k_dense_replace", 1}, {"moe_layer_freq", 1}, {"num_experts", s.experts},
+            {"num_experts_per_token", s.top_k}, {"num_shared_experts", s.shared},
+            {"moe_intermediate_size", s.moe_inter}, {"moe_router_activation_func", "sigmoid"},
+            {"use_grouped_topk", true}, {"num_expert_group", 1}, {"topk_group", 1},
+            {"moe_renormalize", true}, {"routed_scaling_factor", s.routed_scaling},
+            {"q_lora_rank", s.q_lora > 0 ? json(s.q_lora) : json(nullptr)}, {"kv_lora_rank", s.kv_lora},
+            {"qk_nope_head_dim", s.nope}, {"qk_rope_head_dim", s.rope}, {"v_head_dim", s.v_dim},
+            {"mla_use_nope", true}, {"num_nextn_predict_layers", 0}, {"tie_word_embeddings", false},
+            {"bos_token_id", s.vocab - 256}, {"eos_token_id", s.vocab - 254}, {"pad_token_id", s.vocab - 1},
+            {"linear_attn_config", la}, {"dtype", "bfloat16"}};
+  if (k3) {
+    t["activation_situ_beta"] = 4.0;
+    t["activation_situ_linear_beta"] = 25.0;
+    t["attn_res_block_size"] = s.attn_res_block;
+    t["routed_expert_hidden_size"] = s.latent;
+    t["latent_moe_use_norm"] = true;
+    t["mla_use_output_gate"] = true;
+    t["topk_method"] = "noaux_tc";
+  }
+  if (s.mxfp4_experts) {
+    t["quantization_config"] = {
+        {"quant_method", "compressed-tensors"}, {"format", "mxfp4-pack-quantized"},
+        {"quantization_status", "compressed"},
+        {"config_groups", {{"group_0", {{"format", "mxfp4-pack-quantized"}, {"targets", {"Linear"}},
+                                        {"weights", {{"num_bits", 4}, {"type", "float"}, {"group_size", 32},
+                                                     {"strategy", "group"}, {"symmetric", true},
+                                                     {"scale_dtype", "torch.uint8"}}}}}}},
+        {"ignore", {"re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+                    "re:.*lm_head.*", "re:.*vision_tower.*", "re:.*mm_projector.*"}}};
+  }
+  return t;
+}
+
+}  // namespace
+
+std::vector<std::string> gen_preset_names() {
+  return {"k3-tiny", "k3-tiny-bf16", "kimi-linear-tiny", "k3-bench", "k3-default"};
+}
+
+Result<GenSpec> gen_preset(const std::string& name) {
+  GenSpec s;
+  if (name == "k3-tiny") return s;
+  if (name == "k3-tiny-bf16") return s.mxfp4_experts = false, s;
+  if (name == "kimi-linear-tiny") {
+    s.arch = "kimi_linear";
+    s.layers = 6;
+    s.full_attn_layers = {4, 6};
+    s.q_lora = 0;
+    s.experts = 8, s.top_k = 2, s.shared = 1, s.moe_inter = 64;
+    s.mxfp4_experts = false;
+    s.routed_scaling = 2.446f;
+    s.pad_a_log = false;
+    return s;
+  }
+  if (name == "k3-bench") {  // K3 per-layer structure, widths cut to fit a 24 GiB / 2-core box
+    s.vocab = 32768, s.hidden = 2048, s.layers = 8, s.intermediate = 8192;
+    s.mla_heads = 16, s.kda_heads = 16;
+    s.full_attn_layers = {4, 8};
+    s.attn_res_block = 4;
+    s.experts = 64, s.top_k = 8, s.shared = 2, s.moe_inter = 1024, s.latent = 1024;
+    s.q_lora = 768;
+    s.shards = 4;
+    return s;
+  }
+  if (name == "k3-default") {  // the embedded default: small, K3 architecture, K3-format tokenizer
+    s.vocab = 163840, s.hidden = 256, s.layers = 9;
+    s.shards = 2;
+    return s;
+  }
+  return invalid_argument("unknown model preset '" + name + "'");
+}
+
+Status generate_checkpoint(const GenSpec& s, const std::string& dir) {
+  if (s.arch != "kimi_k3" && s.arch != "kimi_linear") return invalid_argument("arch must be kimi_k3 or kimi_linear");
+  if ((s.arch == "kimi_k3" ? s.latent : s.hidden) % 32 != 0 || s.moe_inter % 32 != 0)
+    if (s.mxfp4_experts) return invalid_argument("MXFP4 experts need dims that are multiples of 32");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return io_error(dir + ": cannot create: " + ec.message());
+  const bool k3 = s.arch == "kimi_k3";
+  const std::string root = std::string(k3 ? "language_model." : "") + "model.";
+  Writer w(s);
+  w.bf16(root + "embed_tokens.weight", {s.vocab, s.hidden}, 1.0f);
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = root + "layers." + std::to_string(l) + ".";
+    w.norm(p + "input_layernorm.weight", s.hidden);
+    w.norm(p + "post_attention_layernorm.weight", s.hidden);
+    if (k3) {
+      w.norm(p + "self_attention_res_norm.weight", s.hidden);
+      w.bf16(p + "self_attention_res_proj.weight", {1, s.hidden}, 2.0f / std::sqrt(static_cast<float>(s.hidden)));
+      w.norm(p + "mlp_res_norm.weight", s.hidden);
+      w.bf16(p + "mlp_res_proj.weight", {1, s.hidden}, 2.0f / std::sqrt(static_cast<float>(s.hidden)));
+    }
+    if (is_mla(s, l)) write_mla(w, s, p + "self_attn.");
+    else write_kda(w, s, p + "self_attn.");
+    if (l == 0) {
+      w.linear(p + "mlp.gate_proj", s.intermediate, s.hidden);
+      w.linear(p + "mlp.up_proj", s.intermediate, s.hidden);
+      w.linear(p + "mlp.down_proj", s.hidden, s.intermediate);
+    } else {
+      write_moe(w, s, p + "block_sparse_moe.");
+    }
+  }
+  w.norm(root + "norm.weight", s.hidden);
+  if (k3) {
+    w.norm(root + "output_attn_res_norm.weight", s.hidden);
+    w.bf16(root + "output_attn_res_proj.weight", {1, s.hidden}, 2.0f / std::sqrt(static_cast<float>(s.hidden)));
+  }
+  w.linear(std::string(k3 ? "language_model." : "") + "lm_head", s.vocab, s.hidden);
+
+  // Shards: contiguous runs of tensors, balanced by bytes.
+  uint64_t total = 0;
+  for (const auto& t : w.tensors) total += t.bytes.size();
+  const int shards = std::max(1, s.shards);
+  json weight_map = json::object();
+  std::vector<TensorToWrite> cur;
+  uint64_t acc = 0;
+  int idx = 0;
+  auto shard_name = [&](int i) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "model-%05d-of-%05d.safetensors", i + 1, shards);
+    return std::string(buf);
+  };
+  for (size_t i = 0; i < w.tensors.size(); ++i) {
+    acc += w.tensors[i].bytes.size();
+    weight_map[w.tensors[i].name] = shard_name(idx);
+    cur.push_back(std::move(w.tensors[i]));
+    const bool last = i + 1 == w.tensors.size();
+    if (last || (idx + 1 < shards && acc >= total * static_cast<uint64_t>(idx + 1) / static_cast<uint64_t>(shards))) {
+      KESTREL_RETURN_IF_ERROR(write_safetensors((fs::path(dir) / shard_name(idx)).string(), cur, {{"format", "pt"}}));
+      cur.clear();
+      ++idx;
+    }
+  }
+  if (idx != shards) return io_error("internal: shard count mismatch");
+  json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  std::ofstream(fs::path(dir) / "model.safetensors.index.json") << index.dump(2) << "\n";
+
+  json cfg;
+  if (k3) {
+    cfg = {{"architectures", {"KimiK3ForConditionalGeneration"}}, {"model_type", "kimi_k3"},
+           {"bos_token_id", s.vocab - 256}, {"eos_token_id", s.vocab - 254}, {"pad_token_id", s.vocab - 1},
+           {"tie_word_embeddings", false}, {"dtype", "bfloat16"}, {"text_config", text_config(s)},
+           {"vision_config", {{"patch_size", 14}, {"vt_num_hidden_layers", 2}, {"vt_hidden_size", 64},
+                              {"text_hidden_size", s.hidden}}}};
+  } else {
+    cfg = text_config(s);
+    cfg["architectures"] = {"KimiLinearForCausalLM"};
+  }
+  std::ofstream(fs::path(dir) / "config.json") << cfg.dump(2) << "\n";
+  return Status::ok();
+}
+
+}  // namespace kestrel

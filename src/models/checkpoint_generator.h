@@ -1,0 +1,37 @@
+// Deterministic random checkpoints in the exact released layout (config.json, safetensors shards,
+// model.safetensors.index.json) for K3 and Kimi Linear. Used by tests, benchmarks and the
+// embedded default model. Weights are random: outputs are meaningless text.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+
+namespace kestrel {
+
+struct GenSpec {
+  std::string arch = "kimi_k3";  // or "kimi_linear"
+  int vocab = 512, hidden = 256, layers = 9, intermediate = 512;
+  int mla_heads = 2, kda_heads = 2, head_dim = 128;
+  std::vector<int> full_attn_layers = {4, 8, 9};  // one-based; the rest are KDA
+  int attn_res_block = 4;
+  int experts = 16, top_k = 4, shared = 2, moe_inter = 64, latent = 128;
+  int q_lora = 64, kv_lora = 512, nope = 128, rope = 64, v_dim = 128;
+  bool mxfp4_experts = true;
+  float routed_scaling = 1.0f;
+  int shards = 2;
+  uint64_t seed = 1;
+  // A_log stored padded to head_dim (K3 release) or [1,1,H,1] (Kimi Linear).
+  bool pad_a_log = true;
+};
+
+// Named presets: "k3-tiny", "k3-tiny-bf16", "kimi-linear-tiny", "k3-bench", "k3-default".
+Result<GenSpec> gen_preset(const std::string& name);
+std::vector<std::string> gen_preset_names();
+
+// Writes config.json + shards + index into `dir` (created if missing).
+Status generate_checkpoint(const GenSpec& spec, const std::string& dir);
+
+}  // namespace kestrel

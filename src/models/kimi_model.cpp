@@ -1,0 +1,181 @@
+#include "models/kimi_model.h"
+
+#include <algorithm>
+
+#include "base/check.h"
+#include "kernels/cpu/elementwise.h"
+#include "layers/attn_res.h"
+
+namespace kestrel {
+
+namespace {
+std::vector<float> fold(const std::vector<float>& norm_w, const std::vector<float>& proj_w) {
+  std::vector<float> c(norm_w.size());
+  for (size_t i = 0; i < c.size() && i < proj_w.size(); ++i) c[i] = norm_w[i] * proj_w[i];
+  return c;
+}
+}  // namespace
+
+Result<std::unique_ptr<KimiModel>> KimiModel::load(const std::string& dir) {
+  auto cfg = load_model_config(dir);
+  if (!cfg) return cfg.error();
+  auto ck = Checkpoint::open(dir);
+  if (!ck) return ck.error();
+  auto m = std::unique_ptr<KimiModel>(new KimiModel());
+  m->cfg_ = std::move(*cfg);
+  m->ckpt_ = std::make_unique<Checkpoint>(std::move(*ck));
+  Binder b(*m->ckpt_);
+  KESTREL_RETURN_IF_ERROR(m->bind(b));
+  const auto unused = m->ckpt_->unused();
+  if (!unused.empty())
+    return corrupt(m->ckpt_->file_of(unused.front()) + ": unexpected tensor '" + unused.front() + "' (" +
+                   std::to_string(unused.size()) + " tensor(s) not used by " + m->cfg_.model_type + ")");
+  return m;
+}
+
+Status KimiModel::bind(Binder& b) {
+  const TextConfig& c = cfg_.text;
+  const bool k3 = cfg_.arch == Arch::kKimiK3;
+  const std::string root = cfg_.weight_prefix + "model.";
+  const int64_t D = c.hidden_size, V = c.vocab_size;
+  if (k3 && c.num_hidden_layers / c.attn_res_block_size + 2 > 64)
+    return unsupported("attn_res_block_size too small: more than 64 residual sources");
+  embed_ = b.linear(root + "embed_tokens", V, D);
+  lm_head_ = c.tie_word_embeddings ? embed_ : b.linear(cfg_.lm_head_name.substr(0, cfg_.lm_head_name.size() - 7), V, D);
+  final_norm_ = b.vec(root + "norm.weight", {D});
+  if (k3) out_res_c_ = fold(b.vec(root + "output_attn_res_norm.weight", {D}),
+                            b.vec(root + "output_attn_res_proj.weight", {1, D}));
+  layers_.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int l = 0; l < c.num_hidden_layers && b.ok(); ++l) {
+    Layer& L = layers_[static_cast<size_t>(l)];
+    const std::string p = root + "layers." + std::to_string(l) + ".";
+    L.in_norm = b.vec(p + "input_layernorm.weight", {D});
+    L.post_norm = b.vec(p + "post_attention_layernorm.weight", {D});
+    if (k3) {
+      L.attn_res_c = fold(b.vec(p + "self_attention_res_norm.weight", {D}), b.vec(p + "self_attention_res_proj.weight", {1, D}));
+      L.mlp_res_c = fold(b.vec(p + "mlp_res_norm.weight", {D}), b.vec(p + "mlp_res_proj.weight", {1, D}));
+    }
+    if (c.attn_kind[static_cast<size_t>(l)] == AttnKind::kKda) {
+      L.kda = std::make_unique<KdaLayer>();
+      KESTREL_RETURN_IF_ERROR(L.kda->bind(b, p + "self_attn.", c));
+    } else {
+      L.mla = std::make_unique<MlaLayer>();
+      KESTREL_RETURN_IF_ERROR(L.mla->bind(b, p + "self_attn.", c));
+    }
+    if (c.ffn_kind[static_cast<size_t>(l)] == FfnKind::kDense) {
+      L.dense = std::make_unique<GatedMlp>();
+      L.dense->bind(b, p + "mlp.", "gate_proj", "up_proj", "down_proj", D, c.intermediate_size, c);
+    } else {
+      L.moe = std::make_unique<MoeBlock>();
+      KESTREL_RETURN_IF_ERROR(L.moe->bind(b, p + "block_sparse_moe.", c));
+    }
+  }
+  return b.status();
+}
+
+SequenceState KimiModel::new_sequence() const {
+  SequenceState s;
+  const TextConfig& c = cfg_.text;
+  s.kda.resize(layers_.size());
+  s.mla.resize(layers_.size());
+  for (size_t l = 0; l < layers_.size(); ++l)
+    if (layers_[l].kda) s.kda[l].reset(c);
+  return s;
+}
+
+void KimiModel::run_attn(size_t l, const float* x, int64_t T, SequenceState& st, float* out, const ForwardOptions& o) {
+  const TextConfig& c = cfg_.text;
+  normed_.resize(static_cast<size_t>(T * c.hidden_size));
+  kernels::rms_norm(x, layers_[l].in_norm.data(), T, c.hidden_size, c.rms_norm_eps, normed_.data());
+  if (layers_[l].kda) layers_[l].kda->forward(normed_.data(), T, st.kda[l], out, o.kda_force_recurrent);
+  else layers_[l].mla->forward(normed_.data(), T, st.mla[l], out, o.mla_mode);
+}
+
+void KimiModel::run_ffn(size_t l, const float* x, int64_t T, float* out) {
+  const TextConfig& c = cfg_.text;
+  normed_.resize(static_cast<size_t>(T * c.hidden_size));
+  kernels::rms_norm(x, layers_[l].post_norm.data(), T, c.hidden_size, c.rms_norm_eps, normed_.data());
+  if (layers_[l].dense) layers_[l].dense->forward(normed_.data(), T, out);
+  else layers_[l].moe->forward(normed_.data(), T, out);
+}
+
+void KimiModel::forward(const int32_t* ids, int64_t T, SequenceState& st, std::vector<float>& logits,
+                        const ForwardOptions& o) {
+  const TextConfig& c = cfg_.text;
+  const int64_t D = c.hidden_size;
+  h_.resize(static_cast<size_t>(T * D));
+  for (int64_t t = 0; t < T; ++t) {
+    KCHECK(ids[t] >= 0 && ids[t] < c.vocab_size, "token id out of range (callers validate)");
+    kernels::decode_row(embed_, ids[t], h_.data() + t * D);
+  }
+  if (cfg_.arch == Arch::kKimiK3) forward_k3(T, st, o);
+  else forward_linear(T, st, o);
+  // h_ now holds the pre-final-norm stream.
+  const int64_t first = o.all_logits ? 0 : T - 1, n = T - first;
+  normed_.resize(static_cast<size_t>(n * D));
+  kernels::rms_norm(h_.data() + first * D, final_norm_.data(), n, D, c.rms_norm_eps, normed_.data());
+  logits.resize(static_cast<size_t>(n * c.vocab_size));
+  kernels::matmul(lm_head_, normed_.data(), n, logits.data());
+  st.n_tokens += T;
+}
+
+// Plain pre-norm residual stream: h += Attn(norm h); h += FFN(norm h).
+void KimiModel::forward_linear(int64_t T, SequenceState& st, const ForwardOptions& o) {
+  const int64_t n = T * cfg_.text.hidden_size;
+  sub_.resize(static_cast<size_t>(n));
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    run_attn(l, h_.data(), T, st, sub_.data(), o);
+    for (int64_t i = 0; i < n; ++i) h_[static_cast<size_t>(i)] += sub_[static_cast<size_t>(i)];
+    run_ffn(l, h_.data(), T, sub_.data());
+    for (int64_t i = 0; i < n; ++i) h_[static_cast<size_t>(i)] += sub_[static_cast<size_t>(i)];
+  }
+}
+
+// Block Attention Residuals (kimi_k3_spec.md §4.2). h_ holds the running block sum ("prefix");
+// bank_ the frozen block sums. On return h_ holds the final AttnRes mixture.
+void KimiModel::forward_k3(int64_t T, SequenceState& st, const ForwardOptions& o) {
+  const TextConfig& c = cfg_.text;
+  const int64_t D = c.hidden_size, n = T * D;
+  const float eps = c.rms_norm_eps;
+  size_t banked = 0;
+  bank_.resize(static_cast<size_t>(c.num_hidden_layers / c.attn_res_block_size + 1));
+  sub_.resize(static_cast<size_t>(n));
+  mix_.resize(static_cast<size_t>(n));
+  std::vector<const float*> rows;
+  auto mix = [&](const std::vector<float>& cw, bool with_prefix) {
+    rows.clear();
+    for (size_t j = 0; j < banked; ++j) rows.push_back(bank_[j].data());
+    if (with_prefix) rows.push_back(h_.data());
+    attn_res_mix(rows, T, D, cw.data(), eps, mix_.data());
+  };
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    bool have_prefix = true;
+    const float* a_in = h_.data();
+    if (banked > 0) {
+      mix(L.attn_res_c, true);
+      a_in = mix_.data();
+    }
+    if (static_cast<int>(l) % c.attn_res_block_size == 0) {
+      bank_[banked].assign(h_.begin(), h_.begin() + n);
+      ++banked;
+      have_prefix = false;
+      if (a_in == h_.data()) {  // bank was empty: a_in is the prefix itself; keep a copy to read
+        mix_.assign(h_.begin(), h_.begin() + n);
+        a_in = mix_.data();
+      }
+    }
+    run_attn(l, a_in, T, st, sub_.data(), o);
+    if (have_prefix)
+      for (int64_t i = 0; i < n; ++i) h_[static_cast<size_t>(i)] += sub_[static_cast<size_t>(i)];
+    else
+      std::copy_n(sub_.begin(), n, h_.begin());
+    mix(L.mlp_res_c, true);
+    run_ffn(l, mix_.data(), T, sub_.data());
+    for (int64_t i = 0; i < n; ++i) h_[static_cast<size_t>(i)] += sub_[static_cast<size_t>(i)];
+  }
+  mix(out_res_c_, true);
+  std::copy_n(mix_.begin(), n, h_.begin());
+}
+
+}  // namespace kestrel

@@ -1,0 +1,48 @@
+#include "runtime/engine.h"
+
+namespace kestrel {
+
+Result<std::unique_ptr<Engine>> Engine::load(const std::string& dir) {
+  auto m = KimiModel::load(dir);
+  if (!m) return m.error();
+  auto e = std::make_unique<Engine>();
+  e->model_ = std::move(*m);
+  return e;
+}
+
+Status Engine::check_ids(std::span<const int32_t> ids) const {
+  const int vocab = config().text.vocab_size;
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= vocab)
+      return invalid_argument("token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                              " is outside the vocabulary (0.." + std::to_string(vocab - 1) + ")");
+  return Status::ok();
+}
+
+Result<std::vector<float>> Engine::prefill(SequenceState& seq, std::span<const int32_t> ids, int64_t chunk,
+                                           bool all_logits, const ForwardOptions& base) {
+  if (ids.empty()) return invalid_argument("prefill needs at least one token");
+  KESTREL_RETURN_IF_ERROR(check_ids(ids));
+  const int64_t n = static_cast<int64_t>(ids.size());
+  if (chunk <= 0) chunk = n;
+  std::vector<float> out, part;
+  ForwardOptions o = base;
+  o.all_logits = all_logits;
+  for (int64_t s = 0; s < n; s += chunk) {
+    const int64_t T = std::min(chunk, n - s);
+    model_->forward(ids.data() + s, T, seq, part, o);
+    if (all_logits) out.insert(out.end(), part.begin(), part.end());
+  }
+  return all_logits ? out : part;
+}
+
+Result<std::vector<float>> Engine::decode(SequenceState& seq, int32_t id, const ForwardOptions& base) {
+  KESTREL_RETURN_IF_ERROR(check_ids(std::span<const int32_t>(&id, 1)));
+  std::vector<float> logits;
+  ForwardOptions o = base;
+  o.all_logits = false;
+  model_->forward(&id, 1, seq, logits, o);
+  return logits;
+}
+
+}  // namespace kestrel

@@ -1,0 +1,32 @@
+// Engine: owns a loaded model and runs sequences: prefill in chunks of any size, decode one token,
+// both returning logits. Not thread-safe: one owner thread (the scheduler, or a CLI).
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "models/kimi_model.h"
+
+namespace kestrel {
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> load(const std::string& dir);
+  const ModelConfig& config() const { return model_->config(); }
+  SequenceState new_sequence() const { return model_->new_sequence(); }
+
+  // Feeds ids in chunks of `chunk` tokens (0 = one chunk). Returns the last token's logits, or all
+  // tokens' logits when `all_logits` ([n, vocab]).
+  Result<std::vector<float>> prefill(SequenceState& seq, std::span<const int32_t> ids, int64_t chunk = 0,
+                                     bool all_logits = false, const ForwardOptions& base = {});
+  Result<std::vector<float>> decode(SequenceState& seq, int32_t id, const ForwardOptions& base = {});
+  KimiModel& model() { return *model_; }
+
+ private:
+  Status check_ids(std::span<const int32_t> ids) const;
+  std::unique_ptr<KimiModel> model_;
+};
+
+}  // namespace kestrel

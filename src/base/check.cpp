@@ -5,9 +5,9 @@
 
 namespace kestrel {
 
-void panic(std::string_view message, std::source_location where) {
-  std::fprintf(stderr, "kestrel: internal error at %s:%u: %.*s\n", where.file_name(),
-               static_cast<unsigned>(where.line()), static_cast<int>(message.size()), message.data());
+void panic(std::string_view message, const char* file, int line) {
+  std::fprintf(stderr, "kestrel: internal error at %s:%d: %.*s\n", file, line, static_cast<int>(message.size()),
+               message.data());
   std::abort();
 }
 

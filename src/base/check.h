@@ -1,13 +1,13 @@
 // KCHECK: invariant checks that are never compiled out. Input errors must use Result/Status instead.
 #pragma once
 
-#include <source_location>
 #include <string_view>
 
 namespace kestrel {
 
-[[noreturn]] void panic(std::string_view message,
-                        std::source_location where = std::source_location::current());
+// __builtin_FILE/LINE instead of std::source_location: clang 14 (the fuzz build) lacks the latter
+// with libstdc++ 12.
+[[noreturn]] void panic(std::string_view message, const char* file = __builtin_FILE(), int line = __builtin_LINE());
 
 }  // namespace kestrel
 

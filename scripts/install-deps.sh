@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Kestrel builds and tests with. Idempotent; needs root (or sudo).
+set -euo pipefail
+pkgs=(build-essential g++ cmake make pkg-config ccache
+      libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libpcre2-dev
+      clang-14 libclang-rt-14-dev libomp-14-dev
+      python3 python3-venv python3-pip)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

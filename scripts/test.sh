@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One command: install what is needed, build, and run every test:
+#   1. release build + all ctest tests (unit, ops, model parity, integration)
+#   2. debug build with ASan+UBSan: loader, config and kernel tests
+#   3. libFuzzer targets (clang) run briefly on their seed corpora
+# Env: KESTREL_FUZZ_SECONDS (default 20 per target), KESTREL_SKIP_SANITIZE=1, KESTREL_SKIP_FUZZ=1 for quick local loops.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+scripts/install-deps.sh
+
+echo "== [1/3] release build + tests"
+cmake --preset release >/dev/null
+cmake --build build/release -j"$jobs"
+ctest --test-dir build/release --output-on-failure -j"$jobs" --timeout 900
+
+if [ "${KESTREL_SKIP_SANITIZE:-0}" != 1 ]; then
+  echo "== [2/3] ASan+UBSan build: loader / config / kernel tests"
+  cmake --preset debug >/dev/null
+  cmake --build build/debug -j"$jobs" --target loader_test ops_kda_test kestrel
+  ctest --test-dir build/debug --output-on-failure -j"$jobs" --timeout 900 -R 'LoaderTest|SafetensorsParse|Kda'
+fi
+
+if [ "${KESTREL_SKIP_FUZZ:-0}" != 1 ]; then
+  echo "== [3/3] fuzz targets (${KESTREL_FUZZ_SECONDS:-20} s each)"
+  cmake --preset fuzz >/dev/null
+  cmake --build build/fuzz -j"$jobs"
+  for t in build/fuzz/tests/fuzz/fuzz_*; do
+    name=$(basename "$t"); corpus_src="tests/fuzz/corpus/${name#fuzz_}"
+    work=$(mktemp -d); [ -d "$corpus_src" ] && cp -r "$corpus_src"/. "$work"/
+    echo "-- $name"
+    "$t" -max_total_time="${KESTREL_FUZZ_SECONDS:-20}" -max_len=65536 -print_final_stats=0 "$work" 2>&1 | tail -1
+    rm -rf "$work"
+  done
+fi
+echo "== all tests passed"

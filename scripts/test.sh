@@ -9,8 +9,15 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc)
 scripts/install-deps.sh
 
+# Python tooling for the parity tests that call a reference at test time (tiktoken).
+venv="$PWD/build/venv"
+if ! "$venv/bin/python" -c "import tiktoken, tokenizers" 2>/dev/null; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r tools/requirements-test.txt
+fi
+
 echo "== [1/3] release build + tests"
-cmake --preset release >/dev/null
+cmake --preset release -DKESTREL_PYTHON="$venv/bin/python" >/dev/null
 cmake --build build/release -j"$jobs"
 ctest --test-dir build/release --output-on-failure -j"$jobs" --timeout 900
 

@@ -52,6 +52,7 @@ Status MoeBlock::bind(Binder& b, const std::string& p, const TextConfig& c) {
     shared_.bind(b, p + "shared_experts.", "gate_proj", "up_proj", "down_proj", hid,
                  static_cast<int64_t>(c.num_shared_experts) * c.moe_intermediate_size, c);
   by_expert_.resize(static_cast<size_t>(E_));
+  for (auto& v : by_expert_) v.reserve(64);  // decode never grows these
   return b.status();
 }
 
@@ -64,7 +65,8 @@ void MoeBlock::route(const float* x, int64_t T, std::vector<int>& ids, std::vect
   weights.resize(static_cast<size_t>(T * K_));
   std::vector<int>& order = ids_;
   order.resize(static_cast<size_t>(E_));
-  std::vector<float> sel(static_cast<size_t>(E_));
+  std::vector<float>& sel = sel_;
+  sel.resize(static_cast<size_t>(E_));
   for (int64_t t = 0; t < T; ++t) {
     const float* l = logits_.data() + t * E_;
     for (int64_t e = 0; e < E_; ++e) sel[static_cast<size_t>(e)] = kernels::sigmoid(l[e]) + bias_[static_cast<size_t>(e)];
@@ -91,7 +93,7 @@ void MoeBlock::route(const float* x, int64_t T, std::vector<int>& ids, std::vect
 
 void MoeBlock::forward(const float* x, int64_t T, float* out) {
   const int64_t hid = c_->hidden_size;
-  std::vector<int> ids;
+  std::vector<int>& ids = route_ids_;
   route(x, T, ids, w_);
   const float* in = x;
   if (c_->latent_moe()) {

@@ -45,8 +45,8 @@ class MoeBlock {
   bool has_shared_ = false;
   // Scratch.
   std::vector<float> logits_, z_, acc_, gathered_, eout_, shared_out_;
-  std::vector<int> ids_;
-  std::vector<float> w_;
+  std::vector<int> ids_, route_ids_;
+  std::vector<float> w_, sel_;
   std::vector<std::vector<std::pair<int64_t, float>>> by_expert_;
 };
 

@@ -83,6 +83,13 @@ SequenceState KimiModel::new_sequence() const {
   return s;
 }
 
+void KimiModel::reserve(SequenceState& st, int64_t n_tokens) const {
+  const TextConfig& c = cfg_.text;
+  for (size_t l = 0; l < layers_.size(); ++l)
+    if (layers_[l].mla)
+      st.mla[l].latent.reserve(static_cast<size_t>(n_tokens * (c.kv_lora_rank + c.qk_rope_head_dim)));
+}
+
 void KimiModel::run_attn(size_t l, const float* x, int64_t T, SequenceState& st, float* out, const ForwardOptions& o) {
   const TextConfig& c = cfg_.text;
   normed_.resize(static_cast<size_t>(T * c.hidden_size));
@@ -141,7 +148,7 @@ void KimiModel::forward_k3(int64_t T, SequenceState& st, const ForwardOptions& o
   bank_.resize(static_cast<size_t>(c.num_hidden_layers / c.attn_res_block_size + 1));
   sub_.resize(static_cast<size_t>(n));
   mix_.resize(static_cast<size_t>(n));
-  std::vector<const float*> rows;
+  std::vector<const float*>& rows = rows_;
   auto mix = [&](const std::vector<float>& cw, bool with_prefix) {
     rows.clear();
     for (size_t j = 0; j < banked; ++j) rows.push_back(bank_[j].data());

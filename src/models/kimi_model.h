@@ -37,6 +37,8 @@ class KimiModel {
 
   const ModelConfig& config() const { return cfg_; }
   SequenceState new_sequence() const;
+  // Reserves cache capacity for n_tokens in total so decode up to that length never allocates.
+  void reserve(SequenceState& st, int64_t n_tokens) const;
   // Runs T tokens of one sequence; logits: [T or 1, vocab].
   void forward(const int32_t* ids, int64_t T, SequenceState& st, std::vector<float>& logits,
                const ForwardOptions& opt = {});
@@ -64,6 +66,7 @@ class KimiModel {
   // Scratch [T, hidden] buffers (not reentrant).
   std::vector<float> h_, normed_, sub_, mix_;
   std::vector<std::vector<float>> bank_;
+  std::vector<const float*> rows_;
 };
 
 }  // namespace kestrel

@@ -37,12 +37,17 @@ Result<std::vector<float>> Engine::prefill(SequenceState& seq, std::span<const i
 }
 
 Result<std::vector<float>> Engine::decode(SequenceState& seq, int32_t id, const ForwardOptions& base) {
-  KESTREL_RETURN_IF_ERROR(check_ids(std::span<const int32_t>(&id, 1)));
   std::vector<float> logits;
+  KESTREL_RETURN_IF_ERROR(decode_into(seq, id, logits, base));
+  return logits;
+}
+
+Status Engine::decode_into(SequenceState& seq, int32_t id, std::vector<float>& logits, const ForwardOptions& base) {
+  KESTREL_RETURN_IF_ERROR(check_ids(std::span<const int32_t>(&id, 1)));
   ForwardOptions o = base;
   o.all_logits = false;
   model_->forward(&id, 1, seq, logits, o);
-  return logits;
+  return Status::ok();
 }
 
 }  // namespace kestrel

@@ -22,6 +22,9 @@ class Engine {
   Result<std::vector<float>> prefill(SequenceState& seq, std::span<const int32_t> ids, int64_t chunk = 0,
                                      bool all_logits = false, const ForwardOptions& base = {});
   Result<std::vector<float>> decode(SequenceState& seq, int32_t id, const ForwardOptions& base = {});
+  // Allocation-free form for steady-state decode: `logits` is reused.
+  Status decode_into(SequenceState& seq, int32_t id, std::vector<float>& logits, const ForwardOptions& base = {});
+  void reserve(SequenceState& seq, int64_t n_tokens) const { model_->reserve(seq, n_tokens); }
   KimiModel& model() { return *model_; }
 
  private:

@@ -13,6 +13,7 @@
 // reference row s (first row of the row block): exp(Γ_r − Γ_j) = exp(Γ_r − Γ_s) · exp(Γ_s − Γ_j), with
 // j < s <= r both factors are <= 1 (Γ is non-increasing). Diagonal sub-blocks use per-element exps.
 #include "kernels/cpu/kda.h"
+#include "kernels/cpu/scratch.h"
 
 #include <algorithm>
 #include <bit>
@@ -300,11 +301,12 @@ void kda_recurrent(const KdaArgs& a) {
   const int64_t T = a.T, H = a.H, K = a.K, V = a.V;
 #pragma omp parallel
   {
-    std::vector<float> p(static_cast<size_t>(V)), decay(static_cast<size_t>(K));
+    float* p = thread_scratch(kScratchKdaP, static_cast<size_t>(V));
+    float* decay = thread_scratch(kScratchKdaDecay, static_cast<size_t>(K));
 #pragma omp for schedule(static)
     for (int64_t h = 0; h < H; ++h) {
       float* S = a.state + h * K * V;
-      float* pv = p.data();
+      float* pv = p;
       for (int64_t t = 0; t < T; ++t) {
         const float* q = a.q + (t * H + h) * K;
         const float* k = a.k + (t * H + h) * K;
@@ -312,12 +314,12 @@ void kda_recurrent(const KdaArgs& a) {
         const float* g = a.g + (t * H + h) * K;
         const float b = a.beta[t * H + h];
         float* o = a.out + (t * H + h) * V;
-        for (int64_t d = 0; d < K; ++d) decay[static_cast<size_t>(d)] = std::exp(g[d]);
+        for (int64_t d = 0; d < K; ++d) decay[d] = std::exp(g[d]);
         // S ← diag(exp(g)) S;  p = Sᵀ k (from the decayed state).
         std::fill(pv, pv + V, 0.0f);
         for (int64_t d = 0; d < K; ++d) {
           float* Sd = S + d * V;
-          const float f = decay[static_cast<size_t>(d)];
+          const float f = decay[d];
           const float kd = k[d];
 #pragma omp simd
           for (int64_t x = 0; x < V; ++x) {

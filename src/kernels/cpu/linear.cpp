@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/cpu/scratch.h"
 
 namespace kestrel::kernels {
 namespace {
@@ -72,14 +73,14 @@ void matmul(const WeightMatrix& w, const float* x, int64_t T, float* y) {
   const int64_t blocks = (out + kRows - 1) / kRows;
 #pragma omp parallel
   {
-    std::vector<float> buf(static_cast<size_t>(kRows * in));
+    float* buf = thread_scratch(kScratchLinear, static_cast<size_t>(kRows * in));
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t r0 = b * kRows, r1 = std::min(out, r0 + kRows);
-      for (int64_t r = r0; r < r1; ++r) decode_row(w, r, buf.data() + (r - r0) * in);
+      for (int64_t r = r0; r < r1; ++r) decode_row(w, r, buf + (r - r0) * in);
       for (int64_t t = 0; t < T; ++t) {
         const float* xt = x + t * in;
-        for (int64_t r = r0; r < r1; ++r) y[t * out + r] = dot(buf.data() + (r - r0) * in, xt, in);
+        for (int64_t r = r0; r < r1; ++r) y[t * out + r] = dot(buf + (r - r0) * in, xt, in);
       }
     }
   }

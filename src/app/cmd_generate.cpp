@@ -1,11 +1,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "app/args.h"
 #include "app/commands.h"
 #include "app/default_model.h"
+#include "chat/model_tokenizer.h"
+#include "chat/stream_decoder.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
 
@@ -48,7 +51,7 @@ std::vector<std::pair<int32_t, float>> top_entries(const std::vector<float>& l, 
 }  // namespace
 
 int cmd_generate(const std::vector<std::string>& argv) {
-  auto a = Args::parse(argv, {"model", "prompt-ids", "max-tokens", "temperature", "top-k", "top-p", "min-p", "seed",
+  auto a = Args::parse(argv, {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "top-k", "top-p", "min-p", "seed",
                               "chunk", "top-logits"},
                        {"json", "ignore-eos", "quiet"});
   if (!a) return fail(a.error());
@@ -56,8 +59,20 @@ int cmd_generate(const std::vector<std::string>& argv) {
   int rc = 0;
   const std::string dir = resolve_model_or_default(a->str("model"), !quiet, rc);
   if (rc) return rc;
-  auto ids = parse_id_list(a->str("prompt-ids", a->has("model") ? "" : "1,2,3"));
+  // Text prompts go through the checkpoint's tokenizer (raw completion: special-token strings in the
+  // prompt stay text). Without --prompt/--prompt-ids the default model gets a fixed greeting.
+  std::optional<chat::Tokenizer> tok;
+  if (a->has("prompt") || !a->has("prompt-ids")) {
+    auto t = chat::load_model_tokenizer(dir);
+    if (!t) return fail(t.error());
+    tok.emplace(std::move(*t));
+  }
+  if (a->has("prompt") && a->has("prompt-ids")) return fail(invalid_argument("give --prompt or --prompt-ids, not both"));
+  Result<std::vector<int32_t>> ids = tok ? Result<std::vector<int32_t>>(tok->encode(a->str("prompt", "Hello, Kestrel!"),
+                                                                                     chat::SpecialMode::kAsText))
+                                         : parse_id_list(a->str("prompt-ids"));
   if (!ids) return fail(ids.error());
+  if (ids->empty()) return fail(invalid_argument("the prompt encodes to no tokens"));
   auto max_tokens = a->integer("max-tokens", 16);
   auto temp = a->number("temperature", 0.0);
   auto top_k = a->integer("top-k", 0);
@@ -111,11 +126,24 @@ int cmd_generate(const std::vector<std::string>& argv) {
   const auto t2 = std::chrono::steady_clock::now();
   const double pre_s = std::chrono::duration<double>(t1 - t0).count();
   const double dec_s = std::chrono::duration<double>(t2 - t1).count();
+  std::string text;
+  if (tok) {  // complete UTF-8 only; invalid bytes (random weights produce them) become U+FFFD
+    chat::StreamDecoder sd(*tok);
+    for (int32_t id : out) {
+      auto piece = sd.push(id);
+      if (!piece) return fail(piece.error());
+      text += *piece;
+    }
+    text += sd.flush();
+  }
   if (a->has("json")) {
     nlohmann::json j = {{"model", dir}, {"prompt_ids", *ids}, {"tokens", out}, {"finish_reason", finish},
                         {"prefill_seconds", pre_s}, {"decode_seconds", dec_s}};
+    if (tok) j["text"] = text;
     if (*top_logits > 0) j["top_logits"] = tops;
     std::printf("%s\n", j.dump().c_str());
+  } else if (tok) {
+    std::printf("%s\n", text.c_str());
   } else {
     for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
     std::printf("\n");

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <unistd.h>
 
+#include "chat/model_tokenizer.h"
 #include "models/checkpoint_generator.h"
 
 namespace kestrel::app {
@@ -19,7 +20,7 @@ fs::path cache_root() {
   return fs::temp_directory_path() / "kestrel-cache";
 }
 // Bump when the generator's output changes so stale caches are rebuilt.
-constexpr const char* kGeneratorVersion = "1";
+constexpr const char* kGeneratorVersion = "2";
 }  // namespace
 
 Result<std::string> ensure_preset_model(const std::string& preset, bool verbose) {
@@ -35,6 +36,7 @@ Result<std::string> ensure_preset_model(const std::string& preset, bool verbose)
   std::error_code ec;
   fs::remove_all(tmp, ec);
   KESTREL_RETURN_IF_ERROR(generate_checkpoint(*spec, tmp.string()));
+  if (spec->vocab == 512) KESTREL_RETURN_IF_ERROR(chat::write_byte_level_k3_tokenizer(tmp.string()));
   std::ofstream(tmp / ".complete") << kGeneratorVersion << "\n";
   fs::remove_all(dir, ec);
   fs::rename(tmp, dir, ec);

@@ -246,8 +246,8 @@ Result<GenSpec> gen_preset(const std::string& name) {
     s.shards = 4;
     return s;
   }
-  if (name == "k3-default") {  // the embedded default: small, K3 architecture, K3-format tokenizer
-    s.vocab = 163840, s.hidden = 256, s.layers = 9;
+  if (name == "k3-default") {  // the embedded default: K3 architecture; 256 byte ranks + K3's 256 specials
+    s.vocab = 512, s.hidden = 256, s.layers = 9;
     s.shards = 2;
     return s;
   }

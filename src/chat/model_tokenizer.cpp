@@ -1,0 +1,81 @@
+#include "chat/model_tokenizer.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace kestrel::chat {
+namespace fs = std::filesystem;
+
+namespace {
+std::string base64(const std::string& in) {
+  static const char* k = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    const uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8) | uint8_t(in[i + 2]);
+    out += {k[v >> 18], k[(v >> 12) & 63], k[(v >> 6) & 63], k[v & 63]};
+  }
+  if (i + 1 == in.size()) {
+    const uint32_t v = uint8_t(in[i]) << 16;
+    out += {k[v >> 18], k[(v >> 12) & 63], '=', '='};
+  } else if (i + 2 == in.size()) {
+    const uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8);
+    out += {k[v >> 18], k[(v >> 12) & 63], k[(v >> 6) & 63], '='};
+  }
+  return out;
+}
+}  // namespace
+
+Result<Tokenizer> load_model_tokenizer(const std::string& dir) {
+  const std::string vocab = (fs::path(dir) / "tiktoken.model").string();
+  if (!fs::exists(vocab)) return not_found(dir + ": no tiktoken.model (the tokenizer ships with the checkpoint)");
+  TokenizerConfig cfg = kimi_k3_config(vocab);
+  const fs::path tc = fs::path(dir) / "tokenizer_config.json";
+  bool have_table = false;
+  if (fs::exists(tc)) {
+    std::ifstream in(tc);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return invalid_argument(tc.string() + ": not valid JSON");
+    if (j.contains("added_tokens_decoder")) {
+      const auto& d = j["added_tokens_decoder"];
+      if (!d.is_object()) return invalid_argument(tc.string() + ": added_tokens_decoder is not an object");
+      cfg.specials.clear();
+      for (auto it = d.begin(); it != d.end(); ++it) {
+        char* end = nullptr;
+        const long id = std::strtol(it.key().c_str(), &end, 10);
+        if (*end != '\0' || id < 0 || id > (1 << 24) || !it.value().is_object() || !it.value().contains("content") ||
+            !it.value()["content"].is_string())
+          return invalid_argument(tc.string() + ": bad added_tokens_decoder entry '" + it.key() + "'");
+        cfg.specials.push_back({it.value()["content"].get<std::string>(), static_cast<int32_t>(id)});
+      }
+      have_table = true;
+    }
+  }
+  if (!have_table) {
+    // Same as the release: specials start right after the last rank.
+    auto probe = Tokenizer::create(TokenizerConfig{vocab, VocabFormat::kRawBytes, Pattern::kKimi, ChunkCaps{}, {}});
+    if (!probe) return probe.error();
+    cfg.specials = kimi_k3_specials(probe->num_ranks());
+  }
+  return Tokenizer::create(cfg);
+}
+
+Status write_byte_level_k3_tokenizer(const std::string& dir) {
+  std::ofstream v(fs::path(dir) / "tiktoken.model");
+  for (int b = 0; b < 256; ++b) v << base64(std::string(1, static_cast<char>(b))) << " " << b << "\n";
+  if (!v) return io_error(dir + ": cannot write tiktoken.model");
+  nlohmann::json added = nlohmann::json::object();
+  for (const auto& s : kimi_k3_specials(256))
+    added[std::to_string(s.id)] = {{"content", s.text}, {"special", true}};
+  nlohmann::json cfg = {{"tokenizer_class", "TikTokenTokenizer"}, {"added_tokens_decoder", added},
+                        {"bos_token", "[BOS]"}, {"eos_token", "<|end_of_msg|>"}, {"pad_token", "[PAD]"},
+                        {"model_max_length", 1048576}};
+  std::ofstream(fs::path(dir) / "tokenizer_config.json") << cfg.dump(2) << "\n";
+  return Status::ok();
+}
+
+}  // namespace kestrel::chat

@@ -2,7 +2,7 @@
 # Installs the Debian packages Kestrel builds and tests with. Idempotent; needs root (or sudo).
 set -euo pipefail
 pkgs=(build-essential g++ cmake make pkg-config ccache
-      libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libpcre2-dev
+      libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libpcre2-dev libboost-dev
       clang-14 libclang-rt-14-dev libomp-14-dev
       python3 python3-venv python3-pip)
 missing=()

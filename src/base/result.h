@@ -8,7 +8,8 @@
 
 namespace kestrel {
 
-enum class StatusCode { kOk, kInvalidArgument, kNotFound, kIo, kCorrupt, kUnsupported, kInternal };
+enum class StatusCode { kOk, kInvalidArgument, kNotFound, kIo, kCorrupt, kUnsupported, kInternal, kUnavailable,
+                        kTooLarge };
 
 class Status {
  public:
@@ -29,6 +30,8 @@ inline Status not_found(std::string m) { return {StatusCode::kNotFound, std::mov
 inline Status io_error(std::string m) { return {StatusCode::kIo, std::move(m)}; }
 inline Status corrupt(std::string m) { return {StatusCode::kCorrupt, std::move(m)}; }
 inline Status unsupported(std::string m) { return {StatusCode::kUnsupported, std::move(m)}; }
+inline Status unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }  // retry later (429/503)
+inline Status too_large(std::string m) { return {StatusCode::kTooLarge, std::move(m)}; }
 
 // Holds either a value or a non-ok Status.
 template <typename T>

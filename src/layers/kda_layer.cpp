@@ -10,11 +10,16 @@ namespace kestrel {
 
 using kernels::matmul;
 
-void KdaState::reset(const TextConfig& c) {
-  const int64_t P = c.kda_proj_size(), W = c.linear_attn.short_conv_kernel_size;
-  const int64_t H = c.linear_attn.num_heads, D = c.linear_attn.head_dim;
-  conv.assign(static_cast<size_t>(3 * (W - 1) * P), 0.0f);
-  recurrent.assign(static_cast<size_t>(H * D * D), 0.0f);
+int64_t KdaState::conv_floats(const TextConfig& c) {
+  return 3 * (c.linear_attn.short_conv_kernel_size - 1) * static_cast<int64_t>(c.kda_proj_size());
+}
+int64_t KdaState::recurrent_floats(const TextConfig& c) {
+  const int64_t D = c.linear_attn.head_dim;
+  return static_cast<int64_t>(c.linear_attn.num_heads) * D * D;
+}
+void KdaState::zero(const TextConfig& c) const {
+  std::fill_n(conv, conv_floats(c), 0.0f);
+  std::fill_n(recurrent, recurrent_floats(c), 0.0f);
 }
 
 Status KdaLayer::bind(Binder& b, const std::string& p, const TextConfig& c) {
@@ -75,14 +80,17 @@ void KdaLayer::short_conv(const float* in, int64_t T, int which, float* conv_sta
   std::copy(next.begin(), next.end(), conv_state);
 }
 
-void KdaLayer::forward(const float* x, int64_t T, KdaState& st, float* out, bool force_recurrent) {
+void KdaLayer::forward(const float* x, int64_t T, std::span<const Segment<KdaState>> segs, float* out,
+                       bool force_recurrent) {
   const size_t TP = static_cast<size_t>(T * P_);
   const kernels::WeightMatrix* w[3] = {&wq_, &wk_, &wv_};
   for (int i = 0; i < 3; ++i) {
     proj_[i].resize(TP);
     act_[i].resize(TP);
     matmul(*w[i], x, T, proj_[i].data());
-    short_conv(proj_[i].data(), T, i, st.conv.data() + i * (W_ - 1) * P_, act_[i].data());
+    for (const auto& sg : segs)
+      short_conv(proj_[i].data() + sg.offset * P_, sg.T, i, sg.state->conv + i * (W_ - 1) * P_,
+                 act_[i].data() + sg.offset * P_);
   }
   kernels::l2_norm(act_[0].data(), T * H_, D_, 1e-6f);
   kernels::l2_norm(act_[1].data(), T * H_, D_, 1e-6f);
@@ -111,21 +119,23 @@ void KdaLayer::forward(const float* x, int64_t T, KdaState& st, float* out, bool
   for (float& v : beta_) v = kernels::sigmoid(v);
 
   o_.resize(TP);
-  kernels::KdaArgs a;
-  a.T = T;
-  a.H = H_;
-  a.K = D_;
-  a.V = D_;
-  a.q = act_[0].data();
-  a.k = act_[1].data();
-  a.v = act_[2].data();
-  a.g = f_.data();
-  a.beta = beta_.data();
-  a.scale = 1.0f / std::sqrt(static_cast<float>(D_));
-  a.state = st.recurrent.data();
-  a.out = o_.data();
-  if (T == 1 || force_recurrent) kernels::kda_recurrent(a);
-  else kernels::kda_chunked(a, 64);
+  for (const auto& sg : segs) {
+    kernels::KdaArgs a;
+    a.T = sg.T;
+    a.H = H_;
+    a.K = D_;
+    a.V = D_;
+    a.q = act_[0].data() + sg.offset * P_;
+    a.k = act_[1].data() + sg.offset * P_;
+    a.v = act_[2].data() + sg.offset * P_;
+    a.g = f_.data() + sg.offset * P_;
+    a.beta = beta_.data() + sg.offset * H_;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(D_));
+    a.state = sg.state->recurrent;
+    a.out = o_.data() + sg.offset * P_;
+    if (sg.T == 1 || force_recurrent) kernels::kda_recurrent(a);
+    else kernels::kda_chunked(a, 64);
+  }
 
   // Output gate and per-head gated RMSNorm (sigmoid).
   gate_.resize(TP);

@@ -3,6 +3,7 @@
 // gates (full-rank g_proj; low-rank g_a/g_b) are typed config choices.
 #pragma once
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -11,18 +12,30 @@
 
 namespace kestrel {
 
-// Per-sequence KDA state for one layer.
+// Per-sequence KDA state for one layer: a VIEW into storage owned by a SequenceState or a slot pool.
 struct KdaState {
-  std::vector<float> conv;       // [3 (q,k,v), W-1, P]: last W-1 pre-conv inputs, oldest first
-  std::vector<float> recurrent;  // [H, K, V] fp32
-  void reset(const TextConfig& c);
+  float* conv = nullptr;       // [3 (q,k,v), W-1, P]: last W-1 pre-conv inputs, oldest first
+  float* recurrent = nullptr;  // [H, K, V] fp32
+  static int64_t conv_floats(const TextConfig& c);
+  static int64_t recurrent_floats(const TextConfig& c);
+  void zero(const TextConfig& c) const;
+};
+
+// A contiguous run of tokens of one sequence inside a batch [T_total, hidden].
+template <typename State>
+struct Segment {
+  int64_t offset = 0;  // first token row in the batch
+  int64_t T = 0;
+  State* state = nullptr;
 };
 
 class KdaLayer {
  public:
   Status bind(Binder& b, const std::string& prefix, const TextConfig& c);
-  // x: [T, hidden] (already input-normed); out: [T, hidden]. `force_recurrent` is for tests.
-  void forward(const float* x, int64_t T, KdaState& st, float* out, bool force_recurrent = false);
+  // x: [T_total, hidden] (input-normed) holding every segment's tokens; out: [T_total, hidden].
+  // Projections run once over the whole batch; conv and recurrence per segment with its own state.
+  void forward(const float* x, int64_t T_total, std::span<const Segment<KdaState>> segs, float* out,
+               bool force_recurrent = false);
 
  private:
   void short_conv(const float* in, int64_t T, int which, float* conv_state, float* out);

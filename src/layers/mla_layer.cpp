@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/cpu/attention.h"
+#include "base/check.h"
 #include "kernels/cpu/elementwise.h"
 
 namespace kestrel {
@@ -34,7 +35,8 @@ Status MlaLayer::bind(Binder& b, const std::string& p, const TextConfig& c) {
   return b.status();
 }
 
-void MlaLayer::forward(const float* x, int64_t T, MlaCache& cache, float* out, MlaMode mode) {
+void MlaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCache>> segs, float* out,
+                       MlaMode mode) {
   // Queries [T, nh, qk].
   q_.resize(static_cast<size_t>(T * nh_ * qk_));
   if (c_->q_lora_rank > 0) {
@@ -51,13 +53,18 @@ void MlaLayer::forward(const float* x, int64_t T, MlaCache& cache, float* out, M
   matmul(wkva_, x, T, ckv_.data());
   for (int64_t t = 0; t < T; ++t)
     kernels::rms_norm(ckv_.data() + t * row, kv_norm_.data(), 1, lora_, c_->mla_kv_norm_eps, ckv_.data() + t * row);
-  cache.latent.insert(cache.latent.end(), ckv_.begin(), ckv_.end());
-  cache.n_tokens += T;
 
   attn_.resize(static_cast<size_t>(T * nh_ * dv_));
-  if (mode == MlaMode::kAuto) mode = T <= 16 ? MlaMode::kAbsorbed : MlaMode::kExpanded;
-  if (mode == MlaMode::kExpanded) attend_expanded(T, cache);
-  else attend_absorbed(T, cache);
+  for (const auto& sg : segs) {
+    MlaCache& cache = *sg.state;
+    KCHECK(cache.n_tokens + sg.T <= cache.capacity(), "MLA cache pages do not cover the new tokens");
+    for (int64_t t = 0; t < sg.T; ++t)
+      std::copy_n(ckv_.data() + (sg.offset + t) * row, row, cache.row_ptr(cache.n_tokens + t, row));
+    cache.n_tokens += sg.T;
+    const MlaMode m = mode != MlaMode::kAuto ? mode : (sg.T <= 16 ? MlaMode::kAbsorbed : MlaMode::kExpanded);
+    if (m == MlaMode::kExpanded) attend_expanded(sg.offset, sg.T, cache);
+    else attend_absorbed(sg.offset, sg.T, cache);
+  }
 
   if (c_->mla_use_output_gate) {
     gate_.resize(attn_.size());
@@ -68,13 +75,12 @@ void MlaLayer::forward(const float* x, int64_t T, MlaCache& cache, float* out, M
 }
 
 // Up-projects every cached latent to per-head keys [k_nope | k_r] and values, then MHA.
-void MlaLayer::attend_expanded(int64_t T, const MlaCache& cache) {
+void MlaLayer::attend_expanded(int64_t off, int64_t T, const MlaCache& cache) {
   const int64_t L = cache.n_tokens, row = lora_ + dr_;
   // kv_b on the cached latents: needs them contiguous without the k_r tail.
   std::vector<float>& lat = olat_;
   lat.resize(static_cast<size_t>(L * lora_));
-  for (int64_t j = 0; j < L; ++j)
-    std::copy_n(cache.latent.data() + j * row, lora_, lat.data() + j * lora_);
+  for (int64_t j = 0; j < L; ++j) std::copy_n(cache.row_ptr(j, row), lora_, lat.data() + j * lora_);
   kv_.resize(static_cast<size_t>(L * nh_ * (dn_ + dv_)));
   matmul(wkvb_, lat.data(), L, kv_.data());
   k_.resize(static_cast<size_t>(L * nh_ * qk_));
@@ -84,29 +90,29 @@ void MlaLayer::attend_expanded(int64_t T, const MlaCache& cache) {
       const float* src = kv_.data() + (j * nh_ + h) * (dn_ + dv_);
       float* kd = k_.data() + (j * nh_ + h) * qk_;
       std::copy_n(src, dn_, kd);
-      std::copy_n(cache.latent.data() + j * row + lora_, dr_, kd + dn_);
+      std::copy_n(cache.row_ptr(j, row) + lora_, dr_, kd + dn_);
       std::copy_n(src + dn_, dv_, v_.data() + (j * nh_ + h) * dv_);
     }
   kernels::AttentionArgs a;
   a.T = T, a.L = L, a.H = nh_, a.Dk = qk_, a.Dv = dv_;
-  a.q = q_.data();
+  a.q = q_.data() + off * nh_ * qk_;
   a.k = k_.data(), a.k_token_stride = nh_ * qk_, a.k_head_stride = qk_;
   a.v = v_.data(), a.v_token_stride = nh_ * dv_, a.v_head_stride = dv_;
   a.scale = 1.0f / std::sqrt(static_cast<float>(qk_));
-  a.out = attn_.data();
+  a.out = attn_.data() + off * nh_ * dv_;
   kernels::causal_attention(a);
 }
 
 // Weight absorption: q_lat = W_UK^T q_nope ‖ q_r; MQA over the 576-wide latent rows with values
 // = the first kv_lora entries; out_h = W_UV o_lat.
-void MlaLayer::attend_absorbed(int64_t T, const MlaCache& cache) {
+void MlaLayer::attend_absorbed(int64_t off, int64_t T, const MlaCache& cache) {
   const int64_t L = cache.n_tokens, row = lora_ + dr_, per_head = dn_ + dv_;
   qlat_.resize(static_cast<size_t>(T * nh_ * row));
   wblk_.resize(static_cast<size_t>(per_head * lora_));
   for (int64_t h = 0; h < nh_; ++h) {
     for (int64_t r = 0; r < per_head; ++r) kernels::decode_row(wkvb_, h * per_head + r, wblk_.data() + r * lora_);
     for (int64_t t = 0; t < T; ++t) {
-      const float* qn = q_.data() + (t * nh_ + h) * qk_;
+      const float* qn = q_.data() + ((off + t) * nh_ + h) * qk_;
       float* ql = qlat_.data() + (t * nh_ + h) * row;
       std::fill(ql, ql + lora_, 0.0f);
       for (int64_t d = 0; d < dn_; ++d) {
@@ -121,8 +127,9 @@ void MlaLayer::attend_absorbed(int64_t T, const MlaCache& cache) {
   kernels::AttentionArgs a;
   a.T = T, a.L = L, a.H = nh_, a.Dk = row, a.Dv = lora_;
   a.q = qlat_.data();
-  a.k = cache.latent.data(), a.k_token_stride = row, a.k_head_stride = 0;
-  a.v = cache.latent.data(), a.v_token_stride = row, a.v_head_stride = 0;
+  a.pages = cache.pages.data(), a.page_tokens = cache.page_tokens;
+  a.k_offset = 0, a.k_token_stride = row, a.k_head_stride = 0;
+  a.v_offset = 0, a.v_token_stride = row, a.v_head_stride = 0;
   a.scale = 1.0f / std::sqrt(static_cast<float>(qk_));
   a.out = olat_.data();
   kernels::causal_attention(a);
@@ -130,7 +137,7 @@ void MlaLayer::attend_absorbed(int64_t T, const MlaCache& cache) {
     for (int64_t r = 0; r < dv_; ++r) kernels::decode_row(wkvb_, h * per_head + dn_ + r, wblk_.data() + r * lora_);
     for (int64_t t = 0; t < T; ++t) {
       const float* ol = olat_.data() + (t * nh_ + h) * lora_;
-      float* o = attn_.data() + (t * nh_ + h) * dv_;
+      float* o = attn_.data() + ((off + t) * nh_ + h) * dv_;
       for (int64_t e = 0; e < dv_; ++e) {
         const float* wr = wblk_.data() + e * lora_;
         float s = 0;

@@ -7,15 +7,20 @@
 #include <vector>
 
 #include "layers/binder.h"
+#include "layers/kda_layer.h"
 #include "loader/model_config.h"
 
 namespace kestrel {
 
-// Per-sequence latent cache for one MLA layer (contiguous; paging lives in cache/).
+// Per-sequence latent cache for one MLA layer: a VIEW of fixed-size pages owned by a SequenceState
+// or the paged pool (cache/). Token j's row [c_kv normed | k_r] is at pages[j / page_tokens] +
+// (j % page_tokens) * row. The owner guarantees pages cover every token before forward() appends.
 struct MlaCache {
-  std::vector<float> latent;  // [n_tokens, kv_lora + rope]
+  std::vector<float*> pages;
+  int64_t page_tokens = 0;
   int64_t n_tokens = 0;
-  void reset() { latent.clear(), n_tokens = 0; }
+  float* row_ptr(int64_t j, int64_t row) const { return pages[static_cast<size_t>(j / page_tokens)] + (j % page_tokens) * row; }
+  int64_t capacity() const { return static_cast<int64_t>(pages.size()) * page_tokens; }
 };
 
 enum class MlaMode { kAuto, kExpanded, kAbsorbed };
@@ -23,12 +28,15 @@ enum class MlaMode { kAuto, kExpanded, kAbsorbed };
 class MlaLayer {
  public:
   Status bind(Binder& b, const std::string& prefix, const TextConfig& c);
-  // x: [T, hidden] (input-normed); appends T tokens to the cache; out: [T, hidden].
-  void forward(const float* x, int64_t T, MlaCache& cache, float* out, MlaMode mode = MlaMode::kAuto);
+  // x: [T_total, hidden] (input-normed); each segment appends its tokens to its cache and attends
+  // over it; out: [T_total, hidden]. Projections run once over the batch.
+  void forward(const float* x, int64_t T_total, std::span<const Segment<MlaCache>> segs, float* out,
+               MlaMode mode = MlaMode::kAuto);
+  int64_t row_floats() const { return lora_ + dr_; }
 
  private:
-  void attend_expanded(int64_t T, const MlaCache& cache);
-  void attend_absorbed(int64_t T, const MlaCache& cache);
+  void attend_expanded(int64_t off, int64_t T, const MlaCache& cache);
+  void attend_absorbed(int64_t off, int64_t T, const MlaCache& cache);
 
   const TextConfig* c_ = nullptr;
   int64_t nh_ = 0, dn_ = 0, dr_ = 0, dv_ = 0, lora_ = 0, qk_ = 0;

@@ -9,6 +9,15 @@
 namespace kestrel {
 
 namespace {
+CacheGeometry make_geometry(const TextConfig& c, const std::vector<bool>& is_kda) {
+  CacheGeometry g;
+  for (size_t l = 0; l < is_kda.size(); ++l) (is_kda[l] ? g.kda_layers : g.mla_layers).push_back(static_cast<int>(l));
+  g.kda_conv_floats = KdaState::conv_floats(c);
+  g.kda_recurrent_floats = KdaState::recurrent_floats(c);
+  g.mla_row_floats = c.kv_lora_rank + c.qk_rope_head_dim;
+  return g;
+}
+
 std::vector<float> fold(const std::vector<float>& norm_w, const std::vector<float>& proj_w) {
   std::vector<float> c(norm_w.size());
   for (size_t i = 0; i < c.size() && i < proj_w.size(); ++i) c[i] = norm_w[i] * proj_w[i];
@@ -70,32 +79,58 @@ Status KimiModel::bind(Binder& b) {
       KESTREL_RETURN_IF_ERROR(L.moe->bind(b, p + "block_sparse_moe.", c));
     }
   }
+  std::vector<bool> is_kda;
+  for (const Layer& L : layers_) is_kda.push_back(L.kda != nullptr);
+  geom_ = make_geometry(c, is_kda);
   return b.status();
 }
 
 SequenceState KimiModel::new_sequence() const {
+  const CacheGeometry& g = geom_;
   SequenceState s;
-  const TextConfig& c = cfg_.text;
+  s.owns_storage = true;
   s.kda.resize(layers_.size());
   s.mla.resize(layers_.size());
-  for (size_t l = 0; l < layers_.size(); ++l)
-    if (layers_[l].kda) s.kda[l].reset(c);
+  s.own_state.assign(static_cast<size_t>(g.slot_floats()), 0.0f);
+  float* p = s.own_state.data();
+  for (int l : g.kda_layers) {
+    s.kda[static_cast<size_t>(l)].conv = p;
+    p += g.kda_conv_floats;
+    s.kda[static_cast<size_t>(l)].recurrent = p;
+    p += g.kda_recurrent_floats;
+  }
+  for (int l : g.mla_layers) s.mla[static_cast<size_t>(l)].page_tokens = kOwnPageTokens;
   return s;
 }
 
 void KimiModel::reserve(SequenceState& st, int64_t n_tokens) const {
-  const TextConfig& c = cfg_.text;
-  for (size_t l = 0; l < layers_.size(); ++l)
-    if (layers_[l].mla)
-      st.mla[l].latent.reserve(static_cast<size_t>(n_tokens * (c.kv_lora_rank + c.qk_rope_head_dim)));
+  KCHECK(st.owns_storage, "reserve() is for standalone sequences; pool-backed ones get pages from cache/");
+  const CacheGeometry& g = geom_;
+  const int64_t page_floats = kOwnPageTokens * g.mla_row_floats;
+  for (int l : g.mla_layers) {
+    MlaCache& m = st.mla[static_cast<size_t>(l)];
+    while (m.capacity() < n_tokens) {
+      st.own_pages.push_back(std::make_unique<float[]>(static_cast<size_t>(page_floats)));
+      m.pages.push_back(st.own_pages.back().get());
+    }
+  }
 }
 
-void KimiModel::run_attn(size_t l, const float* x, int64_t T, SequenceState& st, float* out, const ForwardOptions& o) {
+void KimiModel::run_attn(size_t l, const float* x, int64_t T, float* out, const ForwardOptions& o) {
   const TextConfig& c = cfg_.text;
   normed_.resize(static_cast<size_t>(T * c.hidden_size));
   kernels::rms_norm(x, layers_[l].in_norm.data(), T, c.hidden_size, c.rms_norm_eps, normed_.data());
-  if (layers_[l].kda) layers_[l].kda->forward(normed_.data(), T, st.kda[l], out, o.kda_force_recurrent);
-  else layers_[l].mla->forward(normed_.data(), T, st.mla[l], out, o.mla_mode);
+  if (layers_[l].kda) {
+    kda_segs_.clear();
+    int64_t off = 0;
+    for (const SeqRun& r : runs_) kda_segs_.push_back({off, r.T, &r.st->kda[l]}), off += r.T;
+    layers_[l].kda->forward(normed_.data(), T, kda_segs_, out, o.kda_force_recurrent);
+  } else {
+    mla_segs_.clear();
+    int64_t off = 0;
+    for (const SeqRun& r : runs_) mla_segs_.push_back({off, r.T, &r.st->mla[l]}), off += r.T;
+    layers_[l].mla->forward(normed_.data(), T, mla_segs_, out, o.mla_mode);
+  }
 }
 
 void KimiModel::run_ffn(size_t l, const float* x, int64_t T, float* out) {
@@ -108,30 +143,52 @@ void KimiModel::run_ffn(size_t l, const float* x, int64_t T, float* out) {
 
 void KimiModel::forward(const int32_t* ids, int64_t T, SequenceState& st, std::vector<float>& logits,
                         const ForwardOptions& o) {
+  one_.assign(1, SeqRun{ids, T, &st, o.all_logits});
+  forward_batch(one_, logits, o);
+}
+
+void KimiModel::forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions& o) {
   const TextConfig& c = cfg_.text;
   const int64_t D = c.hidden_size;
-  h_.resize(static_cast<size_t>(T * D));
-  for (int64_t t = 0; t < T; ++t) {
-    KCHECK(ids[t] >= 0 && ids[t] < c.vocab_size, "token id out of range (callers validate)");
-    kernels::decode_row(embed_, ids[t], h_.data() + t * D);
+  int64_t T = 0;
+  for (const SeqRun& r : runs) {
+    if (r.st->owns_storage) reserve(*r.st, r.st->n_tokens + r.T);
+    T += r.T;
   }
-  if (cfg_.arch == Arch::kKimiK3) forward_k3(T, st, o);
-  else forward_linear(T, st, o);
-  // h_ now holds the pre-final-norm stream.
-  const int64_t first = o.all_logits ? 0 : T - 1, n = T - first;
+  runs_ = runs;
+  h_.resize(static_cast<size_t>(T * D));
+  int64_t t = 0;
+  for (const SeqRun& r : runs)
+    for (int64_t i = 0; i < r.T; ++i, ++t) {
+      KCHECK(r.ids[i] >= 0 && r.ids[i] < c.vocab_size, "token id out of range (callers validate)");
+      kernels::decode_row(embed_, r.ids[i], h_.data() + t * D);
+    }
+  if (cfg_.arch == Arch::kKimiK3) forward_k3(T, o);
+  else forward_linear(T, o);
+  // h_ now holds the pre-final-norm stream; gather the rows that need logits.
+  logit_rows_.clear();
+  int64_t off = 0;
+  for (const SeqRun& r : runs) {
+    for (int64_t i = r.all_logits ? 0 : r.T - 1; i < r.T; ++i) logit_rows_.push_back(off + i);
+    off += r.T;
+    r.st->n_tokens += r.T;
+  }
+  const int64_t n = static_cast<int64_t>(logit_rows_.size());
   normed_.resize(static_cast<size_t>(n * D));
-  kernels::rms_norm(h_.data() + first * D, final_norm_.data(), n, D, c.rms_norm_eps, normed_.data());
+  for (int64_t i = 0; i < n; ++i)
+    kernels::rms_norm(h_.data() + logit_rows_[static_cast<size_t>(i)] * D, final_norm_.data(), 1, D, c.rms_norm_eps,
+                      normed_.data() + i * D);
   logits.resize(static_cast<size_t>(n * c.vocab_size));
   kernels::matmul(lm_head_, normed_.data(), n, logits.data());
-  st.n_tokens += T;
+  runs_ = {};
 }
 
 // Plain pre-norm residual stream: h += Attn(norm h); h += FFN(norm h).
-void KimiModel::forward_linear(int64_t T, SequenceState& st, const ForwardOptions& o) {
+void KimiModel::forward_linear(int64_t T, const ForwardOptions& o) {
   const int64_t n = T * cfg_.text.hidden_size;
   sub_.resize(static_cast<size_t>(n));
   for (size_t l = 0; l < layers_.size(); ++l) {
-    run_attn(l, h_.data(), T, st, sub_.data(), o);
+    run_attn(l, h_.data(), T, sub_.data(), o);
     for (int64_t i = 0; i < n; ++i) h_[static_cast<size_t>(i)] += sub_[static_cast<size_t>(i)];
     run_ffn(l, h_.data(), T, sub_.data());
     for (int64_t i = 0; i < n; ++i) h_[static_cast<size_t>(i)] += sub_[static_cast<size_t>(i)];
@@ -140,7 +197,7 @@ void KimiModel::forward_linear(int64_t T, SequenceState& st, const ForwardOption
 
 // Block Attention Residuals (kimi_k3_spec.md §4.2). h_ holds the running block sum ("prefix");
 // bank_ the frozen block sums. On return h_ holds the final AttnRes mixture.
-void KimiModel::forward_k3(int64_t T, SequenceState& st, const ForwardOptions& o) {
+void KimiModel::forward_k3(int64_t T, const ForwardOptions& o) {
   const TextConfig& c = cfg_.text;
   const int64_t D = c.hidden_size, n = T * D;
   const float eps = c.rms_norm_eps;
@@ -172,7 +229,7 @@ void KimiModel::forward_k3(int64_t T, SequenceState& st, const ForwardOptions& o
         a_in = mix_.data();
       }
     }
-    run_attn(l, a_in, T, st, sub_.data(), o);
+    run_attn(l, a_in, T, sub_.data(), o);
     if (have_prefix)
       for (int64_t i = 0; i < n; ++i) h_[static_cast<size_t>(i)] += sub_[static_cast<size_t>(i)];
     else

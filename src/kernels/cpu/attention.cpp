@@ -18,7 +18,9 @@ void causal_attention(const AttentionArgs& a) {
       const int64_t n = offset + t + 1;
       float m = -INFINITY, l = 0.0f;
       for (int64_t j = 0; j < n; ++j) {
-        const float* k = a.k + j * a.k_token_stride + h * a.k_head_stride;
+        const float* k = a.pages ? a.pages[j / a.page_tokens] + a.k_offset + (j % a.page_tokens) * a.k_token_stride +
+                                       h * a.k_head_stride
+                                 : a.k + j * a.k_token_stride + h * a.k_head_stride;
         float s = 0;
         for (int64_t d = 0; d < a.Dk; ++d) s += q[d] * k[d];
         s *= a.scale;
@@ -30,7 +32,9 @@ void causal_attention(const AttentionArgs& a) {
         }
         const float w = std::exp(s - m);
         l += w;
-        const float* v = a.v + j * a.v_token_stride + h * a.v_head_stride;
+        const float* v = a.pages ? a.pages[j / a.page_tokens] + a.v_offset + (j % a.page_tokens) * a.v_token_stride +
+                                       h * a.v_head_stride
+                                 : a.v + j * a.v_token_stride + h * a.v_head_stride;
         for (int64_t d = 0; d < a.Dv; ++d) o[d] += w * v[d];
       }
       const float inv = 1.0f / l;

@@ -18,6 +18,11 @@ struct AttentionArgs {
   int64_t v_token_stride = 0, v_head_stride = 0;
   float scale = 1.0f;
   float* out = nullptr;  // [T, H, Dv]
+  // Paged keys/values (optional): when set, k and v are unused; token j lives in page j / page_tokens at
+  // row j % page_tokens, keys start k_offset floats into the row and values v_offset floats.
+  const float* const* pages = nullptr;
+  int64_t page_tokens = 0;
+  int64_t k_offset = 0, v_offset = 0;
 };
 
 void causal_attention(const AttentionArgs& a);

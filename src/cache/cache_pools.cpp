@@ -1,0 +1,90 @@
+#include "cache/cache_pools.h"
+
+#include <algorithm>
+
+#include "base/check.h"
+
+namespace kestrel {
+
+Result<std::unique_ptr<CachePools>> CachePools::create(const CacheGeometry& g, const CachePoolConfig& c) {
+  if (c.page_tokens <= 0 || c.max_slots <= 0) return invalid_argument("cache: page size and slots must be positive");
+  auto p = std::unique_ptr<CachePools>(new CachePools(g, c));
+  const int64_t slot_bytes = g.slot_floats() * 4;
+  p->block_floats_ = std::max<int64_t>(1, static_cast<int64_t>(g.mla_layers.size()) * c.page_tokens * g.mla_row_floats);
+  const int64_t slots_bytes = slot_bytes * c.max_slots;
+  if (slots_bytes >= c.budget_bytes)
+    return invalid_argument("cache: budget " + std::to_string(c.budget_bytes >> 20) + " MiB cannot hold " +
+                            std::to_string(c.max_slots) + " KDA state slots (" + std::to_string(slot_bytes >> 10) +
+                            " KiB each); raise --cache-mib or lower --max-running");
+  const int64_t blocks = (c.budget_bytes - slots_bytes) / (p->block_floats_ * 4);
+  if (blocks < 1) return invalid_argument("cache: budget leaves no room for MLA pages");
+  p->slot_mem_ = std::make_unique<float[]>(static_cast<size_t>(std::max<int64_t>(1, g.slot_floats() * c.max_slots)));
+  p->block_mem_ = std::make_unique<float[]>(static_cast<size_t>(blocks * p->block_floats_));
+  p->slot_used_.assign(static_cast<size_t>(c.max_slots), false);
+  for (int i = c.max_slots - 1; i >= 0; --i) p->free_slots_.push_back(i);
+  p->block_free_flag_.assign(static_cast<size_t>(blocks), true);
+  p->free_blocks_.reserve(static_cast<size_t>(blocks));
+  for (int64_t b = blocks - 1; b >= 0; --b) p->free_blocks_.push_back(static_cast<int32_t>(b));
+  return p;
+}
+
+std::optional<int> CachePools::acquire_slot(SequenceState& s) {
+  if (free_slots_.empty()) return std::nullopt;
+  const int slot = free_slots_.back();
+  free_slots_.pop_back();
+  slot_used_[static_cast<size_t>(slot)] = true;
+  const size_t layers = static_cast<size_t>(std::max(geom_.kda_layers.empty() ? 0 : geom_.kda_layers.back() + 1,
+                                                      geom_.mla_layers.empty() ? 0 : geom_.mla_layers.back() + 1));
+  s.owns_storage = false;
+  s.n_tokens = 0;
+  s.kda.assign(layers, KdaState{});
+  s.mla.assign(layers, MlaCache{});
+  float* p = slot_mem_.get() + static_cast<int64_t>(slot) * geom_.slot_floats();
+  for (int l : geom_.kda_layers) {
+    KdaState& k = s.kda[static_cast<size_t>(l)];
+    k.conv = p;
+    p += geom_.kda_conv_floats;
+    k.recurrent = p;
+    p += geom_.kda_recurrent_floats;
+  }
+  std::fill(slot_mem_.get() + static_cast<int64_t>(slot) * geom_.slot_floats(), p, 0.0f);
+  for (int l : geom_.mla_layers) {
+    s.mla[static_cast<size_t>(l)].page_tokens = cfg_.page_tokens;
+    s.mla[static_cast<size_t>(l)].pages.reserve(static_cast<size_t>(blocks_for(cfg_.max_seq_tokens)));
+  }
+  return slot;
+}
+
+bool CachePools::grow(SequenceState& s, std::vector<int32_t>& blocks, int64_t n_tokens) {
+  const int64_t need = blocks_for(n_tokens) - static_cast<int64_t>(blocks.size());
+  if (need <= 0) return true;
+  if (need > free_blocks()) return false;
+  for (int64_t i = 0; i < need; ++i) {
+    const int32_t b = free_blocks_.back();
+    free_blocks_.pop_back();
+    block_free_flag_[static_cast<size_t>(b)] = false;
+    blocks.push_back(b);
+    float* base = block_mem_.get() + static_cast<int64_t>(b) * block_floats_;
+    for (size_t m = 0; m < geom_.mla_layers.size(); ++m)
+      s.mla[static_cast<size_t>(geom_.mla_layers[m])].pages.push_back(
+          base + static_cast<int64_t>(m) * cfg_.page_tokens * geom_.mla_row_floats);
+  }
+  return true;
+}
+
+void CachePools::release(SequenceState& s, int slot, std::vector<int32_t>& blocks) {
+  KCHECK(slot >= 0 && slot < num_slots() && slot_used_[static_cast<size_t>(slot)], "release of a free KDA slot");
+  slot_used_[static_cast<size_t>(slot)] = false;
+  free_slots_.push_back(slot);
+  for (int32_t b : blocks) {
+    KCHECK(!block_free_flag_[static_cast<size_t>(b)], "double free of an MLA block");
+    block_free_flag_[static_cast<size_t>(b)] = true;
+    free_blocks_.push_back(b);
+  }
+  blocks.clear();
+  for (auto& k : s.kda) k = KdaState{};
+  for (auto& m : s.mla) m.pages.clear();
+  s.n_tokens = 0;
+}
+
+}  // namespace kestrel

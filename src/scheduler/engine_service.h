@@ -1,0 +1,41 @@
+// The scheduler as seen by the server: submit / cancel / stats. Thread-safe: HTTP threads call it;
+// one scheduler thread owns requests, caches and the runner (docs: ARCHITECTURE.md §4).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "scheduler/request.h"
+
+namespace kestrel {
+
+struct ServiceStats {
+  int64_t waiting = 0;        // queued, not yet admitted
+  int64_t running = 0;        // admitted sequences
+  int64_t kv_blocks_used = 0, kv_blocks_total = 0;
+  int64_t state_slots_used = 0, state_slots_total = 0;
+  int64_t prompt_tokens_total = 0, generation_tokens_total = 0;
+  int64_t preemptions_total = 0, cancelled_total = 0, requests_finished_total = 0;
+  // Latency histograms (seconds): bucket upper bounds and cumulative counts, Prometheus style.
+  std::vector<double> buckets;
+  std::vector<int64_t> ttft_counts, tpot_counts;
+  double ttft_sum = 0, tpot_sum = 0;
+  int64_t ttft_n = 0, tpot_n = 0;
+};
+
+class EngineService {
+ public:
+  virtual ~EngineService() = default;
+  // Queues a request. Errors: queue full (kUnavailable-style → HTTP 429), prompt too long, bad params.
+  virtual Result<uint64_t> submit(GenerationRequest req) = 0;
+  // Cancels a queued or running request; its pages and slot are freed within one step. Idempotent.
+  virtual void cancel(uint64_t id) = 0;
+  virtual ServiceStats stats() const = 0;
+  virtual bool ready() const = 0;         // model loaded and loop running
+  virtual int max_context() const = 0;    // prompt + generation limit in tokens
+};
+
+}  // namespace kestrel

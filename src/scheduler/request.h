@@ -1,0 +1,56 @@
+// What the server hands the scheduler, and what comes back. Plain data; no engine types.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace kestrel {
+
+struct GenerationParams {
+  float temperature = 1.0f;  // 0 → greedy
+  int top_k = 0;             // 0 → off
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  uint64_t seed = 0;
+  bool has_seed = false;     // false → the scheduler draws one
+  float presence_penalty = 0.0f;    // OpenAI semantics, on generated tokens
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;  // HF/vLLM semantics, on prompt + generated tokens
+  int max_new_tokens = 256;
+  std::vector<int32_t> stop_token_ids;  // e.g. <|end_of_msg|>; empty with ignore_eos
+  int top_logprobs = -1;                // -1 → no logprobs; 0..20 → logprob of the chosen token + top n
+};
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kTimeout, kError };
+const char* finish_reason_name(FinishReason r);
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.0f;
+};
+
+// One event per generated token, then exactly one final event (finish != kNone).
+struct GenerationEvent {
+  int32_t token = -1;  // -1 on the final event
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top;  // filled when top_logprobs >= 0
+  FinishReason finish = FinishReason::kNone;
+  std::string error;      // finish == kError
+  int prompt_tokens = 0;  // on the final event
+  int cached_tokens = 0;  // prompt tokens served from the prefix cache
+  int completion_tokens = 0;
+};
+
+struct GenerationRequest {
+  uint64_t id = 0;  // assigned by the scheduler on submit
+  std::vector<int32_t> prompt;
+  GenerationParams params;
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  // Called on the scheduler thread for every event; must not block (post to your own executor).
+  std::function<void(const GenerationEvent&)> on_event;
+};
+
+}  // namespace kestrel

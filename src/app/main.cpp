@@ -11,6 +11,7 @@ void usage() {
                "usage: kestrel <command> [flags]\n"
                "  generate   --model DIR --prompt-ids 1,2,3 --max-tokens N [--json] [--top-logits K]\n"
                "             [--temperature T --top-k K --top-p P --min-p M --seed S --chunk C]\n"
+               "  chat       [--model DIR] [--system TEXT] [--hide-thinking] [--no-thinking] [--effort low|high|max]\n"
                "  bench      [--preset k3-bench | --model DIR] [--prompt N --gen M --chunk C] [--json]\n"
                "  make-model --preset NAME --out DIR [--seed S --shards N --bf16-experts ...]\n"
                "With no command, kestrel runs `generate` on the embedded default model (random weights).\n");
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   if (cmd == "generate") return kestrel::app::cmd_generate(args);
   if (cmd == "bench") return kestrel::app::cmd_bench(args);
+  if (cmd == "chat") return kestrel::app::cmd_chat(args);
   if (cmd == "make-model") return kestrel::app::cmd_make_model(args);
   if (cmd == "-h" || cmd == "--help" || cmd == "help") return usage(), 0;
   if (cmd.rfind("--", 0) == 0) {  // flags without a command: generate on the default model

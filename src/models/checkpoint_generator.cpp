@@ -218,13 +218,14 @@ json text_config(const GenSpec& s) {
 }  // namespace
 
 std::vector<std::string> gen_preset_names() {
-  return {"k3-tiny", "k3-tiny-bf16", "kimi-linear-tiny", "k3-bench", "k3-default"};
+  return {"k3-tiny", "k3-tiny-bf16", "k3-tiny-allexp", "kimi-linear-tiny", "k3-bench", "k3-default"};
 }
 
 Result<GenSpec> gen_preset(const std::string& name) {
   GenSpec s;
   if (name == "k3-tiny") return s;
   if (name == "k3-tiny-bf16") return s.mxfp4_experts = false, s;
+  if (name == "k3-tiny-allexp") return s.top_k = s.experts, s;  // MXFP4, every expert routed (no routing flips)
   if (name == "kimi-linear-tiny") {
     s.arch = "kimi_linear";
     s.layers = 6;

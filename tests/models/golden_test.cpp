@@ -1,7 +1,12 @@
 // Whole-model parity with independent implementations, from goldens written by tools/:
 //   kimi_linear_tiny.safetensors  ← transformers KimiLinearForCausalLM, fp32 (tools/gen_kimi_linear_goldens.py)
 //   k3_tiny_bf16.safetensors      ← llama.cpp kimi-k3, f32 GGUF, f32 KV (tools/gen_k3_goldens.py)
-//   k3_tiny_mxfp4.safetensors     ← same, MXFP4 experts (llama.cpp quantizes activations to Q8_0 there)
+//   k3_tiny_mxfp4_exact.safetensors ← same, MXFP4 checkpoint with the experts decoded exactly (by
+//                                   compressed-tensors' unpacking) before llama.cpp: tests our MXFP4 path tightly
+//   k3_tiny_mxfp4_allexp.safetensors ← llama.cpp's native MXFP4 path, every expert routed. llama.cpp rounds
+//                                   the expert inputs to Q8_0 there, which with top-k routing flips expert
+//                                   choices and then diverges (kimi_k3_spec.md §10); with all experts routed the
+//                                   difference is the Q8_0 noise alone, so a loose bound applies.
 // Each golden holds a 200-token prompt, the reference logits at every position, and a greedy
 // 32-token continuation of the first 65 tokens. The engine runs prompts of length 1, 63, 64, 65
 // and 200 separately (causality makes rows 0..n-1 of the 200-token reference the answer for length
@@ -9,9 +14,11 @@
 //
 // Tolerances: both sides compute in fp32 from the same bf16 weights, so differences come from
 // summation order (chunked WY vs per-token KDA, blocked GEMMs) and small eps conventions (llama.cpp
-// L2-normalises with max(|x|, eps) instead of sqrt(|x|^2 + eps)); we allow max |Δlogit| ≤ 1e-3 and
-// NMSE ≤ 1e-8 per row for fp32 references. For MXFP4 the reference's Q8_0 activations cost ~1e-3..1e-2
-// NMSE (kimi_k3_spec.md §10), so only an NMSE bound of 5e-2 and top-1 agreement on most positions is checked.
+// L2-normalises q/k with eps 1e-5 inside the sqrt instead of fla's 1e-6); measured max |Δlogit| is ~3e-5 on
+// logits of magnitude ~5 and NMSE ~1e-10, so we bound max |Δlogit| ≤ 2e-4 and NMSE ≤ 1e-9 per row (an
+// order of magnitude of headroom; a real bug — wrong eps, gate form, layout — is ≥ 1e-3). For llama.cpp's
+// native MXFP4 path (Q8_0 activations; measured max NMSE 1.5e-2, max |Δ| 0.44, top-1 93%) the bounds are
+// NMSE ≤ 3e-2 and |Δ| ≤ 1 per row, top-1 agreement ≥ 90%.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -121,8 +128,9 @@ TEST_P(GoldenTest, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(
     Reference, GoldenTest,
     ::testing::Values(Case{"kimi_linear_vs_transformers", "kimi-linear-tiny", "kimi_linear_tiny.safetensors", 2e-4, 1e-9, 1.0, true},
-                      Case{"k3_bf16_vs_llamacpp", "k3-tiny-bf16", "k3_tiny_bf16.safetensors", 1e-3, 1e-8, 1.0, true},
-                      Case{"k3_mxfp4_vs_llamacpp", "k3-tiny", "k3_tiny_mxfp4.safetensors", 1.0, 5e-2, 0.8, false}),
+                      Case{"k3_bf16_vs_llamacpp", "k3-tiny-bf16", "k3_tiny_bf16.safetensors", 2e-4, 1e-9, 1.0, true},
+                      Case{"k3_mxfp4_exact_vs_llamacpp", "k3-tiny", "k3_tiny_mxfp4_exact.safetensors", 2e-4, 1e-9, 1.0, true},
+                      Case{"k3_mxfp4_native_vs_llamacpp_q8", "k3-tiny-allexp", "k3_tiny_mxfp4_allexp.safetensors", 1.0, 3e-2, 0.9, false}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -1,0 +1,108 @@
+// `kestrel chat`: interactive multi-turn chat on one model, streaming. Each turn renders the whole
+// conversation with the model's chat format (K3 XTML), prefills it, and streams the reply through
+// the output parser: reasoning dimmed (or hidden with --hide-thinking), content plain, tool calls
+// printed as JSON.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "app/args.h"
+#include "app/commands.h"
+#include "chat/k3_renderer.h"
+#include "chat/model_tokenizer.h"
+#include "chat/output_parser.h"
+#include "chat/stream_decoder.h"
+#include "runtime/engine.h"
+#include "runtime/sampler.h"
+
+namespace kestrel::app {
+
+namespace {
+int fail(const Status& s) {
+  std::fprintf(stderr, "kestrel chat: %s\n", s.message().c_str());
+  return 1;
+}
+}  // namespace
+
+int cmd_chat(const std::vector<std::string>& argv) {
+  auto a = Args::parse(argv, {"model", "system", "effort", "max-tokens", "temperature", "top-p", "seed"},
+                       {"hide-thinking", "no-thinking", "quiet"});
+  if (!a) return fail(a.error());
+  int rc = 0;
+  const std::string dir = resolve_model_or_default(a->str("model"), !a->has("quiet"), rc);
+  if (rc) return rc;
+  auto tok = chat::load_model_tokenizer(dir);
+  if (!tok) return fail(tok.error());
+  auto eng = Engine::load(dir);
+  if (!eng) return fail(eng.error());
+  auto max_tokens = a->integer("max-tokens", 512);
+  auto temp = a->number("temperature", 0.7);
+  auto top_p = a->number("top-p", 0.95);
+  auto seed = a->integer("seed", 0);
+  if (!max_tokens || !temp || !top_p || !seed || *max_tokens < 1) return fail(invalid_argument("bad sampling flag"));
+  chat::ChatRequest req;
+  req.thinking = !a->has("no-thinking");
+  if (a->has("effort")) {
+    auto e = chat::parse_thinking_effort(a->str("effort"));
+    if (!e) return fail(e.error());
+    req.thinking_effort = *e;
+  }
+  auto message = [](chat::Role role, std::string text) {
+    chat::Message m;
+    m.role = role;
+    m.content = std::move(text);
+    return m;
+  };
+  if (a->has("system")) req.messages.push_back(message(chat::Role::kSystem, a->str("system")));
+  const auto eos = tok->special_id("<|end_of_msg|>");
+  const bool tty = ::isatty(STDOUT_FILENO);
+  const char* dim = tty ? "\x1b[2m" : "";
+  const char* reset = tty ? "\x1b[0m" : "";
+  Sampler sampler(SamplingParams{static_cast<float>(*temp), 0, static_cast<float>(*top_p), 0.0f, static_cast<uint64_t>(*seed)});
+  std::string line;
+  while (true) {
+    if (tty) std::printf("\n> "), std::fflush(stdout);
+    if (!std::getline(std::cin, line) || line == "/exit") break;
+    if (line.empty()) continue;
+    req.messages.push_back(message(chat::Role::kUser, line));
+    auto segs = chat::render_k3_segments(req);
+    if (!segs) return fail(segs.error());
+    const std::vector<int32_t> ids = chat::encode_segments(*tok, *segs);
+    SequenceState seq = (*eng)->new_sequence();
+    auto logits = (*eng)->prefill(seq, ids, 512);
+    if (!logits) return fail(logits.error());
+    std::vector<float> cur = std::move(*logits);
+    chat::OutputParser parser(chat::OutputParserOptions{chat::OutputFormat::kKimiK3, req.thinking});
+    chat::StreamDecoder sd(*tok);
+    chat::Message reply = message(chat::Role::kAssistant, "");
+    std::string reasoning, content;
+    auto show = [&](const chat::ParseDelta& d) {
+      if (!d.reasoning_content.empty() && !a->has("hide-thinking"))
+        std::printf("%s%s%s", dim, d.reasoning_content.c_str(), reset);
+      if (!d.content.empty()) std::printf("%s", d.content.c_str());
+      for (const auto& c : d.tool_calls) std::printf("\n[tool call %s(%s)]\n", c.name.c_str(), c.arguments.c_str());
+      reasoning += d.reasoning_content, content += d.content;
+      std::fflush(stdout);
+    };
+    for (long long i = 0; i < *max_tokens; ++i) {
+      const int32_t t = sampler.sample(cur);
+      if (eos && t == *eos) break;
+      auto piece = sd.push(t);
+      if (!piece) return fail(piece.error());
+      show(parser.push(*piece));
+      if (parser.finished()) break;
+      if (!(*eng)->decode_into(seq, t, cur).is_ok()) break;
+    }
+    show(parser.push(sd.flush()));
+    show(parser.finish());
+    std::printf("\n");
+    reply.content = content;
+    if (!reasoning.empty()) reply.reasoning_content = reasoning;
+    req.messages.push_back(reply);
+  }
+  return 0;
+}
+
+}  // namespace kestrel::app

@@ -27,11 +27,11 @@ int fail(const Status& s) {
 }  // namespace
 
 int cmd_chat(const std::vector<std::string>& argv) {
-  auto a = Args::parse(argv, {"model", "system", "effort", "max-tokens", "temperature", "top-p", "seed"},
+  auto a = Args::parse(argv, {"model", "preset", "system", "effort", "max-tokens", "temperature", "top-p", "seed"},
                        {"hide-thinking", "no-thinking", "quiet"});
   if (!a) return fail(a.error());
   int rc = 0;
-  const std::string dir = resolve_model_or_default(a->str("model"), !a->has("quiet"), rc);
+  const std::string dir = resolve_model_or_default(a->str("model"), !a->has("quiet"), rc, a->str("preset"));
   if (rc) return rc;
   auto tok = chat::load_model_tokenizer(dir);
   if (!tok) return fail(tok.error());

@@ -14,17 +14,18 @@
 
 namespace kestrel::app {
 
-std::string resolve_model_or_default(const std::string& model_flag, bool verbose, int& rc) {
+std::string resolve_model_or_default(const std::string& model_flag, bool verbose, int& rc, const std::string& preset) {
   rc = 0;
   if (!model_flag.empty()) return model_flag;
-  auto d = ensure_preset_model("k3-default", verbose);
+  auto d = ensure_preset_model(preset.empty() ? "k3-default" : preset, verbose);
   if (!d) {
     std::fprintf(stderr, "kestrel: %s\n", d.error().message().c_str());
     rc = 1;
     return "";
   }
-  if (verbose) std::fprintf(stderr, "kestrel: no --model given: using the embedded default K3-architecture model "
-                                    "(RANDOM weights: the output is not meaningful text)\n");
+  if (verbose) std::fprintf(stderr, "kestrel: no --model given: using the generated '%s' K3-architecture model "
+                                    "(RANDOM weights: the output is not meaningful text)\n",
+                            preset.empty() ? "k3-default" : preset.c_str());
   return *d;
 }
 
@@ -51,13 +52,13 @@ std::vector<std::pair<int32_t, float>> top_entries(const std::vector<float>& l, 
 }  // namespace
 
 int cmd_generate(const std::vector<std::string>& argv) {
-  auto a = Args::parse(argv, {"model", "prompt", "prompt-ids", "max-tokens", "temperature", "top-k", "top-p", "min-p", "seed",
+  auto a = Args::parse(argv, {"model", "preset", "prompt", "prompt-ids", "max-tokens", "temperature", "top-k", "top-p", "min-p", "seed",
                               "chunk", "top-logits"},
                        {"json", "ignore-eos", "quiet"});
   if (!a) return fail(a.error());
   const bool quiet = a->has("quiet");
   int rc = 0;
-  const std::string dir = resolve_model_or_default(a->str("model"), !quiet, rc);
+  const std::string dir = resolve_model_or_default(a->str("model"), !quiet, rc, a->str("preset"));
   if (rc) return rc;
   // Text prompts go through the checkpoint's tokenizer (raw completion: special-token strings in the
   // prompt stay text). Without --prompt/--prompt-ids the default model gets a fixed greeting.

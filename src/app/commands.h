@@ -10,8 +10,11 @@ int cmd_generate(const std::vector<std::string>& args);
 int cmd_make_model(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_chat(const std::vector<std::string>& args);
+int cmd_serve(const std::vector<std::string>& args);
 
-// Resolves --model (a checkpoint dir) or, when absent, the embedded default.
-std::string resolve_model_or_default(const std::string& model_flag, bool verbose, int& rc);
+// Resolves --model (a checkpoint dir), else --preset (a generated model, cached), else the embedded
+// default (preset k3-default).
+std::string resolve_model_or_default(const std::string& model_flag, bool verbose, int& rc,
+                                     const std::string& preset = "");
 
 }  // namespace kestrel::app

@@ -20,7 +20,7 @@ fs::path cache_root() {
   return fs::temp_directory_path() / "kestrel-cache";
 }
 // Bump when the generator's output changes so stale caches are rebuilt.
-constexpr const char* kGeneratorVersion = "2";
+constexpr const char* kGeneratorVersion = "3";
 }  // namespace
 
 Result<std::string> ensure_preset_model(const std::string& preset, bool verbose) {
@@ -36,7 +36,8 @@ Result<std::string> ensure_preset_model(const std::string& preset, bool verbose)
   std::error_code ec;
   fs::remove_all(tmp, ec);
   KESTREL_RETURN_IF_ERROR(generate_checkpoint(*spec, tmp.string()));
-  if (spec->vocab == 512) KESTREL_RETURN_IF_ERROR(chat::write_byte_level_k3_tokenizer(tmp.string()));
+  if (spec->vocab >= 512 && spec->vocab <= 66048)
+    KESTREL_RETURN_IF_ERROR(chat::write_synthetic_k3_tokenizer(tmp.string(), spec->vocab));
   std::ofstream(tmp / ".complete") << kGeneratorVersion << "\n";
   fs::remove_all(dir, ec);
   fs::rename(tmp, dir, ec);

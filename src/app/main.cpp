@@ -9,6 +9,8 @@ namespace {
 void usage() {
   std::fprintf(stderr,
                "usage: kestrel <command> [flags]\n"
+               "  serve      [--model DIR] [--host 127.0.0.1 --port 8000 --api-key K --cache-mib 2048 --max-running 16]\n"
+               "             [--max-waiting 256 --max-batch-tokens 512 --prefill-chunk 256 --max-context 8192]\n"
                "  generate   --model DIR --prompt-ids 1,2,3 --max-tokens N [--json] [--top-logits K]\n"
                "             [--temperature T --top-k K --top-p P --min-p M --seed S --chunk C]\n"
                "  chat       [--model DIR] [--system TEXT] [--hide-thinking] [--no-thinking] [--effort low|high|max]\n"
@@ -26,6 +28,7 @@ int main(int argc, char** argv) {
   if (cmd == "generate") return kestrel::app::cmd_generate(args);
   if (cmd == "bench") return kestrel::app::cmd_bench(args);
   if (cmd == "chat") return kestrel::app::cmd_chat(args);
+  if (cmd == "serve") return kestrel::app::cmd_serve(args);
   if (cmd == "make-model") return kestrel::app::cmd_make_model(args);
   if (cmd == "-h" || cmd == "--help" || cmd == "help") return usage(), 0;
   if (cmd.rfind("--", 0) == 0) {  // flags without a command: generate on the default model

@@ -64,12 +64,15 @@ Result<Tokenizer> load_model_tokenizer(const std::string& dir) {
   return Tokenizer::create(cfg);
 }
 
-Status write_byte_level_k3_tokenizer(const std::string& dir) {
+Status write_synthetic_k3_tokenizer(const std::string& dir, int vocab) {
+  if (vocab < 512 || vocab - 512 > 65536) return invalid_argument("synthetic tokenizer: vocab must be in 512..66048");
   std::ofstream v(fs::path(dir) / "tiktoken.model");
   for (int b = 0; b < 256; ++b) v << base64(std::string(1, static_cast<char>(b))) << " " << b << "\n";
+  for (int i = 0; i < vocab - 512; ++i)
+    v << base64(std::string{static_cast<char>(i / 256), static_cast<char>(i % 256)}) << " " << 256 + i << "\n";
   if (!v) return io_error(dir + ": cannot write tiktoken.model");
   nlohmann::json added = nlohmann::json::object();
-  for (const auto& s : kimi_k3_specials(256))
+  for (const auto& s : kimi_k3_specials(vocab - 256))
     added[std::to_string(s.id)] = {{"content", s.text}, {"special", true}};
   nlohmann::json cfg = {{"tokenizer_class", "TikTokenTokenizer"}, {"added_tokens_decoder", added},
                         {"bos_token", "[BOS]"}, {"eos_token", "<|end_of_msg|>"}, {"pad_token", "[PAD]"},

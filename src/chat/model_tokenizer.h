@@ -14,8 +14,10 @@ namespace kestrel::chat {
 // added_tokens_decoder, the K3 table right after the ranks is used).
 Result<Tokenizer> load_model_tokenizer(const std::string& dir);
 
-// Writes a byte-level tokenizer in the K3 file format: 256 single-byte ranks, then K3's 256
-// special/reserved slots (same names and order as K3, ids 256..511). Used by the embedded default.
-Status write_byte_level_k3_tokenizer(const std::string& dir);
+// Writes a synthetic tokenizer in the K3 file format for a generated model of `vocab` ids (≥ 512):
+// 256 single-byte ranks, then (vocab − 512) two-byte ranks (byte pairs in order), then K3's 256
+// special/reserved slots (same names and order as K3) at ids vocab−256 .. vocab−1, like the release.
+// Used by the embedded default and the benchmark presets (their weights are random anyway).
+Status write_synthetic_k3_tokenizer(const std::string& dir, int vocab);
 
 }  // namespace kestrel::chat

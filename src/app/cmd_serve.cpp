@@ -1,0 +1,93 @@
+// `kestrel serve`: load the model, start the scheduler and the OpenAI-compatible HTTP server, then
+// wait for SIGTERM/SIGINT: stop accepting, drain in-flight requests within --drain-seconds, exit 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+#include "app/args.h"
+#include "app/commands.h"
+#include "app/k3_chat_format.h"
+#include "chat/model_tokenizer.h"
+#include "scheduler/scheduler.h"
+#include "server/api_handlers.h"
+#include "server/http_server.h"
+
+namespace kestrel::app {
+
+int cmd_serve(const std::vector<std::string>& argv) {
+  auto fail = [](const Status& s) { std::fprintf(stderr, "kestrel serve: %s\n", s.message().c_str()); return 1; };
+  auto a = Args::parse(argv,
+                       {"model", "preset", "host", "port", "api-key", "served-model-name", "cache-mib", "max-running",
+                        "max-waiting", "max-batch-tokens", "prefill-chunk", "max-context", "page-tokens",
+                        "timeout-seconds", "drain-seconds", "http-threads", "max-body-mib"},
+                       {"quiet"});
+  if (!a) return fail(a.error());
+  // Block the shutdown signals before any thread starts; the main thread waits for them below.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  int rc = 0;
+  const std::string dir = resolve_model_or_default(a->str("model"), !a->has("quiet"), rc, a->str("preset"));
+  if (rc) return rc;
+  long long port = 0, cache_mib = 0, max_running = 0, max_waiting = 0, batch = 0, chunk = 0, ctx = 0, page = 0,
+            timeout = 0, drain = 0, http_threads = 0, body_mib = 0;
+  for (auto [flag, dst, dflt, lo, hi] : std::initializer_list<std::tuple<const char*, long long*, long long, long long, long long>>{
+           {"port", &port, 8000, 0, 65535}, {"cache-mib", &cache_mib, 2048, 16, 1 << 22},
+           {"max-running", &max_running, 16, 1, 4096}, {"max-waiting", &max_waiting, 256, 0, 1 << 20},
+           {"max-batch-tokens", &batch, 512, 1, 1 << 20}, {"prefill-chunk", &chunk, 256, 1, 1 << 20},
+           {"max-context", &ctx, 8192, 16, 1 << 24}, {"page-tokens", &page, 64, 1, 1 << 16},
+           {"timeout-seconds", &timeout, 600, 1, 1 << 24}, {"drain-seconds", &drain, 30, 0, 3600},
+           {"http-threads", &http_threads, 2, 1, 256}, {"max-body-mib", &body_mib, 8, 1, 1024}}) {
+    auto v = a->integer(flag, dflt);
+    if (!v) return fail(v.error());
+    if (*v < lo || *v > hi) return fail(invalid_argument(std::string("--") + flag + " out of range"));
+    *dst = *v;
+  }
+  auto tok = chat::load_model_tokenizer(dir);
+  if (!tok) return fail(tok.error());
+  auto eng = Engine::load(dir);
+  if (!eng) return fail(eng.error());
+  SchedulerConfig sc;
+  sc.max_waiting = static_cast<int>(max_waiting);
+  sc.max_batch_tokens = batch;
+  sc.prefill_chunk = std::min(chunk, batch);
+  sc.max_context = static_cast<int>(ctx);
+  sc.cache.budget_bytes = cache_mib << 20;
+  sc.cache.max_slots = static_cast<int>(max_running);
+  sc.cache.page_tokens = page;
+  auto sched = Scheduler::create(**eng, sc);
+  if (!sched) return fail(sched.error());
+  K3ChatFormat format(*tok);
+  server::ApiConfig ac;
+  ac.model_id = a->str("served-model-name", "kimi-k3");
+  ac.api_key = a->str("api-key", std::getenv("KESTREL_API_KEY") ? std::getenv("KESTREL_API_KEY") : "");
+  ac.request_timeout = std::chrono::seconds(timeout);
+  server::ApiServer api(ac, **sched, *tok, format);
+  server::HttpServerOptions ho;
+  ho.address = a->str("host", "127.0.0.1");
+  ho.port = static_cast<uint16_t>(port);
+  ho.threads = static_cast<int>(http_threads);
+  ho.max_body_bytes = static_cast<size_t>(body_mib) << 20;
+  ho.shutdown_grace = std::chrono::seconds(drain);
+  server::HttpServer http(ho, api.make_router());
+  Status st = http.start();
+  if (!st.is_ok()) return fail(st);
+  std::fprintf(stderr, "kestrel serve: model %s (%s) on http://%s:%u%s\n", ac.model_id.c_str(), dir.c_str(),
+               ho.address.c_str(), static_cast<unsigned>(http.port()), ac.api_key.empty() ? "" : " (API key required)");
+  std::fflush(stderr);
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  std::fprintf(stderr, "kestrel serve: %s received, draining (up to %llds)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", drain);
+  (*sched)->drain(std::chrono::seconds(drain));
+  http.stop();
+  std::fprintf(stderr, "kestrel serve: stopped\n");
+  return 0;
+}
+
+}  // namespace kestrel::app

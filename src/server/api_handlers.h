@@ -1,0 +1,56 @@
+// The OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize,
+// /health, /health/ready (or /health?ready), /metrics.
+//
+// Every route except /health* requires `Authorization: Bearer <api_key>` when api_key is set (401 otherwise;
+// constant-time compare). Handlers validate, render / tokenize on the calling I/O thread and hand generation to
+// a CompletionJob. ApiServer holds references: the engine, tokenizer and format must outlive it, and it must
+// outlive the HttpServer using its router. Thread-safe (immutable after construction).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "chat/tokenizer.h"
+#include "scheduler/engine_service.h"
+#include "server/chat_format.h"
+#include "server/http_server.h"
+#include "server/openai_schema.h"
+
+namespace kestrel::server {
+
+struct ApiConfig {
+  std::string model_id = "kimi-k3";
+  std::string api_key;  // empty → no authentication
+  std::chrono::milliseconds request_timeout{600'000};  // per generation request (GenerationRequest::deadline)
+  SchemaLimits limits;  // served_model is set from model_id
+};
+
+class ApiServer {
+ public:
+  ApiServer(ApiConfig config, EngineService& engine, const chat::Tokenizer& tokenizer, const ChatFormat& format);
+  // A router with every route and the auth filter; handlers refer to *this.
+  std::shared_ptr<Router> make_router() const;
+
+ private:
+  void chat_completions(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
+  void completions(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
+  void models(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
+  void health(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex, bool ready_check) const;
+  void metrics(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
+  void tokenize(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
+  void detokenize(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
+  bool authorized(const HttpRequest& req) const;
+  // Shared tail of both completion routes: limits, params, submit.
+  void generate(const std::shared_ptr<HttpExchange>& ex, bool chat, std::vector<int32_t> prompt,
+                const SamplingOptions& s, const ReasoningOptions& reasoning, std::string echo,
+                const std::string& model) const;
+
+  ApiConfig config_;
+  EngineService& engine_;
+  const chat::Tokenizer& tok_;
+  const ChatFormat& format_;
+  int64_t created_;
+};
+
+}  // namespace kestrel::server

@@ -1,0 +1,51 @@
+#include "server/metrics_text.h"
+
+#include <cstdio>
+
+namespace kestrel::server {
+
+namespace {
+
+void metric(std::string& out, const char* name, const char* type, const char* help, double v) {
+  char buf[64];
+  snprintf(buf, sizeof buf, "%.17g", v);
+  out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + buf + "\n";
+}
+
+void histogram(std::string& out, const char* name, const char* help, const std::vector<double>& bounds,
+               const std::vector<int64_t>& counts, double sum, int64_t n) {
+  out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  char buf[96];
+  for (size_t i = 0; i < bounds.size() && i < counts.size(); ++i) {
+    snprintf(buf, sizeof buf, "%.6g", bounds[i]);
+    out += std::string(name) + "_bucket{le=\"" + buf + "\"} " + std::to_string(counts[i]) + "\n";
+  }
+  out += std::string(name) + "_bucket{le=\"+Inf\"} " + std::to_string(n) + "\n";
+  snprintf(buf, sizeof buf, "%.17g", sum);
+  out += std::string(name) + "_sum " + buf + "\n" + name + "_count " + std::to_string(n) + "\n";
+}
+
+}  // namespace
+
+std::string prometheus_text(const ServiceStats& s, bool ready) {
+  std::string o;
+  metric(o, "kestrel_ready", "gauge", "1 when the model is loaded and the loop runs.", ready ? 1 : 0);
+  metric(o, "kestrel_requests_waiting", "gauge", "Requests queued, not yet admitted.", double(s.waiting));
+  metric(o, "kestrel_requests_running", "gauge", "Admitted sequences.", double(s.running));
+  metric(o, "kestrel_kv_blocks_used", "gauge", "KV cache pages in use.", double(s.kv_blocks_used));
+  metric(o, "kestrel_kv_blocks_total", "gauge", "KV cache pages in total.", double(s.kv_blocks_total));
+  metric(o, "kestrel_state_slots_used", "gauge", "Recurrent-state slots in use.", double(s.state_slots_used));
+  metric(o, "kestrel_state_slots_total", "gauge", "Recurrent-state slots in total.", double(s.state_slots_total));
+  metric(o, "kestrel_prompt_tokens_total", "counter", "Prompt tokens processed.", double(s.prompt_tokens_total));
+  metric(o, "kestrel_generation_tokens_total", "counter", "Tokens generated.", double(s.generation_tokens_total));
+  metric(o, "kestrel_preemptions_total", "counter", "Sequences preempted.", double(s.preemptions_total));
+  metric(o, "kestrel_requests_cancelled_total", "counter", "Requests cancelled.", double(s.cancelled_total));
+  metric(o, "kestrel_requests_finished_total", "counter", "Requests finished.", double(s.requests_finished_total));
+  histogram(o, "kestrel_time_to_first_token_seconds", "Time to first token.", s.buckets, s.ttft_counts, s.ttft_sum,
+            s.ttft_n);
+  histogram(o, "kestrel_time_per_output_token_seconds", "Time per output token after the first.", s.buckets,
+            s.tpot_counts, s.tpot_sum, s.tpot_n);
+  return o;
+}
+
+}  // namespace kestrel::server

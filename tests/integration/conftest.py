@@ -1,0 +1,66 @@
+"""Fixtures: a real `kestrel serve` process on loopback with the embedded default model (random
+weights, K3 architecture and tokenizer format). The binary comes from $KESTREL_BINARY."""
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import pytest
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, extra_args=(), api_key=None):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.api_key = api_key
+        binary = os.environ.get("KESTREL_BINARY", "build/release/kestrel")
+        cache = os.environ.get("KESTREL_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "kestrel-it-cache")
+        env = dict(os.environ, KESTREL_CACHE_DIR=cache, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        args = [binary, "serve", "--quiet", "--port", str(self.port), "--cache-mib", "256", "--max-context", "2048",
+                *extra_args]
+        if api_key:
+            args += ["--api-key", api_key]
+        self.log = tempfile.NamedTemporaryFile(prefix="kestrel-serve-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("server exited: " + open(self.log.name).read())
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except Exception:
+                time.sleep(0.1)
+        raise RuntimeError("server did not become healthy: " + open(self.log.name).read())
+
+    def metrics(self):
+        req = urllib.request.Request(self.base + "/metrics")
+        if self.api_key:
+            req.add_header("Authorization", "Bearer " + self.api_key)
+        with urllib.request.urlopen(req, timeout=5) as r:
+            out = {}
+            for line in r.read().decode().splitlines():
+                if line and not line.startswith("#"):
+                    name, _, value = line.rpartition(" ")
+                    out[name] = float(value)
+            return out
+
+    def stop(self, sig=15, timeout=60):
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server()
+    yield s
+    s.stop()

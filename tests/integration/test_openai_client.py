@@ -1,0 +1,152 @@
+"""The real `openai` Python client against `kestrel serve` (issue 4): streaming and non-streaming chat,
+tools round trip, stop sequences, n > 1, logprobs, seed reproducibility, and the error statuses."""
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from conftest import Server
+
+MODEL = "kimi-k3"
+
+
+def client(server, key="unused"):
+    return openai.OpenAI(base_url=server.base + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def test_models(server):
+    ids = [m.id for m in client(server).models.list().data]
+    assert ids == [MODEL]
+
+
+def test_chat_non_streaming(server):
+    r = client(server).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello"}],
+                                                max_tokens=8, temperature=0)
+    assert r.choices[0].finish_reason in ("length", "stop")
+    assert r.usage.completion_tokens <= 8 and r.usage.prompt_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_streaming_matches_non_streaming(server):
+    c = client(server)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Stream please"}]
+    full = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0)
+    chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    text = "".join((ch.choices[0].delta.content or "") for ch in chunks if ch.choices)
+    reasoning = "".join((getattr(ch.choices[0].delta, "reasoning_content", None) or "")
+                        for ch in chunks if ch.choices)
+    want_reasoning = getattr(full.choices[0].message, "reasoning_content", None) or ""
+    assert text == (full.choices[0].message.content or "")
+    assert reasoning == want_reasoning
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert finals == [full.choices[0].finish_reason]
+
+
+def test_seed_reproducibility(server):
+    c = client(server)
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Roll dice"}], max_tokens=10, temperature=1.0,
+              top_p=0.9, seed=1234)
+    a, b = c.chat.completions.create(**kw), c.chat.completions.create(**kw)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    d = c.chat.completions.create(**{**kw, "seed": 99})
+    assert (d.choices[0].message.content, d.choices[0].message.reasoning_content if hasattr(d.choices[0].message, "reasoning_content") else None) is not None
+
+
+def test_n_and_logprobs(server):
+    r = client(server).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=5, n=3, temperature=0.8, seed=7, logprobs=True,
+                                                top_logprobs=3)
+    assert sorted(ch.index for ch in r.choices) == [0, 1, 2]
+    for ch in r.choices:
+        assert ch.logprobs is not None
+        for item in ch.logprobs.content:
+            assert item.logprob <= 0.0
+            assert len(item.top_logprobs) == 3
+            assert item.top_logprobs[0].logprob >= item.top_logprobs[-1].logprob
+
+
+def test_completions_and_stop(server):
+    c = client(server)
+    base = c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=0)
+    text = base.choices[0].text
+    assert base.choices[0].finish_reason in ("length", "stop")
+    if len(text) >= 4:
+        stop = text[2:4]
+        r = c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=0, stop=[stop])
+        assert r.choices[0].finish_reason == "stop"
+        assert r.choices[0].text == text[: text.index(stop)]
+
+
+def test_tools_round_trip(server):
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                               "parameters": {"type": "object",
+                                                              "properties": {"city": {"type": "string"}},
+                                                              "required": ["city"]}}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None,
+             "tool_calls": [{"id": "call_0", "type": "function",
+                             "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]},
+            {"role": "tool", "tool_call_id": "call_0", "content": "18 C, sunny"}]
+    r = client(server).chat.completions.create(model=MODEL, messages=msgs, tools=tools, max_tokens=6)
+    assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+
+def status_of(server, body, path="/v1/chat/completions", headers=None):
+    req = urllib.request.Request(server.base + path, data=body, method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def test_errors(server):
+    ok = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    with pytest.raises(openai.BadRequestError):
+        client(server).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                               temperature=-1)
+    with pytest.raises(openai.NotFoundError):
+        client(server).chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    code, body = status_of(server, json.dumps({**ok, "n": 1000}).encode())
+    assert code == 400 and body["error"]["type"] == "invalid_request_error"
+    code, _ = status_of(server, b"x" * (9 << 20))
+    assert code == 413
+
+
+def test_api_key():
+    s = Server(api_key="sekret")
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            client(s, "wrong").models.list()
+        assert [m.id for m in client(s, "sekret").models.list().data] == [MODEL]
+        with urllib.request.urlopen(s.base + "/health", timeout=5) as r:  # health needs no key
+            assert r.status == 200
+    finally:
+        assert s.stop() == 0
+
+
+def test_queue_full_gives_429():
+    s = Server(extra_args=["--max-running", "1", "--max-waiting", "1"])
+    try:
+        results = []
+
+        def one():
+            try:
+                client(s).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "go"}],
+                                                  max_tokens=64, temperature=0)
+                results.append(200)
+            except openai.RateLimitError:
+                results.append(429)
+
+        ts = [threading.Thread(target=one) for _ in range(8)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        assert 429 in results and 200 in results
+    finally:
+        assert s.stop() == 0

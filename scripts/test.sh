@@ -11,10 +11,16 @@ scripts/install-deps.sh
 
 # Python tooling for the parity tests that call a reference at test time (tiktoken).
 venv="$PWD/build/venv"
-if ! "$venv/bin/python" -c "import tiktoken, tokenizers, openai, pytest" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import tiktoken, tokenizers, openai, pytest, splintr" 2>/dev/null; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check -r tools/requirements-test.txt
 fi
+
+# The real Kimi K2/K3 vocabulary (163,584 ranks), rebuilt from the splintr-rs package: the tokenizer
+# unit and parity tests run on it too.
+mkdir -p build/kimi
+[ -s build/kimi/tiktoken.model ] || "$venv/bin/python" tools/extract_kimi_vocab.py --out build/kimi/tiktoken.model
+export KESTREL_KIMI_VOCAB="$PWD/build/kimi/tiktoken.model"
 
 echo "== [1/3] release build + tests"
 cmake --preset release -DKESTREL_PYTHON="$venv/bin/python" >/dev/null

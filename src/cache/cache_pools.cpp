@@ -18,8 +18,10 @@ Result<std::unique_ptr<CachePools>> CachePools::create(const CacheGeometry& g, c
                             " KiB each); raise --cache-mib or lower --max-running");
   const int64_t blocks = (c.budget_bytes - slots_bytes) / (p->block_floats_ * 4);
   if (blocks < 1) return invalid_argument("cache: budget leaves no room for MLA pages");
-  p->slot_mem_ = std::make_unique<float[]>(static_cast<size_t>(std::max<int64_t>(1, g.slot_floats() * c.max_slots)));
-  p->block_mem_ = std::make_unique<float[]>(static_cast<size_t>(blocks * p->block_floats_));
+  // Default-initialised (new float[n], not make_unique): pages are touched only when used, so the
+  // resident size follows the load, not the budget. Slots are zeroed on acquire.
+  p->slot_mem_.reset(new float[static_cast<size_t>(std::max<int64_t>(1, g.slot_floats() * c.max_slots))]);
+  p->block_mem_.reset(new float[static_cast<size_t>(blocks * p->block_floats_)]);
   p->slot_used_.assign(static_cast<size_t>(c.max_slots), false);
   for (int i = c.max_slots - 1; i >= 0; --i) p->free_slots_.push_back(i);
   p->block_free_flag_.assign(static_cast<size_t>(blocks), true);

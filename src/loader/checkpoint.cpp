@@ -1,6 +1,7 @@
 #include "loader/checkpoint.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -93,7 +94,15 @@ Result<TensorView> Checkpoint::get(const std::string& name, const std::vector<DT
     return corrupt(f.path() + ": tensor '" + name + "' has shape " + shape_str(e.shape) + ", expected " +
                    shape_str(shape));
   used_.insert(name);
-  return f.view(e);
+  TensorView v = f.view(e);
+  const auto align = static_cast<uintptr_t>(dtype_size(e.dtype));
+  if (reinterpret_cast<uintptr_t>(v.data) % align != 0) {
+    const size_t bytes = static_cast<size_t>(v.nbytes());
+    aligned_copies_.push_back(std::unique_ptr<uint64_t[]>(new uint64_t[(bytes + 7) / 8]));
+    std::memcpy(aligned_copies_.back().get(), v.data, bytes);
+    v.data = aligned_copies_.back().get();
+  }
+  return v;
 }
 
 std::vector<std::string> Checkpoint::unused() const {

@@ -21,6 +21,8 @@ class Checkpoint {
   const std::string& dir() const { return dir_; }
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
   // Any dtype in `dtypes` accepted (empty = any); shape must match exactly (empty = any).
+  // The returned data is aligned to its element size: safetensors offsets need not be, so a
+  // misaligned tensor is copied once into owned, aligned memory (typed loads stay defined).
   Result<TensorView> get(const std::string& name, const std::vector<DType>& dtypes,
                          const std::vector<int64_t>& shape);
   // Names never fetched through get().
@@ -38,6 +40,7 @@ class Checkpoint {
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, Loc> tensors_;
   std::set<std::string> used_;
+  std::vector<std::unique_ptr<uint64_t[]>> aligned_copies_;
 };
 
 }  // namespace kestrel

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "common/test_util.h"
@@ -208,6 +209,22 @@ TEST_F(LoaderTest, CliReportsOneLineAndNonZeroExit) {
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   EXPECT_NE(out.find(kQ), std::string::npos) << out;
   EXPECT_NE(out.find(shard), std::string::npos) << out;
+}
+
+TEST(Checkpoint, MisalignedTensorsAreCopiedAligned) {
+  // safetensors offsets need not be aligned: a 3-byte U8 tensor first puts the F32 one at offset 3.
+  TempDir tmp;
+  std::vector<uint8_t> f32(8);
+  const float vals[2] = {1.5f, -2.25f};
+  std::memcpy(f32.data(), vals, 8);
+  std::vector<TensorToWrite> ts = {{"a", DType::kU8, {3}, {1, 2, 3}}, {"b", DType::kF32, {2}, f32}};
+  ASSERT_TRUE(write_safetensors(tmp.sub("model.safetensors"), ts).is_ok());
+  auto ck = Checkpoint::open(tmp.path());
+  ASSERT_TRUE(ck) << ck.error().message();
+  auto b = ck->get("b", {DType::kF32}, {2});
+  ASSERT_TRUE(b);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b->data) % 4, 0u);
+  EXPECT_EQ(to_f32(*b), std::vector<float>(vals, vals + 2));
 }
 
 TEST(SafetensorsParse, RejectsGarbageWithoutCrashing) {

@@ -128,7 +128,8 @@ bool Scheduler::take_inbox(bool block, std::stop_token& stop) {
   for (auto& r : in) {
     auto s = std::make_unique<Seq>();
     s->arrival = now;
-    s->tokens.reserve(r.prompt.size() + static_cast<size_t>(std::max(0, r.params.max_new_tokens)) + 1);
+    s->tokens.reserve(static_cast<size_t>(std::min<int64_t>(
+        cfg_.max_context, static_cast<int64_t>(r.prompt.size()) + std::max(0, r.params.max_new_tokens) + 1)));
     s->tokens = r.prompt;
     s->prompt_len = static_cast<int64_t>(r.prompt.size());
     if (!r.params.has_seed) r.params.seed = seed_rng_();

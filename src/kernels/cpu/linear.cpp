@@ -24,25 +24,64 @@ typedef int32_t v16i32 __attribute__((vector_size(64)));
 // high nibble) and one E8M0 scale. Vectorised: a 16-entry byte table lookup (pshufb) maps codes
 // to 2·E2M1 as small integers, an interleave restores element order, then int8 → float × scale/2.
 // (Code 8, "-0", decodes to +0; equal as a value.)
-void decode_mxfp4_row(const uint8_t* packed, const uint8_t* scales, int64_t blocks, float* dst) {
+inline void decode_mxfp4_block(const uint8_t* packed16, uint8_t scale, v16f& f1, v16f& f2) {
   const v16i8 table = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
   const v16i8 nib = {15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15};
+  v16i8 bytes;
+  std::memcpy(&bytes, packed16, 16);
+  const v16i8 lo = bytes & nib;
+  const v16i8 hi = (bytes >> 4) & nib;  // arithmetic shift: mask the sign bits away
+  const v16i8 vlo = __builtin_shuffle(table, lo);
+  const v16i8 vhi = __builtin_shuffle(table, hi);
+  const v16i8 first = __builtin_shuffle(vlo, vhi, (v16i8){0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23});
+  const v16i8 second = __builtin_shuffle(vlo, vhi, (v16i8){8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31});
+  const float half_scale = 0.5f * e8m0_to_f32(scale);
+  // Two-step widening (int8 → int32 → float): GCC 12 scalarises a direct int8 → float conversion.
+  f1 = __builtin_convertvector(__builtin_convertvector(first, v16i32), v16f) * half_scale;
+  f2 = __builtin_convertvector(__builtin_convertvector(second, v16i32), v16f) * half_scale;
+}
+
+void decode_mxfp4_row(const uint8_t* packed, const uint8_t* scales, int64_t blocks, float* dst) {
   for (int64_t b = 0; b < blocks; ++b) {
-    v16i8 bytes;
-    std::memcpy(&bytes, packed + b * 16, 16);
-    const v16i8 lo = bytes & nib;
-    const v16i8 hi = (bytes >> 4) & nib;  // arithmetic shift: mask the sign bits away
-    const v16i8 vlo = __builtin_shuffle(table, lo);
-    const v16i8 vhi = __builtin_shuffle(table, hi);
-    const v16i8 first = __builtin_shuffle(vlo, vhi, (v16i8){0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23});
-    const v16i8 second = __builtin_shuffle(vlo, vhi, (v16i8){8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31});
-    const float half_scale = 0.5f * e8m0_to_f32(scales[b]);
-    // Two-step widening (int8 → int32 → float): GCC 12 scalarises a direct int8 → float conversion.
-    const v16f f1 = __builtin_convertvector(__builtin_convertvector(first, v16i32), v16f) * half_scale;
-    const v16f f2 = __builtin_convertvector(__builtin_convertvector(second, v16i32), v16f) * half_scale;
+    v16f f1, f2;
+    decode_mxfp4_block(packed + b * 16, scales[b], f1, f2);
     std::memcpy(dst + b * 32, &f1, 64);
     std::memcpy(dst + b * 32 + 16, &f2, 64);
   }
+}
+
+// Fused MXFP4 decode + dot for few tokens (decode, MoE experts): R rows × U tokens, the weights are
+// decoded in registers once and never stored. Same per-(row, token) summation order as the
+// decode-then-dot path (16-lane partial sums over the row, then a lane sum), so results do not
+// depend on which path ran.
+template <int R, int U>
+void mxfp4_rows_dot(const WeightMatrix& w, int64_t r0, const float* x, float* y, int64_t out) {
+  const int64_t in = w.in, blocks = in / 32;
+  const uint8_t* P = static_cast<const uint8_t*>(w.data);
+  v16f acc[R][U];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) acc[r][u] = v16f{};
+  for (int64_t b = 0; b < blocks; ++b) {
+    v16f x1[U], x2[U];
+    for (int u = 0; u < U; ++u) {
+      std::memcpy(&x1[u], x + u * in + b * 32, 64);
+      std::memcpy(&x2[u], x + u * in + b * 32 + 16, 64);
+    }
+    for (int r = 0; r < R; ++r) {
+      v16f f1, f2;
+      decode_mxfp4_block(P + (r0 + r) * (in / 2) + b * 16, w.scales[(r0 + r) * blocks + b], f1, f2);
+      for (int u = 0; u < U; ++u) {
+        acc[r][u] += f1 * x1[u];
+        acc[r][u] += f2 * x2[u];
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) {
+      float s = 0;
+      for (int k = 0; k < 16; ++k) s += acc[r][u][k];
+      y[u * out + r0 + r] = s;
+    }
 }
 
 }  // namespace
@@ -109,9 +148,28 @@ void rows_times_tokens(const float* rows, int64_t in, const float* x, int64_t T,
   for (; t < T; ++t) block_dot<R, 1>(rows, in, x + t * in, in, in, y + t * out + r0, out);
 }
 
+// MXFP4 with few tokens: rows split across threads, decoded in registers (no fp32 row buffer).
+template <int U>
+void mxfp4_matmul_fused(const WeightMatrix& w, const float* x, float* y) {
+  const int64_t out = w.out;
+  const int64_t blocks4 = out / 4;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks4; ++b) mxfp4_rows_dot<4, U>(w, b * 4, x, y, out);
+  for (int64_t r = blocks4 * 4; r < out; ++r) mxfp4_rows_dot<1, U>(w, r, x, y, out);
+}
+
 void matmul(const WeightMatrix& w, const float* x, int64_t T, float* y) {
   KCHECK(w.format != WeightFormat::kMxfp4 || (w.in % 32 == 0 && w.scales != nullptr), "bad MXFP4 matrix");
   const int64_t out = w.out, in = w.in;
+  if (w.format == WeightFormat::kMxfp4 && T <= 4) {
+    switch (T) {
+      case 1: return mxfp4_matmul_fused<1>(w, x, y);
+      case 2: return mxfp4_matmul_fused<2>(w, x, y);
+      case 3: return mxfp4_matmul_fused<3>(w, x, y);
+      case 4: return mxfp4_matmul_fused<4>(w, x, y);
+      default: break;
+    }
+  }
   // Decode a block of rows once per thread (fp32 weights are used in place), then use it for every
   // token: weights are read from memory once per call.
   constexpr int64_t kRows = 4;

@@ -2,6 +2,8 @@
 
 #include <omp.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -20,21 +22,28 @@ typedef int8_t v16i8 __attribute__((vector_size(16)));
 typedef float v16f __attribute__((vector_size(64), aligned(4)));
 typedef int32_t v16i32 __attribute__((vector_size(64)));
 
-// One MXFP4 row: each 32-block is 16 bytes (element 2j in the low nibble of byte j, 2j+1 in the
-// high nibble) and one E8M0 scale. Vectorised: a 16-entry byte table lookup (pshufb) maps codes
-// to 2·E2M1 as small integers, an interleave restores element order, then int8 → float × scale/2.
+// One MXFP4 32-block: 16 bytes (element 2j in the low nibble of byte j, 2j+1 in the high nibble)
+// and one E8M0 scale. Vectorised: a 16-entry byte table lookup (pshufb) maps codes to 2·E2M1 as
+// small integers, an unpack restores element order, then int8 → float × scale/2.
 // (Code 8, "-0", decodes to +0; equal as a value.)
 inline void decode_mxfp4_block(const uint8_t* packed16, uint8_t scale, v16f& f1, v16f& f2) {
-  const v16i8 table = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-  const v16i8 nib = {15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15};
-  v16i8 bytes;
-  std::memcpy(&bytes, packed16, 16);
-  const v16i8 lo = bytes & nib;
-  const v16i8 hi = (bytes >> 4) & nib;  // arithmetic shift: mask the sign bits away
-  const v16i8 vlo = __builtin_shuffle(table, lo);
-  const v16i8 vhi = __builtin_shuffle(table, hi);
-  const v16i8 first = __builtin_shuffle(vlo, vhi, (v16i8){0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23});
-  const v16i8 second = __builtin_shuffle(vlo, vhi, (v16i8){8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31});
+  v16i8 first, second;
+#if defined(__SSSE3__)
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed16));
+  const __m128i nib = _mm_set1_epi8(15);
+  const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m128i vlo = _mm_shuffle_epi8(table, _mm_and_si128(bytes, nib));
+  const __m128i vhi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), nib));
+  const __m128i a = _mm_unpacklo_epi8(vlo, vhi), b = _mm_unpackhi_epi8(vlo, vhi);
+  std::memcpy(&first, &a, 16);
+  std::memcpy(&second, &b, 16);
+#else
+  static constexpr int8_t kTable[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  for (int j = 0; j < 8; ++j) {
+    first[2 * j] = kTable[packed16[j] & 15], first[2 * j + 1] = kTable[packed16[j] >> 4];
+    second[2 * j] = kTable[packed16[8 + j] & 15], second[2 * j + 1] = kTable[packed16[8 + j] >> 4];
+  }
+#endif
   const float half_scale = 0.5f * e8m0_to_f32(scale);
   // Two-step widening (int8 → int32 → float): GCC 12 scalarises a direct int8 → float conversion.
   f1 = __builtin_convertvector(__builtin_convertvector(first, v16i32), v16f) * half_scale;

@@ -71,8 +71,9 @@ Status parse_linear_attn(const json& j, const std::string& where, int layers, Li
   la.kda_layers = r.req_layer_list("kda_layers", layers);
   la.full_attn_layers = r.req_layer_list("full_attn_layers", layers);
   if (!r.status().is_ok()) return r.status();
-  if (la.num_heads <= 0 || la.head_dim <= 0 || la.short_conv_kernel_size < 1)
-    return invalid_argument(where + ": linear_attn_config has non-positive sizes");
+  if (la.num_heads <= 0 || la.num_heads > 4096 || la.head_dim <= 0 || la.head_dim > 4096 ||
+      la.short_conv_kernel_size < 1 || la.short_conv_kernel_size > 64)
+    return invalid_argument(where + ": linear_attn_config sizes out of range (heads, head_dim ≤ 4096; conv 1..64)");
   if (la.gate_lower_bound && !(*la.gate_lower_bound < 0.0f))
     return invalid_argument(where + ": gate_lower_bound must be negative");
   return Status::ok();
@@ -127,8 +128,28 @@ Status parse_text(const json& j, const std::string& where, Arch arch, TextConfig
   if (!nope) return unsupported(where + ": key 'mla_use_nope': only NoPE MLA (true) is supported");
   if (t.num_expert_group != 1 || t.topk_group != 1)
     return unsupported(where + ": group-limited routing (num_expert_group > 1) is not supported yet");
-  if (t.hidden_size <= 0 || t.num_hidden_layers <= 0 || t.vocab_size <= 0 || t.num_attention_heads <= 0)
-    return invalid_argument(where + ": non-positive model sizes");
+  // Every size is range-checked here so later arithmetic (shapes, modulo, products) is safe.
+  struct Bound {
+    const char* key;
+    long long value, lo, hi;
+  };
+  constexpr long long kBig = 1 << 24;
+  for (const Bound& b : std::initializer_list<Bound>{
+           {"vocab_size", t.vocab_size, 1, kBig}, {"hidden_size", t.hidden_size, 1, kBig},
+           {"num_hidden_layers", t.num_hidden_layers, 1, 4096}, {"num_attention_heads", t.num_attention_heads, 1, 4096},
+           {"intermediate_size", t.intermediate_size, 1, kBig}, {"attn_res_block_size", t.attn_res_block_size, 0, 4096},
+           {"first_k_dense_replace", t.first_k_dense_replace, 0, 4096}, {"moe_layer_freq", t.moe_layer_freq, 1, 4096},
+           {"num_experts", t.num_experts, 0, 1 << 16}, {"num_shared_experts", t.num_shared_experts, 0, 1024},
+           {"moe_intermediate_size", t.moe_intermediate_size, 1, kBig},
+           {"routed_expert_hidden_size", t.routed_expert_hidden_size, 0, kBig}, {"q_lora_rank", t.q_lora_rank, 0, kBig},
+           {"kv_lora_rank", t.kv_lora_rank, 1, kBig}, {"qk_nope_head_dim", t.qk_nope_head_dim, 0, 1 << 16},
+           {"qk_rope_head_dim", t.qk_rope_head_dim, 0, 1 << 16}, {"v_head_dim", t.v_head_dim, 1, 1 << 16}})
+    if (b.value < b.lo || b.value > b.hi)
+      return invalid_argument(where + ": key '" + b.key + "': " + std::to_string(b.value) + " is outside " +
+                              std::to_string(b.lo) + ".." + std::to_string(b.hi));
+  if (!(t.rms_norm_eps > 0.0f) || !(t.rms_norm_eps < 1.0f))
+    return invalid_argument(where + ": key 'rms_norm_eps': must be in (0, 1)");
+  if (t.qk_nope_head_dim + t.qk_rope_head_dim < 1) return invalid_argument(where + ": MLA head dims are zero");
   if (t.num_experts_per_token > t.num_experts || t.num_experts_per_token <= 0)
     return invalid_argument(where + ": num_experts_per_token must be in 1..num_experts");
   KESTREL_RETURN_IF_ERROR(parse_linear_attn(j["linear_attn_config"], where, t.num_hidden_layers, t.linear_attn));

@@ -184,6 +184,18 @@ TEST_F(LoaderTest, MissingConfigKey) {
   }
 }
 
+TEST_F(LoaderTest, OutOfRangeConfigValues) {
+  // Found by fuzz_model_config: moe_layer_freq 0 used to divide by zero.
+  for (auto [key, value] : std::initializer_list<std::pair<const char*, int>>{
+           {"moe_layer_freq", 0}, {"hidden_size", -4}, {"num_hidden_layers", 100000}, {"kv_lora_rank", 0}}) {
+    testing::make_checkpoint("k3-tiny", dir());
+    auto cfg = testing::read_json(dir() + "/config.json");
+    cfg["text_config"][key] = value;
+    testing::write_json(dir() + "/config.json", cfg);
+    expect_one_line_naming(load_error(dir()), {"config.json", std::string("'") + key + "'"});
+  }
+}
+
 TEST_F(LoaderTest, WrongMxfp4ScaleShape) {
   const std::string shard = testing::shard_of(dir(), kScale);
   testing::edit_header(shard, [](nlohmann::json& j) {

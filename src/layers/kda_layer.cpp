@@ -102,6 +102,7 @@ void KdaLayer::forward(const float* x, int64_t T, std::span<const Segment<KdaSta
   matmul(wfb_, f_low_.data(), T, f_.data());
   const bool bounded = c_->linear_attn.gate_lower_bound.has_value();
   const float lb = bounded ? *c_->linear_attn.gate_lower_bound : 0.0f;
+#pragma omp parallel for collapse(2) schedule(static) if (T * P_ >= (1 << 14))
   for (int64_t t = 0; t < T; ++t)
     for (int64_t c = 0; c < P_; ++c) {
       float& g = f_[static_cast<size_t>(t * P_ + c)];
@@ -147,6 +148,7 @@ void KdaLayer::forward(const float* x, int64_t T, std::span<const Segment<KdaSta
     matmul(wgb_, gate_low_.data(), T, gate_.data());
   }
   kernels::rms_norm(o_.data(), o_norm_.data(), T * H_, D_, c_->rms_norm_eps, o_.data());
+#pragma omp parallel for schedule(static) if (TP >= (1u << 14))
   for (size_t i = 0; i < TP; ++i) o_[i] *= kernels::sigmoid(gate_[i]);
   matmul(wo_, o_.data(), T, out);
 }

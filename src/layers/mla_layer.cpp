@@ -69,6 +69,7 @@ void MlaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCac
   if (c_->mla_use_output_gate) {
     gate_.resize(attn_.size());
     matmul(wg_, x, T, gate_.data());
+#pragma omp parallel for schedule(static) if (attn_.size() >= (1u << 14))
     for (size_t i = 0; i < attn_.size(); ++i) attn_[i] *= kernels::sigmoid(gate_[i]);
   }
   matmul(wo_, attn_.data(), T, out);

@@ -1,5 +1,7 @@
 #include "chat/vocab.h"
 
+#include <algorithm>
+
 #include <array>
 #include <charconv>
 #include <cstring>
@@ -116,6 +118,9 @@ Result<Vocab> Vocab::parse(std::string_view text, std::string_view name, VocabFo
   };
   std::vector<Entry> by_rank;
   std::string decoded, raw;
+  // Ranks must be contiguous, so none can reach the line count: bounding them here keeps a hostile
+  // file from sizing `by_rank` (found by fuzz_tokenizer: one huge rank asked for 48 GB).
+  const size_t max_rank = static_cast<size_t>(std::count(text.begin(), text.end(), '\n')) + 1;
   size_t line_no = 0;
   size_t pos = 0;
   while (pos < text.size()) {
@@ -137,6 +142,10 @@ Result<Vocab> Vocab::parse(std::string_view text, std::string_view name, VocabFo
     const auto [ptr, ec] = std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
     if (ec != std::errc() || ptr != rank_text.data() + rank_text.size() || rank >= (1u << 30)) {
       return corrupt(where(name, line_no) + "bad rank '" + std::string(rank_text) + "'");
+    }
+    if (rank >= max_rank) {
+      return corrupt(where(name, line_no) + "rank " + std::to_string(rank) + " exceeds the number of lines (" +
+                     std::to_string(max_rank) + "); ranks must be contiguous from 0");
     }
     if (rank >= by_rank.size()) by_rank.resize(rank + 1);
     Entry& e = by_rank[rank];

@@ -47,6 +47,13 @@ TEST(Vocab, RejectsMalformedFiles) {
   expect_error("", "no tokens");
 }
 
+TEST(Vocab, RejectsHugeRankWithoutAllocating) {
+  // Found by fuzz_tokenizer: a single rank near 2^30 used to size the rank table first.
+  auto v = Vocab::parse(b64("a") + " 1002000000\n", "t");
+  ASSERT_FALSE(v);
+  EXPECT_NE(v.error().message().find("exceeds the number of lines"), std::string::npos) << v.error().message();
+}
+
 TEST(Vocab, LoadReportsMissingFile) {
   auto v = Vocab::load("/nonexistent/tiktoken.model");
   ASSERT_FALSE(v);

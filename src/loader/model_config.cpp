@@ -21,7 +21,9 @@ class Reader {
   int req_int(const char* key) {
     if (!has(key)) return fail(key, "missing required key"), 0;
     if (!j_[key].is_number_integer()) return fail(key, "must be an integer"), 0;
-    return j_[key].get<int>();
+    const int64_t v = j_[key].get<int64_t>();
+    if (v < -(int64_t{1} << 30) || v > (int64_t{1} << 30)) return fail(key, "integer out of range"), 0;
+    return static_cast<int>(v);
   }
   int opt_int(const char* key, int dflt) { return has(key) ? req_int(key) : dflt; }
   float req_float(const char* key) {
@@ -45,7 +47,7 @@ class Reader {
     if (!has(key)) return fail(key, "missing required key"), out;
     if (!j_[key].is_array()) return fail(key, "must be a list of one-based layer numbers"), out;
     for (const auto& v : j_[key]) {
-      if (!v.is_number_integer() || v.get<int>() < 1 || v.get<int>() > num_layers)
+      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > num_layers)
         return fail(key, "entries must be one-based layer numbers in 1.." + std::to_string(num_layers)), out;
       out.push_back(v.get<int>() - 1);
     }
@@ -184,7 +186,8 @@ Status parse_quant(const json& j, const std::string& where, TextConfig& t) {
   if (!r.status().is_ok()) return r.status();
   if (method != "compressed-tensors")
     return unsupported(where + ": quantization_config.quant_method '" + method + "' is not supported");
-  const std::string fmt = q.value("format", "");
+  // `value(key, default)` throws on a wrong type; untrusted JSON is type-checked first.
+  const std::string fmt = q.contains("format") && q["format"].is_string() ? q["format"].get<std::string>() : "";
   if (fmt != "mxfp4-pack-quantized")
     return unsupported(where + ": compressed-tensors format '" + fmt + "' is not supported");
   t.experts_mxfp4 = true;
@@ -207,7 +210,7 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
     if (!j.contains("text_config") || !j["text_config"].is_object())
       return invalid_argument(label + ": key 'text_config': missing required key");
     const json& tj = j["text_config"];
-    if (tj.value("model_type", "") != "kimi_linear")
+    if (!tj.contains("model_type") || !tj["model_type"].is_string() || tj["model_type"].get<std::string>() != "kimi_linear")
       return invalid_argument(label + ": text_config.model_type must be 'kimi_linear'");
     KESTREL_RETURN_IF_ERROR(parse_text(tj, label + " text_config", c.arch, c.text));
     // The quantization block sits inside text_config in the release; accept it at top level too.

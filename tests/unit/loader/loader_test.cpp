@@ -196,6 +196,19 @@ TEST_F(LoaderTest, OutOfRangeConfigValues) {
   }
 }
 
+TEST_F(LoaderTest, WrongTypesInConfigAreErrorsNotExceptions) {
+  // Found by fuzz_model_config: a non-string quantization format threw out of the parser.
+  auto cfg = testing::read_json(dir() + "/config.json");
+  cfg["text_config"]["quantization_config"]["format"] = 5;
+  testing::write_json(dir() + "/config.json", cfg);
+  expect_one_line_naming(load_error(dir()), {"config.json", "format"});
+  testing::make_checkpoint("k3-tiny", dir());
+  cfg = testing::read_json(dir() + "/config.json");
+  cfg["text_config"]["hidden_size"] = int64_t{1} << 40;  // would wrap to a small int if narrowed
+  testing::write_json(dir() + "/config.json", cfg);
+  expect_one_line_naming(load_error(dir()), {"config.json", "'hidden_size'", "out of range"});
+}
+
 TEST_F(LoaderTest, WrongMxfp4ScaleShape) {
   const std::string shard = testing::shard_of(dir(), kScale);
   testing::edit_header(shard, [](nlohmann::json& j) {

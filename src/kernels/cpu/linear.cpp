@@ -10,6 +10,8 @@
 
 #include "base/check.h"
 #include "kernels/cpu/scratch.h"
+#include "kernels/cpu/w4a8_format.h"
+#include "kernels/cpu/w4a8_gemm.h"
 
 namespace kestrel::kernels {
 namespace {
@@ -117,6 +119,11 @@ void decode_row(const WeightMatrix& w, int64_t r, float* dst) {
       decode_mxfp4_row(static_cast<const uint8_t*>(w.data) + r * (n / 2), w.scales + r * (n / 32), n / 32, dst);
       return;
     }
+    case WeightFormat::kW4A8: {
+      dequantize_int4_row(static_cast<const uint8_t*>(w.data) + r * (n / 2),
+                          reinterpret_cast<const uint16_t*>(w.scales) + r * (n / w.group), n, w.group, dst);
+      return;
+    }
   }
 }
 
@@ -169,6 +176,9 @@ void mxfp4_matmul_fused(const WeightMatrix& w, const float* x, float* y) {
 
 void matmul(const WeightMatrix& w, const float* x, int64_t T, float* y) {
   KCHECK(w.format != WeightFormat::kMxfp4 || (w.in % 32 == 0 && w.scales != nullptr), "bad MXFP4 matrix");
+  // Int8-activation kernels (w4a8_gemm.h): always for W4A8, opt-in for MXFP4.
+  if (w.format == WeightFormat::kW4A8 || (w.format == WeightFormat::kMxfp4 && mxfp4_int8_enabled()))
+    return int8_matmul(w, x, T, y);
   const int64_t out = w.out, in = w.in;
   if (w.format == WeightFormat::kMxfp4 && T <= 4) {
     switch (T) {

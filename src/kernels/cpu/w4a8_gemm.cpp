@@ -1,0 +1,83 @@
+#include "kernels/cpu/w4a8_gemm.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "base/check.h"
+#include "kernels/cpu/w4a8_kernels.h"
+
+namespace kestrel::kernels {
+namespace {
+
+constexpr int64_t kRowBlock = 16;  // rows per work item (the AMX tile height)
+
+using RowsFn = void (*)(const Int8GemmTask&, int64_t, int64_t);
+
+Int8GemmTask make_task(const WeightMatrix& w, const QuantizedActs& a, float* y) {
+  KCHECK(w.format == WeightFormat::kW4A8 || w.format == WeightFormat::kMxfp4, "int8_matmul: W4A8 or MXFP4 weights only");
+  KCHECK(w.in == a.in && w.in % 32 == 0 && w.scales != nullptr, "int8_matmul: shape mismatch");
+  Int8GemmTask t;
+  t.kind = w.format == WeightFormat::kW4A8 ? Int8Weights::kInt4 : Int8Weights::kMxfp4;
+  t.packed = static_cast<const uint8_t*>(w.data);
+  t.scales = w.scales;
+  t.out = w.out, t.in = w.in;
+  t.group = t.kind == Int8Weights::kInt4 ? w.group : 32;
+  KCHECK(t.group == 32 || t.group == 64 || t.group == 128, "int8_matmul: group must be 32, 64 or 128");
+  KCHECK(w.in % t.group == 0, "int8_matmul: in must be a multiple of the group size");
+  t.acts = &a;
+  t.y = y;
+  return t;
+}
+
+RowsFn rows_fn(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return int8_rows_scalar;
+    case Isa::kAvx2: return int8_rows_avx2;
+    case Isa::kAvx512Vnni: return int8_rows_avx512;
+    case Isa::kAmx: return int8_rows_amx;
+  }
+  return int8_rows_scalar;
+}
+
+void run_rows(const Int8GemmTask& t, RowsFn fn) {
+  const int64_t blocks = (t.out + kRowBlock - 1) / kRowBlock;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+  for (int64_t b = 0; b < blocks; ++b) fn(t, b * kRowBlock, std::min(t.out, (b + 1) * kRowBlock));
+}
+
+std::atomic<int> g_mxfp4_int8{-1};  // -1: read KESTREL_MXFP4_INT8 once
+
+}  // namespace
+
+void int8_matmul_quantized(const WeightMatrix& w, const QuantizedActs& a, float* y, Isa isa) {
+  KCHECK(isa_supported(isa), "int8_matmul: ISA not supported on this CPU");
+  run_rows(make_task(w, a, y), rows_fn(isa));
+}
+
+void int8_matmul_amx_emulated(const WeightMatrix& w, const QuantizedActs& a, float* y) {
+  run_rows(make_task(w, a, y), int8_rows_amx_emulated);
+}
+
+void int8_matmul(const WeightMatrix& w, const float* x, int64_t T, float* y, Isa isa) {
+  thread_local QuantizedActs acts;
+  quantize_activations(x, T, w.in, acts);
+  run_rows(make_task(w, acts, y), rows_fn(isa));
+}
+
+void int8_matmul(const WeightMatrix& w, const float* x, int64_t T, float* y) { int8_matmul(w, x, T, y, active_isa()); }
+
+bool mxfp4_int8_enabled() {
+  int v = g_mxfp4_int8.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("KESTREL_MXFP4_INT8");
+    v = e != nullptr && std::strcmp(e, "1") == 0 ? 1 : 0;
+    g_mxfp4_int8.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+void set_mxfp4_int8(bool on) { g_mxfp4_int8.store(on ? 1 : 0, std::memory_order_relaxed); }
+
+}  // namespace kestrel::kernels

@@ -1,0 +1,29 @@
+// Int8-activation matrix products: y[T, out] = x[T, in] · Wᵀ with x quantized to int8 per token at
+// run time and int32 accumulation inside each weight scale group (format: w4a8_format.h).
+//   kW4A8 weights: always this path (linear.cpp's matmul forwards here).
+//   kMxfp4 weights: opt-in fast mode (set_mxfp4_int8(true) or KESTREL_MXFP4_INT8=1); E2M1 values
+//   are small integers after ×2, so the weight side stays exact and only x is quantized.
+// The ISA path comes from active_isa() (w4a8_isa.h) unless given. Work is split across OpenMP
+// threads in blocks of 16 output rows (decode GEMV and prefill GEMM alike).
+// Thread-safety: safe to call concurrently (per-thread scratch); not reentrant inside one thread.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/w4a8_format.h"
+#include "kernels/cpu/w4a8_isa.h"
+
+namespace kestrel::kernels {
+
+void int8_matmul(const WeightMatrix& w, const float* x, int64_t T, float* y);
+void int8_matmul(const WeightMatrix& w, const float* x, int64_t T, float* y, Isa isa);
+// On activations already quantized (tests, benchmarks). Panics on an unsupported ISA.
+void int8_matmul_quantized(const WeightMatrix& w, const QuantizedActs& a, float* y, Isa isa);
+// Test hook: the AMX kernel with its tile instructions emulated in C++ (runs on any CPU).
+void int8_matmul_amx_emulated(const WeightMatrix& w, const QuantizedActs& a, float* y);
+
+bool mxfp4_int8_enabled();
+void set_mxfp4_int8(bool on);
+
+}  // namespace kestrel::kernels

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "app/commands.h"
+#include "kernels/cpu/w4a8_isa.h"
 
 namespace {
 void usage() {
@@ -16,12 +17,22 @@ void usage() {
                "  chat       [--model DIR] [--system TEXT] [--hide-thinking] [--no-thinking] [--effort low|high|max]\n"
                "  bench      [--preset k3-bench | --model DIR] [--prompt N --gen M --chunk C] [--json]\n"
                "  make-model --preset NAME --out DIR [--seed S --shards N --bf16-experts ...]\n"
-               "With no command, kestrel runs `generate` on the embedded default model (random weights).\n");
+               "  quantize   --model IN --out OUT [--group-size 32|64|128] [--quantize-lm-head]\n"
+               "             [--report [--prompts 8 --prompt-len 64]] [--json]\n"
+               "  quantize   --model REF --compare DIR [--prompts 8 --prompt-len 64] [--json]   (report only)\n"
+               "With no command, kestrel runs `generate` on the embedded default model (random weights).\n"
+               "Environment: KESTREL_ISA=scalar|avx2|avx512vnni|amx forces the int8 kernel path;\n"
+               "KESTREL_MXFP4_INT8=1 runs MXFP4 experts with int8 activations (faster, approximate);\n"
+               "KESTREL_W4A8_WEIGHT_ONLY=1 runs W4A8 weights with fp32 activations (accuracy studies).\n");
 }
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (auto isa = kestrel::kernels::isa_from_env(); !isa) {
+    std::fprintf(stderr, "kestrel: %s\n", isa.error().message().c_str());
+    return 2;
+  }
   if (args.empty()) return kestrel::app::cmd_generate({});
   const std::string cmd = args.front();
   args.erase(args.begin());
@@ -30,6 +41,7 @@ int main(int argc, char** argv) {
   if (cmd == "chat") return kestrel::app::cmd_chat(args);
   if (cmd == "serve") return kestrel::app::cmd_serve(args);
   if (cmd == "make-model") return kestrel::app::cmd_make_model(args);
+  if (cmd == "quantize") return kestrel::app::cmd_quantize(args);
   if (cmd == "-h" || cmd == "--help" || cmd == "help") return usage(), 0;
   if (cmd.rfind("--", 0) == 0) {  // flags without a command: generate on the default model
     args.insert(args.begin(), cmd);

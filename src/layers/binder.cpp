@@ -1,5 +1,7 @@
 #include "layers/binder.h"
 
+#include <cstring>
+
 namespace kestrel {
 
 namespace {
@@ -21,6 +23,9 @@ kernels::WeightMatrix Binder::linear(const std::string& name, int64_t out, int64
   if (!ok()) return w;
   const std::string packed = name + ".weight_packed";
   if (ckpt_.contains(packed)) {
+    auto any = ckpt_.get(packed, {DType::kU8, DType::kI32}, {});
+    if (!any) return fail(any.error()), w;
+    if (any->dtype == DType::kI32) return int4_linear(name, out, in);
     if (in % 32 != 0) {
       fail(corrupt(ckpt_.file_of(packed) + ": tensor '" + packed + "': MXFP4 input dim " + std::to_string(in) +
                    " is not a multiple of 32"));
@@ -39,6 +44,45 @@ kernels::WeightMatrix Binder::linear(const std::string& name, int64_t out, int64
   if (!t) return fail(t.error()), w;
   w.format = format_of(t->dtype);
   w.data = t->data;
+  return w;
+}
+
+kernels::WeightMatrix Binder::int4_linear(const std::string& name, int64_t out, int64_t in) {
+  kernels::WeightMatrix w;
+  w.out = out;
+  w.in = in;
+  const std::string packed = name + ".weight_packed";
+  const std::string where = ckpt_.file_of(packed) + ": tensor '" + packed + "': ";
+  const int64_t G = int4_group_;
+  if (G == 0)
+    return fail(corrupt(where + "int4 pack-quantized weight, but config.json declares no pack-quantized group")), w;
+  if (in % G != 0)
+    return fail(corrupt(where + "input dim " + std::to_string(in) + " is not a multiple of group size " +
+                        std::to_string(G))), w;
+  auto p = ckpt_.get(packed, {DType::kI32}, {out, in / 8});
+  if (!p) return fail(p.error()), w;
+  auto s = ckpt_.get(name + ".weight_scale", {DType::kBF16}, {out, in / G});
+  if (!s) return fail(s.error()), w;
+  auto shape = ckpt_.get(name + ".weight_shape", {DType::kI64, DType::kI32}, {2});
+  if (!shape) return fail(shape.error()), w;
+  int64_t dims[2];
+  for (int i = 0; i < 2; ++i) {
+    if (shape->dtype == DType::kI64) {
+      std::memcpy(&dims[i], static_cast<const uint8_t*>(shape->data) + 8 * i, 8);
+    } else {
+      int32_t v;
+      std::memcpy(&v, static_cast<const uint8_t*>(shape->data) + 4 * i, 4);
+      dims[i] = v;
+    }
+  }
+  if (dims[0] != out || dims[1] != in)
+    return fail(corrupt(ckpt_.file_of(packed) + ": tensor '" + name + ".weight_shape' is [" + std::to_string(dims[0]) +
+                        ", " + std::to_string(dims[1]) + "], expected [" + std::to_string(out) + ", " +
+                        std::to_string(in) + "]")), w;
+  w.format = kernels::WeightFormat::kW4A8;
+  w.data = p->data;
+  w.scales = static_cast<const uint8_t*>(s->data);
+  w.group = G;
   return w;
 }
 

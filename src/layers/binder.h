@@ -17,9 +17,15 @@ class Binder {
   const Status& status() const { return st_; }
   bool ok() const { return st_.is_ok(); }
 
-  // Linear weight [out, in]: `<name>.weight` (F32/BF16/F16) or, when present,
-  // `<name>.weight_packed` + `<name>.weight_scale` (compressed-tensors MXFP4).
+  // Linear weight [out, in]: `<name>.weight` (F32/BF16/F16) or, when present, compressed-tensors
+  // `<name>.weight_packed` + `<name>.weight_scale`, told apart by the packed dtype:
+  //   U8 [out, in/2] + U8 [out, in/32]                      MXFP4 (E2M1 codes, E8M0 scales);
+  //   I32 [out, in/8] + BF16 [out, in/G] + weight_shape [2]  int4 pack-quantized W4A8, G from the
+  //                                                          config (set_int4_group_size).
   kernels::WeightMatrix linear(const std::string& name, int64_t out, int64_t in);
+  // Group size the config declares for pack-quantized int4 weights (0: none declared → an int4
+  // tensor is an error).
+  void set_int4_group_size(int64_t g) { int4_group_ = g; }
   // Any float tensor converted to fp32; shape must match exactly.
   std::vector<float> vec(const std::string& name, const std::vector<int64_t>& shape);
   // Float tensor whose shape is one of `shapes` (first match wins).
@@ -29,8 +35,11 @@ class Binder {
   }
 
  private:
+  kernels::WeightMatrix int4_linear(const std::string& name, int64_t out, int64_t in);
+
   Checkpoint& ckpt_;
   Status st_;
+  int64_t int4_group_ = 0;
 };
 
 }  // namespace kestrel

@@ -105,6 +105,13 @@ Result<TensorView> Checkpoint::get(const std::string& name, const std::vector<DT
   return v;
 }
 
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> out;
+  out.reserve(tensors_.size());
+  for (const auto& [name, loc] : tensors_) out.push_back(name);
+  return out;
+}
+
 std::vector<std::string> Checkpoint::unused() const {
   std::vector<std::string> out;
   for (const auto& [name, loc] : tensors_)

@@ -25,6 +25,8 @@ class Checkpoint {
   // misaligned tensor is copied once into owned, aligned memory (typed loads stay defined).
   Result<TensorView> get(const std::string& name, const std::vector<DType>& dtypes,
                          const std::vector<int64_t>& shape);
+  // Every tensor name, sorted.
+  std::vector<std::string> names() const;
   // Names never fetched through get().
   std::vector<std::string> unused() const;
   // Where a tensor lives, for error messages.

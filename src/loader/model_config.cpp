@@ -178,6 +178,36 @@ Status parse_text(const json& j, const std::string& where, Arch arch, TextConfig
   return Status::ok();
 }
 
+// One compressed-tensors "pack-quantized" config group: only our W4A8 (int4 symmetric group weights,
+// int8 dynamic per-token activations) is accepted; anything else would run with other numerics.
+Status parse_int4_group(const json& g, const std::string& where, TextConfig& t) {
+  const json* w = g.contains("weights") && g["weights"].is_object() ? &g["weights"] : nullptr;
+  if (w == nullptr) return invalid_argument(where + ": pack-quantized group without a 'weights' object");
+  Reader r(*w, where + " weights");
+  const int bits = r.req_int("num_bits"), gs = r.req_int("group_size");
+  const std::string type = r.req_str("type"), strategy = r.req_str("strategy");
+  const bool symmetric = r.opt_bool("symmetric", false);
+  if (!r.status().is_ok()) return r.status();
+  if (bits != 4 || type != "int" || !symmetric || strategy != "group")
+    return unsupported(where + ": pack-quantized weights must be 4-bit int, symmetric, strategy 'group'");
+  if (gs != 32 && gs != 64 && gs != 128) return unsupported(where + ": group_size must be 32, 64 or 128");
+  const json* a = g.contains("input_activations") && g["input_activations"].is_object() ? &g["input_activations"] : nullptr;
+  if (a == nullptr)
+    return unsupported(where + ": pack-quantized int4 without input_activations (W4A16) is not supported; "
+                               "only W4A8 (int8 dynamic per-token activations)");
+  Reader ar(*a, where + " input_activations");
+  const int abits = ar.req_int("num_bits");
+  const std::string atype = ar.req_str("type"), astrategy = ar.req_str("strategy");
+  const bool dynamic = ar.opt_bool("dynamic", false), asym = ar.opt_bool("symmetric", false);
+  if (!ar.status().is_ok()) return ar.status();
+  if (abits != 8 || atype != "int" || astrategy != "token" || !dynamic || !asym)
+    return unsupported(where + ": input_activations must be int8, symmetric, dynamic, strategy 'token'");
+  if (t.int4_group_size != 0 && t.int4_group_size != gs)
+    return unsupported(where + ": pack-quantized groups with different group sizes");
+  t.int4_group_size = gs;
+  return Status::ok();
+}
+
 Status parse_quant(const json& j, const std::string& where, TextConfig& t) {
   if (!j.contains("quantization_config") || j["quantization_config"].is_null()) return Status::ok();
   const json& q = j["quantization_config"];
@@ -187,10 +217,32 @@ Status parse_quant(const json& j, const std::string& where, TextConfig& t) {
   if (method != "compressed-tensors")
     return unsupported(where + ": quantization_config.quant_method '" + method + "' is not supported");
   // `value(key, default)` throws on a wrong type; untrusted JSON is type-checked first.
-  const std::string fmt = q.contains("format") && q["format"].is_string() ? q["format"].get<std::string>() : "";
-  if (fmt != "mxfp4-pack-quantized")
+  auto str_of = [](const json& o, const char* k) {
+    return o.is_object() && o.contains(k) && o[k].is_string() ? o[k].get<std::string>() : std::string();
+  };
+  const std::string fmt = str_of(q, "format");
+  if (fmt == "mxfp4-pack-quantized") {
+    t.experts_mxfp4 = true;
+    return Status::ok();
+  }
+  if (fmt != "pack-quantized" && fmt != "mixed-precision")
     return unsupported(where + ": compressed-tensors format '" + fmt + "' is not supported");
-  t.experts_mxfp4 = true;
+  // pack-quantized (int4 everywhere quantized) or mixed-precision (per-group formats: MXFP4 experts
+  // kept from the release + int4 W4A8 for the rest, as `kestrel quantize` writes).
+  if (!q.contains("config_groups") || !q["config_groups"].is_object() || q["config_groups"].empty())
+    return invalid_argument(where + ": quantization_config.config_groups must be a non-empty object");
+  for (const auto& [name, g] : q["config_groups"].items()) {
+    const std::string gw = where + " quantization_config.config_groups." + name;
+    if (!g.is_object()) return invalid_argument(gw + ": must be an object");
+    const std::string gf = str_of(g, "format").empty() ? fmt : str_of(g, "format");
+    if (gf == "mxfp4-pack-quantized") {
+      t.experts_mxfp4 = true;
+    } else if (gf == "pack-quantized") {
+      KESTREL_RETURN_IF_ERROR(parse_int4_group(g, gw, t));
+    } else {
+      return unsupported(gw + ": format '" + gf + "' is not supported");
+    }
+  }
   return Status::ok();
 }
 

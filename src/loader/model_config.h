@@ -65,6 +65,7 @@ struct TextConfig {
   int eos_token_id = -1;
   int pad_token_id = -1;
   bool experts_mxfp4 = false;  // compressed-tensors mxfp4-pack-quantized declared
+  int int4_group_size = 0;     // compressed-tensors pack-quantized int4 (our W4A8) declared: 32, 64 or 128
 
   LinearAttnConfig linear_attn;
   std::vector<AttnKind> attn_kind;  // per layer

@@ -34,6 +34,7 @@ Result<std::unique_ptr<KimiModel>> KimiModel::load(const std::string& dir) {
   m->cfg_ = std::move(*cfg);
   m->ckpt_ = std::make_unique<Checkpoint>(std::move(*ck));
   Binder b(*m->ckpt_);
+  b.set_int4_group_size(m->cfg_.text.int4_group_size);
   KESTREL_RETURN_IF_ERROR(m->bind(b));
   const auto unused = m->ckpt_->unused();
   if (!unused.empty())

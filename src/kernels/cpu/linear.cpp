@@ -176,8 +176,8 @@ void mxfp4_matmul_fused(const WeightMatrix& w, const float* x, float* y) {
 
 void matmul(const WeightMatrix& w, const float* x, int64_t T, float* y) {
   KCHECK(w.format != WeightFormat::kMxfp4 || (w.in % 32 == 0 && w.scales != nullptr), "bad MXFP4 matrix");
-  // Int8-activation kernels (w4a8_gemm.h): always for W4A8, opt-in for MXFP4.
-  if (w.format == WeightFormat::kW4A8 || (w.format == WeightFormat::kMxfp4 && mxfp4_int8_enabled()))
+  // Int8-activation kernels (w4a8_gemm.h): W4A8 unless weight-only mode, MXFP4 when opted in.
+  if ((w.format == WeightFormat::kW4A8 && !w4a8_weight_only()) || (w.format == WeightFormat::kMxfp4 && mxfp4_int8_enabled()))
     return int8_matmul(w, x, T, y);
   const int64_t out = w.out, in = w.in;
   if (w.format == WeightFormat::kMxfp4 && T <= 4) {

@@ -47,7 +47,19 @@ void run_rows(const Int8GemmTask& t, RowsFn fn) {
   for (int64_t b = 0; b < blocks; ++b) fn(t, b * kRowBlock, std::min(t.out, (b + 1) * kRowBlock));
 }
 
-std::atomic<int> g_mxfp4_int8{-1};  // -1: read KESTREL_MXFP4_INT8 once
+// -1: read the environment variable once.
+std::atomic<int> g_mxfp4_int8{-1};
+std::atomic<int> g_weight_only{-1};
+
+bool env_flag(std::atomic<int>& flag, const char* name) {
+  int v = flag.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv(name);
+    v = e != nullptr && std::strcmp(e, "1") == 0 ? 1 : 0;
+    flag.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
 
 }  // namespace
 
@@ -68,16 +80,12 @@ void int8_matmul(const WeightMatrix& w, const float* x, int64_t T, float* y, Isa
 
 void int8_matmul(const WeightMatrix& w, const float* x, int64_t T, float* y) { int8_matmul(w, x, T, y, active_isa()); }
 
-bool mxfp4_int8_enabled() {
-  int v = g_mxfp4_int8.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const char* e = std::getenv("KESTREL_MXFP4_INT8");
-    v = e != nullptr && std::strcmp(e, "1") == 0 ? 1 : 0;
-    g_mxfp4_int8.store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
-}
+bool mxfp4_int8_enabled() { return env_flag(g_mxfp4_int8, "KESTREL_MXFP4_INT8"); }
 
 void set_mxfp4_int8(bool on) { g_mxfp4_int8.store(on ? 1 : 0, std::memory_order_relaxed); }
+
+bool w4a8_weight_only() { return env_flag(g_weight_only, "KESTREL_W4A8_WEIGHT_ONLY"); }
+
+void set_w4a8_weight_only(bool on) { g_weight_only.store(on ? 1 : 0, std::memory_order_relaxed); }
 
 }  // namespace kestrel::kernels

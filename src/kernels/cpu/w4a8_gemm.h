@@ -1,6 +1,6 @@
 // Int8-activation matrix products: y[T, out] = x[T, in] · Wᵀ with x quantized to int8 per token at
 // run time and int32 accumulation inside each weight scale group (format: w4a8_format.h).
-//   kW4A8 weights: always this path (linear.cpp's matmul forwards here).
+//   kW4A8 weights: this path (linear.cpp's matmul forwards here) unless weight-only mode is on.
 //   kMxfp4 weights: opt-in fast mode (set_mxfp4_int8(true) or KESTREL_MXFP4_INT8=1); E2M1 values
 //   are small integers after ×2, so the weight side stays exact and only x is quantized.
 // The ISA path comes from active_isa() (w4a8_isa.h) unless given. Work is split across OpenMP
@@ -25,5 +25,10 @@ void int8_matmul_amx_emulated(const WeightMatrix& w, const QuantizedActs& a, flo
 
 bool mxfp4_int8_enabled();
 void set_mxfp4_int8(bool on);
+// Weight-only mode for accuracy studies: W4A8 weights decoded to fp32 and multiplied with fp32
+// activations (the generic path in linear.cpp), separating weight from activation quantization
+// error. set_w4a8_weight_only() or KESTREL_W4A8_WEIGHT_ONLY=1.
+bool w4a8_weight_only();
+void set_w4a8_weight_only(bool on);
 
 }  // namespace kestrel::kernels

@@ -71,8 +71,17 @@ KESTREL_AVX512 inline float scale_at(const uint8_t* s, int64_t i) {
   }
 }
 
+// 0.5 · 2^(e − 127) for every E8M0 code (e = 0: 2^−128, e = 255: NaN), as the scalar path computes it.
+const struct HalfE8m0 {
+  float v[256];
+  HalfE8m0() {
+    for (int e = 0; e < 256; ++e) v[e] = 0.5f * e8m0_to_f32(static_cast<uint8_t>(e));
+  }
+  float operator[](uint8_t e) const { return v[e]; }
+} kHalfE8m0;
+
 // Per-lane scales for the 16 words of chunk c. int4: 128/G bf16 values from group c·128/G;
-// MXFP4: 4 E8M0 bytes → 2^(e−128) (e = 0 → 2^−128, e = 255 → NaN, as the scalar path).
+// MXFP4: 4 E8M0 bytes → 2^(e−128) through a 256-entry table.
 template <Int8Weights K>
 KESTREL_AVX512 inline __m512 chunk_scales(const uint8_t* row_scales, int64_t c, int64_t G, __m512i idx) {
   if constexpr (K == Int8Weights::kInt4) {
@@ -81,13 +90,9 @@ KESTREL_AVX512 inline __m512 chunk_scales(const uint8_t* row_scales, int64_t c, 
     const __m512i bits = _mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16);
     return _mm512_permutexvar_ps(idx, _mm512_castsi512_ps(bits));
   } else {
-    const __m128i raw = _mm_maskz_loadu_epi8(0xF, row_scales + 4 * c);
-    const __m512i e = _mm512_cvtepu8_epi32(raw);
-    __m512i bits = _mm512_slli_epi32(e, 23);
-    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()), _mm512_set1_epi32(0x00400000));
-    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255)), _mm512_set1_epi32(0x7fc00000));
-    const __m512 f = _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0.5f));
-    return _mm512_permutexvar_ps(idx, f);
+    const uint8_t* e = row_scales + 4 * c;
+    const __m128 f = _mm_setr_ps(kHalfE8m0[e[0]], kHalfE8m0[e[1]], kHalfE8m0[e[2]], kHalfE8m0[e[3]]);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f));
   }
 }
 
@@ -153,9 +158,12 @@ KESTREL_AVX512 void block(const Int8GemmTask& t, int64_t r0, int64_t n0, __m512i
 
 template <Int8Weights K, int R>
 KESTREL_AVX512 void rows(const Int8GemmTask& t, int64_t r0, __m512i idx) {
+  // MXFP4 needs more live registers per row (table, E8M0 decode constants): 2 tokens per block
+  // keeps the R × U accumulators and operands inside the 32 zmm registers.
+  constexpr int U = K == Int8Weights::kMxfp4 ? 2 : 4;
   const int64_t T = t.acts->T;
   int64_t n = 0;
-  for (; n + 4 <= T; n += 4) block<K, R, 4>(t, r0, n, idx);
+  for (; n + U <= T; n += U) block<K, R, U>(t, r0, n, idx);
   for (; n < T; ++n) block<K, R, 1>(t, r0, n, idx);
 }
 

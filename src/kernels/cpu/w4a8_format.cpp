@@ -59,8 +59,13 @@ void quantize_activations(const float* x, int64_t T, int64_t in, QuantizedActs& 
     a.scale[static_cast<size_t>(t)] = amax / 127.0f;
     const float inv = amax > 0 ? 127.0f / amax : 0.0f;
     for (int64_t k = 0; k < in; ++k) q[k] = static_cast<int8_t>(std::clamp(std::nearbyint(xr[k] * inv), -127.0f, 127.0f));
+    // SIMD order (see simd_order_index): evens then odds per 128-element chunk, then per 32.
     int8_t* qp = a.qp.data() + t * in;
-    for (int64_t k = 0; k < in; ++k) qp[simd_order_index(k, in)] = q[k];
+    const int64_t full = in / 128 * 128;
+    for (int64_t c = 0; c < full; c += 128)
+      for (int64_t j = 0; j < 64; ++j) qp[c + j] = q[c + 2 * j], qp[c + 64 + j] = q[c + 2 * j + 1];
+    for (int64_t c = full; c < in; c += 32)
+      for (int64_t j = 0; j < 16; ++j) qp[c + j] = q[c + 2 * j], qp[c + 16 + j] = q[c + 2 * j + 1];
     int32_t* ws = a.wsum.data() + t * (in / 8);
     for (int64_t w = 0; w < in / 8; ++w) {
       int32_t s = 0;

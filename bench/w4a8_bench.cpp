@@ -11,8 +11,10 @@
 // timed call (it is part of the kernel's cost in the model).
 //   OMP_NUM_THREADS=1 build/release/bench/w4a8_bench [--benchmark_filter=...] [--benchmark_min_time=0.3]
 // GCC 12 false positive inside its AVX-512 headers (GCC PR105593), as in w4a8_avx512.cpp.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 #include <omp.h>

@@ -6,8 +6,10 @@
 // Compiled for AVX-512 by function attributes only; the dispatcher calls it only when supported.
 // GCC 12 false positive: its AVX-512 headers build "undefined" vectors from a self-initialised local
 // (__Y), which -Wmaybe-uninitialized reports inside every inlined intrinsic (GCC PR105593).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cstring>

@@ -37,24 +37,26 @@ Status MlaLayer::bind(Binder& b, const std::string& p, const TextConfig& c) {
 
 void MlaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCache>> segs, float* out,
                        MlaMode mode) {
-  // Queries [T, nh, qk].
+  // Queries [T, nh, qk], latent rows for the new tokens [T, lora + rope] and the output gate: the
+  // products that read x run in one parallel region.
   q_.resize(static_cast<size_t>(T * nh_ * qk_));
-  if (c_->q_lora_rank > 0) {
-    qa_.resize(static_cast<size_t>(T * c_->q_lora_rank));
-    matmul(wqa_, x, T, qa_.data());
-    kernels::rms_norm(qa_.data(), q_norm_.data(), T, c_->q_lora_rank, c_->mla_q_norm_eps, qa_.data());
-    matmul(wqb_, qa_.data(), T, q_.data());
-  } else {
-    matmul(wq_, x, T, q_.data());
-  }
-  // Latent cache rows for the new tokens.
   const int64_t row = lora_ + dr_;
   ckv_.resize(static_cast<size_t>(T * row));
-  matmul(wkva_, x, T, ckv_.data());
+  attn_.resize(static_cast<size_t>(T * nh_ * dv_));
+  if (c_->mla_use_output_gate) gate_.resize(attn_.size());
+  const bool lora_q = c_->q_lora_rank > 0;
+  if (lora_q) qa_.resize(static_cast<size_t>(T * c_->q_lora_rank));
+  kernels::MatmulTask from_x[3] = {{&wkva_, x, T, ckv_.data()},
+                                   lora_q ? kernels::MatmulTask{&wqa_, x, T, qa_.data()} : kernels::MatmulTask{&wq_, x, T, q_.data()},
+                                   {&wg_, x, T, gate_.data()}};
+  kernels::matmul_many(std::span<const kernels::MatmulTask>(from_x, c_->mla_use_output_gate ? 3 : 2));
+  if (lora_q) {
+    kernels::rms_norm(qa_.data(), q_norm_.data(), T, c_->q_lora_rank, c_->mla_q_norm_eps, qa_.data());
+    matmul(wqb_, qa_.data(), T, q_.data());
+  }
   for (int64_t t = 0; t < T; ++t)
     kernels::rms_norm(ckv_.data() + t * row, kv_norm_.data(), 1, lora_, c_->mla_kv_norm_eps, ckv_.data() + t * row);
 
-  attn_.resize(static_cast<size_t>(T * nh_ * dv_));
   for (const auto& sg : segs) {
     MlaCache& cache = *sg.state;
     KCHECK(cache.n_tokens + sg.T <= cache.capacity(), "MLA cache pages do not cover the new tokens");
@@ -67,8 +69,6 @@ void MlaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCac
   }
 
   if (c_->mla_use_output_gate) {
-    gate_.resize(attn_.size());
-    matmul(wg_, x, T, gate_.data());
 #pragma omp parallel for schedule(static) if (attn_.size() >= (1u << 14))
     for (size_t i = 0; i < attn_.size(); ++i) attn_[i] *= kernels::sigmoid(gate_[i]);
   }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "tensor/dtype.h"
 
@@ -25,6 +26,25 @@ void decode_row(const WeightMatrix& w, int64_t r, float* dst);
 
 // y[T, out] = x[T, in] W^T.
 void matmul(const WeightMatrix& w, const float* x, int64_t T, float* y);
+
+// One product of a batch run by matmul_many: y[T, ldy] (columns [0, w.out) written) = x[T, w.in] W^T.
+struct MatmulTask {
+  const WeightMatrix* w = nullptr;
+  const float* x = nullptr;
+  int64_t T = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;  // 0: w.out
+};
+
+// Runs every task in ONE parallel region (one fork/join instead of one per product): the row blocks
+// of all tasks are cut into chunks of similar cost and handed to the threads. Used to batch the
+// products that share an input (q/k/v projections, gate/up) and all routed experts of a MoE layer.
+// Each output element is computed by one thread in a fixed order, so results do not depend on the
+// thread count, on T, or on which other tasks run alongside (batch invariance).
+void matmul_many(std::span<const MatmulTask> tasks);
+
+// Serial kernel: rows [r0, r1) of y for all T tokens (what matmul and matmul_many run per chunk).
+void matmul_rows(const WeightMatrix& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1);
 
 // Scalar reference used by tests (decodes every row, plain double-free fp32 loops).
 void matmul_reference(const WeightMatrix& w, const float* x, int64_t T, float* y);

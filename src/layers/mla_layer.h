@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/attention.h"
 #include "layers/binder.h"
 #include "layers/kda_layer.h"
 #include "loader/model_config.h"
@@ -36,7 +37,7 @@ class MlaLayer {
 
  private:
   void attend_expanded(int64_t off, int64_t T, const MlaCache& cache);
-  void attend_absorbed(int64_t off, int64_t T, const MlaCache& cache);
+  void attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> segs);
 
   const TextConfig* c_ = nullptr;
   int64_t nh_ = 0, dn_ = 0, dr_ = 0, dv_ = 0, lora_ = 0, qk_ = 0;
@@ -44,6 +45,8 @@ class MlaLayer {
   std::vector<float> q_norm_, kv_norm_;
   // Scratch (not reentrant).
   std::vector<float> qa_, q_, ckv_, kv_, k_, v_, attn_, qlat_, olat_, wblk_, gate_;
+  std::vector<Segment<MlaCache>> absorbed_;
+  std::vector<kernels::AttentionArgs> attn_args_;
 };
 
 }  // namespace kestrel

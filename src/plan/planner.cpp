@@ -63,7 +63,9 @@ void plan_memory(const Ctx& x, RolePlan& r) {
     // Distinct tokens: the cache is split over dcp ranks and copied on the tp/dcp others.
     r.tokens_per_instance = r.cache_bytes / r.cache_bytes_per_token_device * (static_cast<double>(W) / s.tp);
   }
-  const long long per_dp = static_cast<long long>(std::floor(r.cache_bytes / r.request_bytes_device));
+  // Requests per DP group; capped so a stateless toy model cannot overflow the count.
+  const double fit = r.request_bytes_device > 0 ? std::floor(r.cache_bytes / r.request_bytes_device) : 1e12;
+  const long long per_dp = static_cast<long long>(std::min(fit, 1e12));
   r.requests_per_instance = per_dp * r.dp_attn;
   r.requests_per_role = r.requests_per_instance * r.instances;
   if (r.weight_bytes > r.usable_bytes) {

@@ -63,6 +63,11 @@ TEST(PlanPublishedK3, CacheAndState) {
   EXPECT_EQ(k.m.kda_conv_bytes, 69LL * 216 * 1024);
   EXPECT_NEAR(static_cast<double>(k.m.kda_recurrent_bytes) / kMiB, 414, 0.5);
   EXPECT_NEAR(static_cast<double>(k.m.kda_conv_bytes) / kMiB, 14.6, 0.05);
+  // §5.1 (vLLM blog): "One KDA layer's state is roughly the MLA cache for a few thousand tokens".
+  const double kda_layer = static_cast<double>(k.m.state_bytes_per_request()) / k.m.kda_layers;
+  const double tokens = kda_layer / static_cast<double>(k.m.mla_bytes_per_token_per_layer);
+  EXPECT_GT(tokens, 2000);
+  EXPECT_LT(tokens, 10000);
   const ModelCosts fp8 = compute_costs(k.cfg, k.inv, {CacheDType::kFP8, StateDType::kBF16, StateDType::kF32});
   EXPECT_EQ(fp8.cache_bytes_per_token(), 13824);
 }

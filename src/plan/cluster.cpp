@@ -1,6 +1,8 @@
 #include "plan/cluster.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <set>
 

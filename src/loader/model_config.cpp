@@ -81,6 +81,8 @@ Status parse_linear_attn(const json& j, const std::string& where, int layers, Li
   return Status::ok();
 }
 
+Status parse_sparse_attn(const json& j, const std::string& where, TextConfig& t);
+
 Status parse_text(const json& j, const std::string& where, Arch arch, TextConfig& t) {
   Reader r(j, where);
   t.vocab_size = r.req_int("vocab_size");
@@ -175,6 +177,42 @@ Status parse_text(const json& j, const std::string& where, Arch arch, TextConfig
   for (int l = 0; l < t.num_hidden_layers; ++l)
     if (t.num_experts > 0 && l >= t.first_k_dense_replace && l % t.moe_layer_freq == 0)
       t.ffn_kind[static_cast<size_t>(l)] = FfnKind::kMoe;
+  return parse_sparse_attn(j, where, t);
+}
+
+// Optional K3.1-style DSA fields (names fixed: sparse_attn_layers one-based, index_n_heads, index_head_dim,
+// index_topk). Either none of them or all four; sparse layers must be full-attention (MLA) layers.
+Status parse_sparse_attn(const json& j, const std::string& where, TextConfig& t) {
+  Reader r(j, where);
+  const bool any = r.has("sparse_attn_layers") || r.has("index_n_heads") || r.has("index_head_dim") ||
+                   r.has("index_topk");
+  if (!any) return Status::ok();
+  t.sparse_attn_layers = r.req_layer_list("sparse_attn_layers", t.num_hidden_layers);
+  t.index_n_heads = r.req_int("index_n_heads");
+  t.index_head_dim = r.req_int("index_head_dim");
+  t.index_topk = r.req_int("index_topk");
+  if (!r.status().is_ok()) return r.status();
+  struct Bound {
+    const char* key;
+    int value, lo, hi;
+  };
+  for (const Bound& b : {Bound{"index_n_heads", t.index_n_heads, 1, 4096},
+                         Bound{"index_head_dim", t.index_head_dim, 1, 1 << 16},
+                         Bound{"index_topk", t.index_topk, 1, 1 << 24}})
+    if (b.value < b.lo || b.value > b.hi)
+      return invalid_argument(where + ": key '" + b.key + "': " + std::to_string(b.value) + " is outside " +
+                              std::to_string(b.lo) + ".." + std::to_string(b.hi));
+  if (t.sparse_attn_layers.empty())
+    return invalid_argument(where + ": key 'sparse_attn_layers': must name at least one layer");
+  std::vector<int> seen(static_cast<size_t>(t.num_hidden_layers), 0);
+  for (int l : t.sparse_attn_layers) {
+    if (seen[static_cast<size_t>(l)]++)
+      return invalid_argument(where + ": key 'sparse_attn_layers': layer " + std::to_string(l + 1) + " listed twice");
+    if (t.attn_kind[static_cast<size_t>(l)] != AttnKind::kMla)
+      return invalid_argument(where + ": key 'sparse_attn_layers': layer " + std::to_string(l + 1) +
+                              " is not a full-attention layer");
+  }
+  std::sort(t.sparse_attn_layers.begin(), t.sparse_attn_layers.end());
   return Status::ok();
 }
 

@@ -66,6 +66,13 @@ struct TextConfig {
   int pad_token_id = -1;
   bool experts_mxfp4 = false;  // compressed-tensors mxfp4-pack-quantized declared
 
+  // DSA (lightning indexer + sparse MLA) on some full-attention layers: K3.1-style fields, ours until a
+  // K3.1 config is public (kimi_k3_spec.md §2.4, §4.9). All optional; present only together.
+  std::vector<int> sparse_attn_layers;  // zero-based; each one is also in linear_attn.full_attn_layers
+  int index_n_heads = 0;                // indexer query heads
+  int index_head_dim = 0;               // indexer q/k width (one shared key per token)
+  int index_topk = 0;                   // cached positions each query attends to
+
   LinearAttnConfig linear_attn;
   std::vector<AttnKind> attn_kind;  // per layer
   std::vector<FfnKind> ffn_kind;    // per layer
@@ -73,6 +80,7 @@ struct TextConfig {
   int kda_proj_size() const { return linear_attn.num_heads * linear_attn.head_dim; }
   int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool latent_moe() const { return routed_expert_hidden_size > 0; }
+  bool has_sparse_attn() const { return !sparse_attn_layers.empty(); }
 };
 
 struct ModelConfig {

@@ -47,6 +47,8 @@ Status KimiModel::bind(Binder& b) {
   const bool k3 = cfg_.arch == Arch::kKimiK3;
   const std::string root = cfg_.weight_prefix + "model.";
   const int64_t D = c.hidden_size, V = c.vocab_size;
+  if (c.has_sparse_attn())  // parsed for `kestrel plan`; the DSA layers are not implemented here yet
+    return unsupported(cfg_.model_type + ": sparse attention layers (sparse_attn_layers) are not supported yet");
   if (k3 && c.num_hidden_layers / c.attn_res_block_size + 2 > 64)
     return unsupported("attn_res_block_size too small: more than 64 residual sources");
   embed_ = b.linear(root + "embed_tokens", V, D);

@@ -7,6 +7,7 @@
 
 #include "common/test_util.h"
 #include "loader/deepseek_config.h"
+#include "layers/rope.h"
 #include "loader/model_config.h"
 #include "runtime/engine.h"
 
@@ -163,6 +164,68 @@ TEST_F(DeepseekConfigTest, MtpTensorsAcceptedOnlyWhenDeclared) {
   EXPECT_EQ(load_error(dir()), "");  // num_nextn_predict_layers 1: model.layers.4.* is the MTP layer
   edit([](nlohmann::json& j) { j["num_nextn_predict_layers"] = 0; });
   expect_one_line_naming(load_error(dir()), {"model.layers.4.", "unexpected tensor"});
+}
+
+// The released DeepSeek-V3 config.json (HF deepseek-ai/DeepSeek-V3, auto_map dropped) and the Kimi K2
+// keys that differ (dsa_mla_moe_quant.md §1.1). Derived constants are the spec's: softmax scale
+// 192^-0.5 · mscale² = 0.135234 (V3) and 0.130861 (K2).
+const char* kDeepseekV3Released = R"({
+  "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1, "first_k_dense_replace": 3,
+  "hidden_act": "silu", "hidden_size": 7168, "initializer_range": 0.02, "intermediate_size": 18432,
+  "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+  "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256,
+  "n_shared_experts": 1, "norm_topk_prob": true, "num_attention_heads": 128, "num_experts_per_tok": 8,
+  "num_hidden_layers": 61, "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "pretraining_tp": 1,
+  "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+  "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                          "weight_block_size": [128, 128]},
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                   "original_max_position_embeddings": 4096, "type": "yarn"},
+  "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "seq_aux": true,
+  "tie_word_embeddings": false, "topk_group": 4, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
+  "transformers_version": "4.33.1", "use_cache": true, "v_head_dim": 128, "vocab_size": 129280})";
+
+TEST(DeepseekReleasedConfigs, DeepseekV3) {
+  auto c = parse_model_config(kDeepseekV3Released, "config.json");
+  ASSERT_TRUE(c) << c.error().message();
+  const TextConfig& t = c->text;
+  EXPECT_EQ(t.num_hidden_layers, 61);
+  EXPECT_EQ(t.num_expert_group, 8);
+  EXPECT_EQ(t.topk_group, 4);
+  EXPECT_NEAR(t.mla_softmax_scale, 0.135234, 1e-6);
+  EXPECT_EQ(t.ffn_kind[2], FfnKind::kDense);
+  EXPECT_EQ(t.ffn_kind[3], FfnKind::kMoe);
+  EXPECT_TRUE(t.weights_fp8_block);
+  // YaRN ramp low/high = 10/23 (spec §1.1): pairs ≤ 10 keep the original frequency, ≥ 23 are ÷ 40.
+  const MlaRope rope(*t.mla_rope, 64);
+  EXPECT_FLOAT_EQ(rope.inv_freq()[10], std::pow(10000.0f, -20.0f / 64.0f));
+  EXPECT_FLOAT_EQ(rope.inv_freq()[23], std::pow(10000.0f, -46.0f / 64.0f) / 40.0f);
+  EXPECT_FLOAT_EQ(rope.magnitude(), 1.0f);
+}
+
+TEST(DeepseekReleasedConfigs, KimiK2) {
+  auto j = nlohmann::json::parse(kDeepseekV3Released);
+  j["model_type"] = "kimi_k2", j["num_attention_heads"] = 64, j["num_key_value_heads"] = 64;
+  j["n_routed_experts"] = 384, j["n_group"] = 1, j["topk_group"] = 1, j["first_k_dense_replace"] = 1;
+  j["routed_scaling_factor"] = 2.827, j["rope_theta"] = 50000.0, j["vocab_size"] = 163840;
+  j["bos_token_id"] = 163584, j["eos_token_id"] = 163585, j["num_nextn_predict_layers"] = 0;
+  j["max_position_embeddings"] = 131072;
+  j["rope_scaling"] = {{"beta_fast", 1.0}, {"beta_slow", 1.0}, {"factor", 32.0}, {"mscale", 1.0},
+                       {"mscale_all_dim", 1.0}, {"original_max_position_embeddings", 4096}, {"type", "yarn"}};
+  auto c = parse_model_config(j.dump(), "config.json");
+  ASSERT_TRUE(c) << c.error().message();
+  EXPECT_EQ(c->arch, Arch::kDeepseekV3);
+  EXPECT_NEAR(c->text.mla_softmax_scale, 0.130861, 1e-6);
+  EXPECT_EQ(c->text.eos_token_id, 163585);
+  // beta_fast == beta_slow: a hard switch between pairs 19 and 20 (low == high → high += 0.001).
+  // Values from transformers' _compute_yarn_parameters for this config (fp32).
+  const MlaRope rope(*c->text.mla_rope, 64);
+  const std::pair<int, float> want[] = {{0, 1.0f},          {1, 0.7131111025810242f},     {18, 0.0022742038127034903f},
+                                        {19, 0.0016217599622905254f}, {20, 3.614046727307141e-05f},
+                                        {21, 2.577216764620971e-05f}, {31, 8.764412768869079e-07f}};
+  for (auto [i, v] : want) EXPECT_NEAR(rope.inv_freq()[static_cast<size_t>(i)], v, 2e-6f * v) << i;
 }
 
 TEST(YarnMscale, MatchesFormula) {

@@ -147,7 +147,7 @@ json text_config(const GenSpec& s) {
 
 std::vector<std::string> gen_preset_names() {
   return {"k3-tiny",  "k3-tiny-bf16", "k3-tiny-allexp",   "kimi-linear-tiny",
-          "k3-bench", "k3-default",   "deepseek-v3-tiny", "deepseek-v32-tiny"};
+          "k3-bench", "k3-default",   "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-bench"};
 }
 
 Result<GenSpec> gen_preset(const std::string& name) {
@@ -195,6 +195,15 @@ Result<GenSpec> gen_preset(const std::string& name) {
       s.first_k_dense = 1, s.n_group = 8, s.topk_group = 3, s.mtp_layers = 0;
       s.index_heads = 4, s.index_head_dim = 64, s.index_topk = 256;
     }
+    return s;
+  }
+  if (name == "deepseek-bench") {  // DeepSeek V3 per-layer structure (FP8 everywhere), widths cut like k3-bench
+    s.arch = "deepseek_v3";
+    s.vocab = 32768, s.hidden = 2048, s.layers = 8, s.intermediate = 8192;
+    s.mla_heads = 16, s.q_lora = 768, s.kv_lora = 512, s.nope = 128, s.rope = 64, s.v_dim = 128;
+    s.experts = 32, s.top_k = 8, s.shared = 1, s.moe_inter = 512, s.routed_scaling = 2.5f;
+    s.first_k_dense = 1, s.n_group = 8, s.topk_group = 4;
+    s.mxfp4_experts = false, s.fp8 = true, s.shards = 4;
     return s;
   }
   return invalid_argument("unknown model preset '" + name + "'");

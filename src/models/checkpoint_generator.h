@@ -35,7 +35,7 @@ struct GenSpec {
 };
 
 // Named presets: "k3-tiny", "k3-tiny-bf16", "kimi-linear-tiny", "k3-bench", "k3-default",
-// "deepseek-v3-tiny", "deepseek-v32-tiny".
+// "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-bench".
 Result<GenSpec> gen_preset(const std::string& name);
 std::vector<std::string> gen_preset_names();
 

@@ -61,9 +61,9 @@ Status DeepseekModel::bind(Binder& b) {
   return b.status();
 }
 
-// MTP (next-token prediction) layers live at model.layers.{L..L+n-1}; they are for speculative
-// decoding, which is not implemented, so their tensors are accepted and left unmapped... but only
-// those: anything else unused is still an error.
+// MTP (multi-token prediction) layers live at model.layers.{L..L+n-1}; they serve speculative
+// decoding, which is not implemented, so their tensors are accepted without being bound. Only
+// those: any other unused tensor is still an error.
 Status DeepseekModel::skip_mtp_layers() {
   const TextConfig& c = cfg_.text;
   for (const std::string& name : ckpt_->unused())

@@ -8,6 +8,14 @@ Run with the project venv (transformers + torch CPU):
         --preset deepseek-v3-tiny --out tests/data/models/deepseek_v3_tiny.safetensors
     /work/venv/bin/python tools/gen_deepseek_goldens.py --kestrel build/release/kestrel \
         --preset deepseek-v32-tiny --out tests/data/models/deepseek_v32_tiny.safetensors
+    /work/venv/bin/python tools/gen_deepseek_goldens.py --kestrel build/release/kestrel \
+        --preset deepseek-v2style-tiny --out tests/data/models/deepseek_v2style_tiny.safetensors
+
+`deepseek-v2style-tiny` is a deepseek_v3-typed checkpoint with V2-Lite-like choices (no q_lora, softmax
+`group_limited_greedy` routing without a correction bias, norm_topk_prob false, bf16). Its reference is
+transformers `DeepseekV2ForCausalLM` (config = the same JSON with model_type deepseek_v2), whose router
+implements the softmax / group-max path and whose RoPE is a separate implementation of the interleaved
+rotation (complex multiply of adjacent pairs, `view_as_complex`) — a second, independent check of ours.
 
 Steps
   1. `kestrel make-model --preset P --out TMP` writes the DeepSeek release layout: config.json (rope_scaling yarn,
@@ -46,8 +54,8 @@ import torch
 import transformers
 from safetensors import safe_open
 from safetensors.numpy import save_file
-from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, DeepseekV32Config, DeepseekV32ForCausalLM,
-                          DynamicCache)
+from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM,
+                          DeepseekV32Config, DeepseekV32ForCausalLM, DynamicCache)
 
 PROMPT_LEN = 200
 GREEDY_PROMPT_LEN = 65
@@ -105,8 +113,8 @@ def rename_checkpoint(ckpt, config):
         for n in ("input_layernorm.weight", "post_attention_layernorm.weight"):
             out[p + n] = take(p + n)
         a = p + "self_attn."
-        for n in ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj",
-                  "o_proj"):
+        q_names = ("q_a_proj", "q_a_layernorm", "q_b_proj") if config.q_lora_rank else ("q_proj",)
+        for n in q_names + ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"):
             out[a + n + ".weight"] = take(a + n + ".weight")
         if config.model_type == "deepseek_v32":
             for n in ("wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight"):
@@ -117,7 +125,8 @@ def rename_checkpoint(ckpt, config):
         else:
             m = p + "mlp."
             out[m + "gate.weight"] = take(m + "gate.weight")
-            out[m + "gate.e_score_correction_bias"] = take(m + "gate.e_score_correction_bias")
+            if config.model_type != "deepseek_v2":  # V2-style softmax routing has no correction bias
+                out[m + "gate.e_score_correction_bias"] = take(m + "gate.e_score_correction_bias")
             for n in ("gate_proj", "up_proj", "down_proj"):
                 out[m + f"shared_experts.{n}.weight"] = take(m + f"shared_experts.{n}.weight")
             out[m + "experts.gate_up_proj"] = torch.stack(
@@ -165,7 +174,8 @@ def try_library_fp8(cls, ckpt_dir, sd):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kestrel", required=True, help="path to the kestrel binary (for make-model)")
-    ap.add_argument("--preset", default="deepseek-v3-tiny", choices=["deepseek-v3-tiny", "deepseek-v32-tiny"])
+    ap.add_argument("--preset", default="deepseek-v3-tiny", choices=["deepseek-v3-tiny", "deepseek-v32-tiny",
+                                                                 "deepseek-v2style-tiny"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -173,13 +183,22 @@ def main():
     torch.manual_seed(0)
     command = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
     v32 = args.preset == "deepseek-v32-tiny"
-    cfg_cls, cls = (DeepseekV32Config, DeepseekV32ForCausalLM) if v32 else (DeepseekV3Config, DeepseekV3ForCausalLM)
+    v2 = args.preset == "deepseek-v2style-tiny"
+    cfg_cls, cls = ((DeepseekV32Config, DeepseekV32ForCausalLM) if v32 else
+                    (DeepseekV2Config, DeepseekV2ForCausalLM) if v2 else (DeepseekV3Config, DeepseekV3ForCausalLM))
     meta = {}
 
     with tempfile.TemporaryDirectory(prefix="deepseek_tiny_") as tmp:
         ckpt_dir = os.path.join(tmp, "ckpt")
         subprocess.run([args.kestrel, "make-model", "--preset", args.preset, "--out", ckpt_dir], check=True)
-        config = cfg_cls.from_pretrained(ckpt_dir)
+        if v2:  # same JSON, read as a DeepSeek-V2 config (the file says deepseek_v3)
+            with open(os.path.join(ckpt_dir, "config.json")) as f:
+                raw = json.load(f)
+            assert raw["scoring_func"] == "softmax" and raw["topk_method"] == "group_limited_greedy"
+            raw["model_type"] = "deepseek_v2"
+            config = DeepseekV2Config(**raw)
+        else:
+            config = cfg_cls.from_pretrained(ckpt_dir)
         qc = getattr(config, "quantization_config", None)
         print(f"config quantization_config: {qc}")
         if hasattr(config, "quantization_config"):
@@ -189,19 +208,20 @@ def main():
         print(f"checkpoint: {len(ckpt)} tensors, dtypes {sorted({str(t.dtype) for t in ckpt.values()})}")
         sd, _ = rename_checkpoint(ckpt, config)
         model = build(cls, config, sd)
-        meta["library_fp8_crosscheck"] = try_library_fp8(cls, ckpt_dir, sd)
+        if not v2:
+            meta["library_fp8_crosscheck"] = try_library_fp8(cls, ckpt_dir, sd)
 
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
-    print(f"rope_parameters={config.rope_parameters} rope_interleave={getattr(config, 'rope_interleave', 'n/a (V3.2: always interleaved in MLA)')}")
+    print(f"rope_parameters={config.rope_parameters} rope_interleave={getattr(config, 'rope_interleave', 'n/a (no such key for this class; its MLA rope is interleaved)')}")
     at = model.model.layers[0].self_attn
-    print(f"MLA scaling={at.scaling:.8f} (qk^-0.5={at.qk_head_dim ** -0.5:.8f}); q_a_layernorm eps="
-          f"{at.q_a_layernorm.variance_epsilon} kv_a_layernorm eps={at.kv_a_layernorm.variance_epsilon}")
+    print(f"MLA scaling={at.scaling:.8f} (qk^-0.5={at.qk_head_dim ** -0.5:.8f}); kv_a_layernorm eps="
+          f"{at.kv_a_layernorm.variance_epsilon}; q_lora={config.q_lora_rank}")
     print(f"rotary inv_freq[:6]={model.model.rotary_emb.inv_freq[:6].tolist()} "
           f"attention_scaling={model.model.rotary_emb.attention_scaling}")
     g = model.model.layers[config.first_k_dense_replace].mlp.gate
-    print(f"router: groups {g.num_group}/{g.topk_group}, top_k {g.top_k}, renorm {g.norm_topk_prob}, "
-          f"scale {g.routed_scaling_factor}")
-    assert getattr(config, "rope_interleave", True) and at.q_a_layernorm.variance_epsilon == 1e-6
+    print(f"router: groups {g.num_group}/{g.topk_group}, top_k {g.top_k}, renorm {getattr(g, 'norm_topk_prob', 'n/a')}, "
+          f"scale {g.routed_scaling_factor}, method {getattr(g, 'topk_method', 'noaux_tc')}")
+    assert getattr(config, "rope_interleave", True) and at.kv_a_layernorm.variance_epsilon == 1e-6
 
     vocab = config.vocab_size
     prompt = np.random.RandomState(0).randint(0, vocab, size=PROMPT_LEN).astype(np.int64)
@@ -215,7 +235,8 @@ def main():
         # Group-limited routing must actually exclude experts for the golden to test it: count tokens whose
         # top-k over ALL experts (biased scores) differs from the group-limited choice at the first MoE layer.
         x, idx = seen[0]
-        biased = torch.sigmoid(x.view(-1, config.hidden_size).float() @ gate.weight.float().T) + gate.e_score_correction_bias
+        lg = x.view(-1, config.hidden_size).float() @ gate.weight.float().T
+        biased = lg.softmax(-1) if v2 else torch.sigmoid(lg) + gate.e_score_correction_bias
         free = torch.topk(biased, gate.top_k, dim=-1).indices
         changed = sum(set(a.tolist()) != set(b.tolist()) for a, b in zip(free, idx))
         print(f"group limit changes the expert set of {changed}/{PROMPT_LEN} tokens at layer {config.first_k_dense_replace}")

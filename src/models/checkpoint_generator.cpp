@@ -147,7 +147,7 @@ json text_config(const GenSpec& s) {
 
 std::vector<std::string> gen_preset_names() {
   return {"k3-tiny",  "k3-tiny-bf16", "k3-tiny-allexp",   "kimi-linear-tiny",
-          "k3-bench", "k3-default",   "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-bench"};
+          "k3-bench", "k3-default",   "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v2style-tiny", "deepseek-bench"};
 }
 
 Result<GenSpec> gen_preset(const std::string& name) {
@@ -179,6 +179,16 @@ Result<GenSpec> gen_preset(const std::string& name) {
   if (name == "k3-default") {  // the embedded default: K3 architecture; 256 byte ranks + K3's 256 specials
     s.vocab = 512, s.hidden = 256, s.layers = 9;
     s.shards = 2;
+    return s;
+  }
+  if (name == "deepseek-v2style-tiny") {  // deepseek_v3-typed, V2-Lite-like: no q_lora, softmax routing
+    s.arch = "deepseek_v3";
+    s.vocab = 512, s.hidden = 256, s.layers = 4, s.intermediate = 384;
+    s.mla_heads = 4, s.q_lora = 0, s.kv_lora = 192, s.nope = 64, s.rope = 32, s.v_dim = 64;
+    s.experts = 16, s.top_k = 4, s.shared = 2, s.moe_inter = 96, s.routed_scaling = 16.0f;
+    s.first_k_dense = 1, s.n_group = 4, s.topk_group = 2;
+    s.topk_method = "group_limited_greedy", s.norm_topk_prob = false;
+    s.mxfp4_experts = false, s.fp8 = false;
     return s;
   }
   if (name == "deepseek-v3-tiny" || name == "deepseek-v32-tiny") {

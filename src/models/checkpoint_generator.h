@@ -32,10 +32,14 @@ struct GenSpec {
   int yarn_original_max = 4096;
   int index_heads = 4, index_head_dim = 64, index_topk = 256;  // deepseek_v32
   int mtp_layers = 0;  // extra MTP layer tensors after the main layers (accepted, not run)
+  // Routing: "noaux_tc" (sigmoid + correction bias) or V2-style softmax "greedy" / "group_limited_greedy"
+  // (no bias tensor); norm_topk_prob as written to config.json.
+  std::string topk_method = "noaux_tc";
+  bool norm_topk_prob = true;
 };
 
 // Named presets: "k3-tiny", "k3-tiny-bf16", "kimi-linear-tiny", "k3-bench", "k3-default",
-// "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-bench".
+// "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v2style-tiny", "deepseek-bench".
 Result<GenSpec> gen_preset(const std::string& name);
 std::vector<std::string> gen_preset_names();
 

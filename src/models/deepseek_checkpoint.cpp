@@ -50,7 +50,8 @@ struct DsWriter {
   }
   void moe(const std::string& p) {
     w.bf16(p + "gate.weight", {s.experts, s.hidden}, std::sqrt(3.0f / static_cast<float>(s.hidden)));
-    w.f32(p + "gate.e_score_correction_bias", {s.experts}, [](Rng& r, int64_t) { return 0.05f * r.sym(); });
+    if (s.topk_method == "noaux_tc")
+      w.f32(p + "gate.e_score_correction_bias", {s.experts}, [](Rng& r, int64_t) { return 0.05f * r.sym(); });
     for (int e = 0; e < s.experts; ++e) mlp(p + "experts." + std::to_string(e) + ".", s.moe_inter);
     if (s.shared > 0) mlp(p + "shared_experts.", static_cast<int64_t>(s.shared) * s.moe_inter);
   }
@@ -66,10 +67,10 @@ json deepseek_config(const GenSpec& s) {
             {"n_shared_experts", s.shared}, {"n_routed_experts", s.experts}, {"ep_size", 1},
             {"routed_scaling_factor", s.routed_scaling}, {"kv_lora_rank", s.kv_lora},
             {"q_lora_rank", s.q_lora > 0 ? json(s.q_lora) : json(nullptr)}, {"qk_rope_head_dim", s.rope},
-            {"v_head_dim", s.v_dim}, {"qk_nope_head_dim", s.nope}, {"topk_method", "noaux_tc"},
+            {"v_head_dim", s.v_dim}, {"qk_nope_head_dim", s.nope}, {"topk_method", s.topk_method},
             {"n_group", s.n_group}, {"topk_group", s.topk_group}, {"num_experts_per_tok", s.top_k},
-            {"moe_layer_freq", 1}, {"first_k_dense_replace", s.first_k_dense}, {"norm_topk_prob", true},
-            {"scoring_func", "sigmoid"}, {"hidden_act", "silu"}, {"max_position_embeddings", 163840},
+            {"moe_layer_freq", 1}, {"first_k_dense_replace", s.first_k_dense}, {"norm_topk_prob", s.norm_topk_prob},
+            {"scoring_func", s.topk_method == "noaux_tc" ? "sigmoid" : "softmax"}, {"hidden_act", "silu"}, {"max_position_embeddings", 163840},
             {"initializer_range", 0.02}, {"rms_norm_eps", 1e-6}, {"use_cache", true},
             {"bos_token_id", 0}, {"eos_token_id", 1}, {"tie_word_embeddings", false},
             {"rope_theta", s.rope_theta},

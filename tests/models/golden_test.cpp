@@ -8,6 +8,9 @@
 //                                   DeepSeek's rule in the script (tools/gen_deepseek_goldens.py); tests
 //                                   YaRN + interleaved RoPE, mscale² softmax scale, group-limited noaux_tc
 //                                   routing and our FP8 block decode.
+//   deepseek_v2style_tiny.safetensors ← transformers DeepseekV2ForCausalLM fp32 (same script): no q_lora,
+//                                   softmax group_limited_greedy routing, and an independent
+//                                   (complex-multiply) implementation of the interleaved RoPE.
 //   k3_tiny_mxfp4_allexp.safetensors ← llama.cpp's native MXFP4 path, every expert routed. llama.cpp rounds
 //                                   the expert inputs to Q8_0 there, which with top-k routing flips expert
 //                                   choices and then diverges (kimi_k3_spec.md §10); with all experts routed the
@@ -137,6 +140,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"k3_mxfp4_exact_vs_llamacpp", "k3-tiny", "k3_tiny_mxfp4_exact.safetensors", 2e-4, 1e-9, 1.0, true},
                       Case{"deepseek_v3_fp8_vs_transformers", "deepseek-v3-tiny", "deepseek_v3_tiny.safetensors", 2e-4, 1e-9, 1.0, true},
                       Case{"deepseek_v32_fp8_vs_transformers", "deepseek-v32-tiny", "deepseek_v32_tiny.safetensors", 2e-4, 1e-9, 1.0, true},
+                      Case{"deepseek_v2style_vs_transformers_v2", "deepseek-v2style-tiny", "deepseek_v2style_tiny.safetensors", 2e-4, 1e-9, 1.0, true},
                       Case{"k3_mxfp4_native_vs_llamacpp_q8", "k3-tiny-allexp", "k3_tiny_mxfp4_allexp.safetensors", 1.0, 3e-2, 0.9, false}),
     [](const auto& info) { return std::string(info.param.name); });
 

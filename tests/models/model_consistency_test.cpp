@@ -33,6 +33,7 @@ std::vector<Variant> variants() {
       {"kimi_linear", "kimi-linear-tiny", nullptr},
       {"deepseek_v3_fp8", "deepseek-v3-tiny", nullptr},
       {"deepseek_v32_fp8", "deepseek-v32-tiny", nullptr},
+      {"deepseek_v2style_softmax_groups", "deepseek-v2style-tiny", nullptr},
       {"deepseek_v3_bf16_no_q_lora_one_group", "deepseek-v3-tiny",
        [](GenSpec& s) { s.fp8 = false, s.q_lora = 0, s.n_group = 1, s.topk_group = 1, s.mla_heads = 3; }},
   };

@@ -19,6 +19,8 @@ std::vector<float> fold(const std::vector<float>& norm_w, const std::vector<floa
 Result<std::unique_ptr<KimiModel>> KimiModel::load(const std::string& dir) {
   auto cfg = load_model_config(dir);
   if (!cfg) return cfg.error();
+  if (cfg->arch != Arch::kKimiK3 && cfg->arch != Arch::kKimiLinear)
+    return invalid_argument(dir + ": model_type '" + cfg->model_type + "' is not a Kimi K3 / Kimi Linear model");
   auto ck = Checkpoint::open(dir);
   if (!ck) return ck.error();
   auto m = std::unique_ptr<KimiModel>(new KimiModel());

@@ -38,7 +38,8 @@ inline constexpr ExpertNames kHfExpertNames{"gate_proj", "up_proj", "down_proj"}
 // choice uses scores + e_score_correction_bias (when present); with n_group > 1 only the top
 // topk_group groups (group score = sum of the top-2 biased scores, or the max without a bias) are
 // eligible (others −inf); weights = the chosen UNBIASED scores, renormalised (norm_topk_prob) and
-// × routed_scaling_factor. Ties go to the lower index.
+// × routed_scaling_factor (after renormalising, as V3 / vLLM do; DeepSeek-V2's own code skipped the
+// scale when it renormalised, a combination no released config uses). Ties go to the lower index.
 class MoeBlock {
  public:
   Status bind(Binder& b, const std::string& prefix, const TextConfig& c, const ExpertNames& names = {});

@@ -228,6 +228,21 @@ TEST(DeepseekReleasedConfigs, KimiK2) {
   for (auto [i, v] : want) EXPECT_NEAR(rope.inv_freq()[static_cast<size_t>(i)], v, 2e-6f * v) << i;
 }
 
+// DeepSeek-V3.2-Exp's config: V3 keys + index_* and an fp8 quantization_config with scale_fmt ue8m0
+// (the weight scales are still fp32 weight_scale_inv; ue8m0 concerns the reference's activation quant).
+TEST(DeepseekReleasedConfigs, DeepseekV32Exp) {
+  auto j = nlohmann::json::parse(kDeepseekV3Released);
+  j["architectures"] = {"DeepseekV32ForCausalLM"}, j["model_type"] = "deepseek_v32";
+  j["index_head_dim"] = 128, j["index_n_heads"] = 64, j["index_topk"] = 2048;
+  j["quantization_config"]["scale_fmt"] = "ue8m0";
+  auto c = parse_model_config(j.dump(), "config.json");
+  ASSERT_TRUE(c) << c.error().message();
+  EXPECT_EQ(c->arch, Arch::kDeepseekV32);
+  EXPECT_EQ(c->text.dsa.index_topk, 2048);
+  EXPECT_EQ(c->text.dsa.index_head_dim, 128);
+  EXPECT_NEAR(c->text.mla_softmax_scale, 0.135234, 1e-6);
+}
+
 TEST(YarnMscale, MatchesFormula) {
   EXPECT_DOUBLE_EQ(yarn_mscale(1.0, 1.0), 1.0);
   EXPECT_NEAR(yarn_mscale(40.0, 1.0), 1.368888, 1e-6);  // dsa_mla_moe_quant.md §1.1: DSV3 mscale 1.36889

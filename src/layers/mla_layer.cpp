@@ -87,7 +87,8 @@ void MlaLayer::apply_rope(int64_t off, int64_t T, int64_t pos0, int64_t row) {
   for (int64_t t = 0; t < T; ++t) {
     rope_.angles(pos0 + t, cos_.data(), sin_.data());
     rope_.rotate(ckv_.data() + (off + t) * row + lora_, cos_.data(), sin_.data());
-    for (int64_t h = 0; h < nh_; ++h) rope_.rotate(q_.data() + ((off + t) * nh_ + h) * qk_ + dn_, cos_.data(), sin_.data());
+    for (int64_t h = 0; h < nh_; ++h)
+      rope_.rotate(q_.data() + ((off + t) * nh_ + h) * qk_ + dn_, cos_.data(), sin_.data());
   }
 }
 

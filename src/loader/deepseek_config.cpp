@@ -56,8 +56,8 @@ Status parse_rope(const json& j, const std::string& label, MlaRopeConfig& rope) 
   if (!(rope.factor >= 1.0 && rope.factor <= 1e6) || !(rope.beta_fast > 0) || !(rope.beta_slow > 0) ||
       rope.beta_fast < rope.beta_slow || rope.original_max_position_embeddings < 1 || !std::isfinite(rope.mscale) ||
       !std::isfinite(rope.mscale_all_dim))
-    return invalid_argument(label + ": key '" + key +
-                            "': yarn needs factor in [1, 1e6], beta_fast ≥ beta_slow > 0, original_max_position_embeddings ≥ 1");
+    return invalid_argument(label + ": key '" + key + "': yarn needs factor in [1, 1e6], beta_fast ≥ beta_slow > 0, " +
+                            "original_max_position_embeddings ≥ 1");
   return Status::ok();
 }
 

@@ -18,7 +18,8 @@ class Binder {
   bool ok() const { return st_.is_ok(); }
 
   // Linear weight [out, in]: `<name>.weight` (F32/BF16/F16) or, when present,
-  // `<name>.weight_packed` + `<name>.weight_scale` (compressed-tensors MXFP4).
+  // `<name>.weight_packed` + `<name>.weight_scale` (compressed-tensors MXFP4), or `<name>.weight`
+  // F8_E4M3 + `<name>.weight_scale_inv` F32 [ceil(out/128), ceil(in/128)] (DeepSeek FP8 blocks).
   kernels::WeightMatrix linear(const std::string& name, int64_t out, int64_t in);
   // Any float tensor converted to fp32; shape must match exactly.
   std::vector<float> vec(const std::string& name, const std::vector<int64_t>& shape);

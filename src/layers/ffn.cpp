@@ -1,6 +1,7 @@
 #include "layers/ffn.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "kernels/cpu/elementwise.h"
@@ -41,13 +42,13 @@ void GatedMlp::forward(const float* x, int64_t T, float* y) {
   matmul(wd_, g_.data(), T, y);
 }
 
-Status MoeBlock::bind(Binder& b, const std::string& p, const TextConfig& c) {
+Status MoeBlock::bind(Binder& b, const std::string& p, const TextConfig& c, const ExpertNames& names) {
   c_ = &c;
   E_ = c.num_experts;
   K_ = c.num_experts_per_token;
   const int64_t hid = c.hidden_size;
   router_ = b.linear(p + "gate", E_, hid);
-  bias_ = b.vec(p + "gate.e_score_correction_bias", {E_});
+  if (c.router_bias) bias_ = b.vec(p + "gate.e_score_correction_bias", {E_});
   in_ = c.latent_moe() ? c.routed_expert_hidden_size : hid;
   if (c.latent_moe()) {
     lat_down_ = b.linear(p + "routed_expert_down_proj", in_, hid);
@@ -56,7 +57,7 @@ Status MoeBlock::bind(Binder& b, const std::string& p, const TextConfig& c) {
   }
   experts_.resize(static_cast<size_t>(E_));
   for (int64_t e = 0; e < E_ && b.ok(); ++e)
-    experts_[static_cast<size_t>(e)].bind(b, p + "experts." + std::to_string(e) + ".", "w1", "w3", "w2", in_,
+    experts_[static_cast<size_t>(e)].bind(b, p + "experts." + std::to_string(e) + ".", names.gate, names.up, names.down, in_,
                                           c.moe_intermediate_size, c);
   has_shared_ = c.num_shared_experts > 0;
   if (has_shared_)
@@ -67,8 +68,6 @@ Status MoeBlock::bind(Binder& b, const std::string& p, const TextConfig& c) {
   return b.status();
 }
 
-// fp32 sigmoid router; the correction bias only affects which experts are chosen; the chosen
-// experts' unbiased scores are renormalised and scaled (noaux_tc, one group).
 void MoeBlock::route(const float* x, int64_t T, std::vector<int>& ids, std::vector<float>& weights) {
   logits_.resize(static_cast<size_t>(T * E_));
   matmul(router_, x, T, logits_.data());
@@ -82,19 +81,52 @@ void MoeBlock::select(int64_t T, std::vector<int>& ids, std::vector<float>& weig
   order.resize(static_cast<size_t>(E_));
   std::vector<float>& sel = sel_;
   sel.resize(static_cast<size_t>(E_));
+  score_.resize(static_cast<size_t>(E_));
+  const int64_t G = c_->num_expert_group, per_group = E_ / G;
+  group_score_.resize(static_cast<size_t>(G));
+  group_order_.resize(static_cast<size_t>(G));
+  const bool has_bias = !bias_.empty();
+  auto by_value = [](const std::vector<float>& v) {
+    return [&v](int a, int b) {
+      const float sa = v[static_cast<size_t>(a)], sb = v[static_cast<size_t>(b)];
+      return sa > sb || (sa == sb && a < b);
+    };
+  };
   for (int64_t t = 0; t < T; ++t) {
     const float* l = logits_.data() + t * E_;
-    for (int64_t e = 0; e < E_; ++e) sel[static_cast<size_t>(e)] = kernels::sigmoid(l[e]) + bias_[static_cast<size_t>(e)];
+    if (c_->router_scoring == RouterScoring::kSoftmax) {
+      const float mx = *std::max_element(l, l + E_);
+      float sum = 0;
+      for (int64_t e = 0; e < E_; ++e) sum += score_[static_cast<size_t>(e)] = std::exp(l[e] - mx);
+      for (int64_t e = 0; e < E_; ++e) score_[static_cast<size_t>(e)] /= sum;
+    } else {
+      for (int64_t e = 0; e < E_; ++e) score_[static_cast<size_t>(e)] = kernels::sigmoid(l[e]);
+    }
+    for (int64_t e = 0; e < E_; ++e)
+      sel[static_cast<size_t>(e)] = score_[static_cast<size_t>(e)] + (has_bias ? bias_[static_cast<size_t>(e)] : 0.0f);
+    if (G > 1) {
+      for (int64_t g = 0; g < G; ++g) {
+        const float* s = sel.data() + g * per_group;
+        float a = -INFINITY, b = -INFINITY;  // largest two
+        for (int64_t i = 0; i < per_group; ++i) {
+          if (s[i] > a) b = a, a = s[i];
+          else if (s[i] > b) b = s[i];
+        }
+        group_score_[static_cast<size_t>(g)] = has_bias ? a + b : a;
+      }
+      std::iota(group_order_.begin(), group_order_.end(), 0);
+      std::partial_sort(group_order_.begin(), group_order_.begin() + c_->topk_group, group_order_.end(),
+                        by_value(group_score_));
+      for (int64_t i = c_->topk_group; i < G; ++i)
+        std::fill_n(sel.begin() + group_order_[static_cast<size_t>(i)] * per_group, per_group, -INFINITY);
+    }
     std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + K_, order.end(), [&](int a, int b) {
-      const float sa = sel[static_cast<size_t>(a)], sb = sel[static_cast<size_t>(b)];
-      return sa > sb || (sa == sb && a < b);
-    });
+    std::partial_sort(order.begin(), order.begin() + K_, order.end(), by_value(sel));
     float sum = 0;
     for (int64_t i = 0; i < K_; ++i) {
       const int e = order[static_cast<size_t>(i)];
       ids[static_cast<size_t>(t * K_ + i)] = e;
-      const float s = kernels::sigmoid(l[e]);
+      const float s = score_[static_cast<size_t>(e)];
       weights[static_cast<size_t>(t * K_ + i)] = s;
       sum += s;
     }

@@ -33,6 +33,9 @@ Status MlaLayer::bind(Binder& b, const std::string& p, const TextConfig& c) {
   wkvb_ = b.linear(p + "kv_b_proj", nh_ * (dn_ + dv_), lora_);
   if (c.mla_use_output_gate) wg_ = b.linear(p + "g_proj", nh_ * dv_, hid);
   wo_ = b.linear(p + "o_proj", hid, nh_ * dv_);
+  has_rope_ = c.mla_rope.has_value();
+  if (has_rope_) rope_ = MlaRope(*c.mla_rope, dr_);
+  scale_ = c.mla_softmax_scale > 0.0f ? c.mla_softmax_scale : 1.0f / std::sqrt(static_cast<float>(qk_));
   return b.status();
 }
 
@@ -62,6 +65,7 @@ void MlaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCac
   for (const auto& sg : segs) {
     MlaCache& cache = *sg.state;
     KCHECK(cache.n_tokens + sg.T <= cache.capacity(), "MLA cache pages do not cover the new tokens");
+    if (has_rope_) apply_rope(sg.offset, sg.T, cache.n_tokens, row);
     for (int64_t t = 0; t < sg.T; ++t)
       std::copy_n(ckv_.data() + (sg.offset + t) * row, row, cache.row_ptr(cache.n_tokens + t, row));
     cache.n_tokens += sg.T;
@@ -76,6 +80,19 @@ void MlaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCac
     for (size_t i = 0; i < attn_.size(); ++i) attn_[i] *= kernels::sigmoid(gate_[i]);
   }
   matmul(wo_, attn_.data(), T, out);
+}
+
+// Rotates q_pe of every head and k_pe of tokens [off, off+T) of the batch, which sit at absolute
+// positions pos0.. of their sequence (the cache length before they are appended).
+void MlaLayer::apply_rope(int64_t off, int64_t T, int64_t pos0, int64_t row) {
+  cos_.resize(static_cast<size_t>(rope_.pairs()));
+  sin_.resize(static_cast<size_t>(rope_.pairs()));
+  for (int64_t t = 0; t < T; ++t) {
+    rope_.angles(pos0 + t, cos_.data(), sin_.data());
+    rope_.rotate(ckv_.data() + (off + t) * row + lora_, cos_.data(), sin_.data());
+    for (int64_t h = 0; h < nh_; ++h)
+      rope_.rotate(q_.data() + ((off + t) * nh_ + h) * qk_ + dn_, cos_.data(), sin_.data());
+  }
 }
 
 // Up-projects every cached latent to per-head keys [k_nope | k_r] and values, then MHA.
@@ -102,7 +119,7 @@ void MlaLayer::attend_expanded(int64_t off, int64_t T, const MlaCache& cache) {
   a.q = q_.data() + off * nh_ * qk_;
   a.k = k_.data(), a.k_token_stride = nh_ * qk_, a.k_head_stride = qk_;
   a.v = v_.data(), a.v_token_stride = nh_ * dv_, a.v_head_stride = dv_;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(qk_));
+  a.scale = scale_;
   a.out = attn_.data() + off * nh_ * dv_;
   kernels::causal_attention(a);
 }
@@ -144,7 +161,7 @@ void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> seg
     a.pages = cache.pages.data(), a.page_tokens = cache.page_tokens;
     a.k_offset = 0, a.k_token_stride = row, a.k_head_stride = 0;
     a.v_offset = 0, a.v_token_stride = row, a.v_head_stride = 0;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(qk_));
+    a.scale = scale_;
     a.out = olat_.data() + sg.offset * nh_ * lora_;
     args.push_back(a);
   }

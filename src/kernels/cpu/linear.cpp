@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/cpu/linear_fp8.h"
 #include "kernels/cpu/scratch.h"
 
 namespace kestrel::kernels {
@@ -111,6 +112,10 @@ void decode_row(const WeightMatrix& w, int64_t r, float* dst) {
     }
     case WeightFormat::kMxfp4: {
       decode_mxfp4_row(static_cast<const uint8_t*>(w.data) + r * (n / 2), w.scales + r * (n / 32), n / 32, dst);
+      return;
+    }
+    case WeightFormat::kFp8Block: {
+      decode_fp8_block_row(w, r, dst);
       return;
     }
   }

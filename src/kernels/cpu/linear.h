@@ -1,6 +1,7 @@
 // Linear layers y = x W^T with weights kept in their checkpoint format (no fp32 copy).
 //   W: [out, in] row-major, dtype F32 / BF16 / F16, or MXFP4 (compressed-tensors packing:
-//      packed U8 [out, in/2], byte j = code(2j) | code(2j+1) << 4; scales E8M0 U8 [out, in/32]).
+//      packed U8 [out, in/2], byte j = code(2j) | code(2j+1) << 4; scales E8M0 U8 [out, in/32]),
+//      or FP8 E4M3 with one fp32 scale_inv per 128×128 block (DeepSeek; see linear_fp8.h).
 //   x: [T, in] fp32, y: [T, out] fp32. Accumulation fp32.
 // Thread-safety: pure functions; parallel over output rows with OpenMP.
 #pragma once
@@ -12,13 +13,14 @@
 
 namespace kestrel::kernels {
 
-enum class WeightFormat { kF32, kBF16, kF16, kMxfp4 };
+enum class WeightFormat { kF32, kBF16, kF16, kMxfp4, kFp8Block };
 
 struct WeightMatrix {
   WeightFormat format = WeightFormat::kF32;
   int64_t out = 0, in = 0;
   const void* data = nullptr;          // values or packed codes
-  const uint8_t* scales = nullptr;     // MXFP4 only
+  // MXFP4: E8M0 bytes [out, in/32]. FP8 block: the bytes of fp32 scale_inv [ceil(out/128), ceil(in/128)].
+  const uint8_t* scales = nullptr;
 };
 
 // Decodes row r of W into fp32 (length in).

@@ -208,6 +208,8 @@ void half_rows_dot(const uint16_t* W, int64_t in, int64_t r0, const float* x, fl
     }
 }
 
+void many_tokens_rows(const WeightMatrix& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1);
+
 // Decode-time shapes (T ≤ 4): every format runs fused, weights read once from memory.
 template <int U>
 void few_tokens_rows(const WeightMatrix& w, const float* x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
@@ -234,6 +236,9 @@ void few_tokens_rows(const WeightMatrix& w, const float* x, float* y, int64_t ld
       for (; r < r1; ++r) block_dot<1, U>(W + r * in, in, x, in, in, y + r, ldy);
       return;
     }
+    default:  // formats without a fused path: decode rows, then the same dot
+      many_tokens_rows(w, x, U, y, ldy, r0, r1);
+      return;
   }
 }
 
@@ -282,6 +287,7 @@ double row_cost(const MatmulTask& t) {
     case WeightFormat::kBF16:
     case WeightFormat::kF16: bytes = 2; break;
     case WeightFormat::kMxfp4: bytes = 17.0 / 32.0; break;
+    default: bytes = 1; break;  // 8-bit and block-quantized formats
   }
   return static_cast<double>(t.w->in) * (5.0 * bytes + static_cast<double>(t.T));
 }

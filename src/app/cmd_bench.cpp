@@ -1,4 +1,5 @@
 #include <sys/resource.h>
+#include <time.h>
 
 #include <chrono>
 #include <cstdio>
@@ -14,6 +15,14 @@
 namespace kestrel::app {
 
 namespace {
+// Process CPU time (all threads): with wall time it shows how much of the run the threads spent
+// working; on a shared machine it is the steadier number.
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 double peak_rss_mib() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
@@ -48,10 +57,12 @@ int cmd_bench(const std::vector<std::string>& argv) {
   std::vector<int32_t> ids(static_cast<size_t>(*prompt));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13) % static_cast<size_t>(vocab));
   SequenceState seq = e.new_sequence();
+  const double c0 = cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   auto logits = e.prefill(seq, ids, *chunk);
   if (!logits) return fail(logits.error());
   const auto t1 = std::chrono::steady_clock::now();
+  const double c1 = cpu_seconds();
   int32_t tok = Sampler::argmax(*logits);
   for (long long i = 0; i < *gen; ++i) {
     auto l = e.decode(seq, tok);
@@ -59,11 +70,12 @@ int cmd_bench(const std::vector<std::string>& argv) {
     tok = Sampler::argmax(*l);
   }
   const auto t2 = std::chrono::steady_clock::now();
+  const double c2 = cpu_seconds();
   const double pp = static_cast<double>(*prompt) / std::chrono::duration<double>(t1 - t0).count();
   const double tg = static_cast<double>(*gen) / std::chrono::duration<double>(t2 - t1).count();
   // Batched decode: B sequences (short distinct prompts) decoded in lockstep with one batched
   // forward per step (what the scheduler does at concurrency B); aggregate tokens/s.
-  double tg_batch = 0;
+  double tg_batch = 0, cpu_ms_batch = 0;
   if (*batch > 1) {
     std::vector<SequenceState> seqs;
     std::vector<SeqRun> runs;
@@ -77,6 +89,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
       if (!l) return fail(l.error());
       toks[static_cast<size_t>(b)] = Sampler::argmax(*l);
     }
+    const double cb0 = cpu_seconds();
     const auto tb0 = std::chrono::steady_clock::now();
     for (long long step = 0; step < *gen; ++step) {
       runs.clear();
@@ -86,18 +99,25 @@ int cmd_bench(const std::vector<std::string>& argv) {
         toks[static_cast<size_t>(b)] = Sampler::argmax(std::span<const float>(logits_b.data() + b * vocab, static_cast<size_t>(vocab)));
     }
     tg_batch = static_cast<double>(*gen * *batch) / std::chrono::duration<double>(std::chrono::steady_clock::now() - tb0).count();
+    cpu_ms_batch = 1e3 * (cpu_seconds() - cb0) / static_cast<double>(*gen * *batch);
   }
   nlohmann::json j = {{"model", dir}, {"preset", a->has("model") ? "" : preset}, {"threads", omp_get_max_threads()},
                       {"prompt_tokens", *prompt}, {"gen_tokens", *gen}, {"prefill_tok_s", pp}, {"decode_tok_s", tg},
                       {"peak_rss_mib", peak_rss_mib()}, {"rss_before_load_mib", rss0}, {"batch", *batch},
-                      {"batched_decode_tok_s", tg_batch}};
+                      {"batched_decode_tok_s", tg_batch},
+                      {"cpu_ms_per_prefill_token", 1e3 * (c1 - c0) / static_cast<double>(*prompt)},
+                      {"cpu_ms_per_decode_token", 1e3 * (c2 - c1) / static_cast<double>(*gen)},
+                      {"cpu_ms_per_batched_decode_token", cpu_ms_batch}};
   if (a->has("json")) {
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("model        %s\nthreads      %d\nprefill      %lld tokens: %.2f tok/s\ndecode       %lld tokens: %.2f tok/s\n"
-                "peak RSS     %.1f MiB\n",
-                dir.c_str(), omp_get_max_threads(), *prompt, pp, *gen, tg, peak_rss_mib());
-    if (*batch > 1) std::printf("batch decode %lld sequences: %.2f tok/s aggregate (%.2fx single)\n", *batch, tg_batch, tg_batch / tg);
+    std::printf("model        %s\nthreads      %d\nprefill      %lld tokens: %.2f tok/s (%.2f CPU-ms/token)\n"
+                "decode       %lld tokens: %.2f tok/s (%.2f CPU-ms/token)\npeak RSS     %.1f MiB\n",
+                dir.c_str(), omp_get_max_threads(), *prompt, pp, 1e3 * (c1 - c0) / static_cast<double>(*prompt), *gen, tg,
+                1e3 * (c2 - c1) / static_cast<double>(*gen), peak_rss_mib());
+    if (*batch > 1)
+      std::printf("batch decode %lld sequences: %.2f tok/s aggregate (%.2fx single; %.2f CPU-ms/token)\n", *batch, tg_batch,
+                  tg_batch / tg, cpu_ms_batch);
   }
   return 0;
 }

@@ -12,6 +12,7 @@ int cmd_bench(const std::vector<std::string>& args);
 int cmd_chat(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);
 int cmd_quantize(const std::vector<std::string>& args);
+int cmd_plan(const std::vector<std::string>& args);
 
 // Resolves --model (a checkpoint dir), else --preset (a generated model, cached), else the embedded
 // default (preset k3-default).

@@ -17,6 +17,9 @@ void usage() {
                "  chat       [--model DIR] [--system TEXT] [--hide-thinking] [--no-thinking] [--effort low|high|max]\n"
                "  bench      [--preset k3-bench | --model DIR] [--prompt N --gen M --chunk C] [--json]\n"
                "  make-model --preset NAME --out DIR [--seed S --shards N --bf16-experts ...]\n"
+               "  plan       --model DIR|config.json [--cluster h200|b200|...|SPEC.json] [--json]\n"
+               "             [--prefill-nodes 4 --decode-nodes 4 --gpus-per-node 8 --tp 8 --ep 8 --dcp 1]\n"
+               "             [--context 1048576 --batch B --kv-dtype bf16|fp8 --expert-format checkpoint|mxfp4|bf16|w4a8]\n"
                "  quantize   --model IN --out OUT [--group-size 32|64|128] [--quantize-lm-head]\n"
                "             [--report [--prompts 8 --prompt-len 64]] [--json]\n"
                "  quantize   --model REF --compare DIR [--prompts 8 --prompt-len 64] [--json]   (report only)\n"
@@ -41,6 +44,7 @@ int main(int argc, char** argv) {
   if (cmd == "chat") return kestrel::app::cmd_chat(args);
   if (cmd == "serve") return kestrel::app::cmd_serve(args);
   if (cmd == "make-model") return kestrel::app::cmd_make_model(args);
+  if (cmd == "plan") return kestrel::app::cmd_plan(args);
   if (cmd == "quantize") return kestrel::app::cmd_quantize(args);
   if (cmd == "-h" || cmd == "--help" || cmd == "help") return usage(), 0;
   if (cmd.rfind("--", 0) == 0) {  // flags without a command: generate on the default model

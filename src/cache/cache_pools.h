@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "base/result.h"
-#include "models/kimi_model.h"
+#include "models/model.h"
 
 namespace kestrel {
 

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "kernels/cpu/linear_fp8.h"
+
 namespace kestrel {
 
 namespace {
@@ -37,6 +39,17 @@ kernels::WeightMatrix Binder::linear(const std::string& name, int64_t out, int64
     if (!s) return fail(s.error()), w;
     w.format = kernels::WeightFormat::kMxfp4;
     w.data = p->data;
+    w.scales = static_cast<const uint8_t*>(s->data);
+    return w;
+  }
+  const std::string scale_inv = name + ".weight_scale_inv";
+  if (ckpt_.contains(scale_inv)) {  // DeepSeek FP8: e4m3 weight + fp32 scale per 128×128 block
+    auto q = ckpt_.get(name + ".weight", {DType::kF8E4M3}, {out, in});
+    if (!q) return fail(q.error()), w;
+    auto s = ckpt_.get(scale_inv, {DType::kF32}, {kernels::fp8_blocks(out), kernels::fp8_blocks(in)});
+    if (!s) return fail(s.error()), w;
+    w.format = kernels::WeightFormat::kFp8Block;
+    w.data = q->data;
     w.scales = static_cast<const uint8_t*>(s->data);
     return w;
   }

@@ -17,8 +17,9 @@ class Binder {
   const Status& status() const { return st_; }
   bool ok() const { return st_.is_ok(); }
 
-  // Linear weight [out, in]: `<name>.weight` (F32/BF16/F16) or, when present, compressed-tensors
-  // `<name>.weight_packed` + `<name>.weight_scale`, told apart by the packed dtype:
+  // Linear weight [out, in]: `<name>.weight` (F32/BF16/F16), or `<name>.weight` F8_E4M3 +
+  // `<name>.weight_scale_inv` F32 [ceil(out/128), ceil(in/128)] (DeepSeek FP8 blocks), or, when present,
+  // compressed-tensors `<name>.weight_packed` + `<name>.weight_scale`, told apart by the packed dtype:
   //   U8 [out, in/2] + U8 [out, in/32]                      MXFP4 (E2M1 codes, E8M0 scales);
   //   I32 [out, in/8] + BF16 [out, in/G] + weight_shape [2]  int4 pack-quantized W4A8, G from the
   //                                                          config (set_int4_group_size).

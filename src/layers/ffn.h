@@ -20,15 +20,36 @@ class GatedMlp {
   // x: [T, in] → y: [T, in]   (y overwritten)
   void forward(const float* x, int64_t T, float* y);
 
+  // The same computation in pieces, for callers that run several MLPs in one parallel region:
+  // g, u [T, inter] = x Wg^T, x Wu^T;  g = act(g, u) over n elements;  y [T, in] = g Wd^T.
+  void gate_up_tasks(const float* x, int64_t T, float* g, float* u, std::vector<kernels::MatmulTask>& out) const;
+  void activate(float* g, const float* u, int64_t n) const;
+  kernels::MatmulTask down_task(const float* h, int64_t T, float* y) const { return {&wd_, h, T, y}; }
+
  private:
   const TextConfig* c_ = nullptr;
   kernels::WeightMatrix wg_, wu_, wd_;
   std::vector<float> g_, u_;
+  std::vector<kernels::MatmulTask> tasks_;
 };
 
+// Per-expert tensor names: Moonshot's w1/w3/w2 (Kimi) or HF's gate_proj/up_proj/down_proj (DeepSeek).
+struct ExpertNames {
+  const char* gate = "w1";
+  const char* up = "w3";
+  const char* down = "w2";
+};
+inline constexpr ExpertNames kHfExpertNames{"gate_proj", "up_proj", "down_proj"};
+
+// Routing (dsa_mla_moe_quant.md §3), fp32: scores = sigmoid or softmax of the router logits; the
+// choice uses scores + e_score_correction_bias (when present); with n_group > 1 only the top
+// topk_group groups (group score = sum of the top-2 biased scores, or the max without a bias) are
+// eligible (others −inf); weights = the chosen UNBIASED scores, renormalised (norm_topk_prob) and
+// × routed_scaling_factor (after renormalising, as V3 / vLLM do; DeepSeek-V2's own code skipped the
+// scale when it renormalised, a combination no released config uses). Ties go to the lower index.
 class MoeBlock {
  public:
-  Status bind(Binder& b, const std::string& prefix, const TextConfig& c);
+  Status bind(Binder& b, const std::string& prefix, const TextConfig& c, const ExpertNames& names = {});
   // x: [T, hidden] post-attention-normed → out: [T, hidden].
   void forward(const float* x, int64_t T, float* out);
 
@@ -36,6 +57,9 @@ class MoeBlock {
   void route(const float* x, int64_t T, std::vector<int>& ids, std::vector<float>& weights);
 
  private:
+  // Top-k selection from router logits already in logits_ [T, E].
+  void select(int64_t T, std::vector<int>& ids, std::vector<float>& weights);
+
   const TextConfig* c_ = nullptr;
   int64_t E_ = 0, K_ = 0, in_ = 0;  // in_ = latent width (LatentMoE) or hidden
   kernels::WeightMatrix router_, lat_down_, lat_up_;
@@ -44,9 +68,11 @@ class MoeBlock {
   GatedMlp shared_;
   bool has_shared_ = false;
   // Scratch.
-  std::vector<float> logits_, z_, acc_, gathered_, eout_, shared_out_;
+  std::vector<float> logits_, z_, acc_, gathered_, eout_, shared_out_, g_, u_, sg_, su_;
+  std::vector<kernels::MatmulTask> tasks_, down_;
   std::vector<int> ids_, route_ids_;
-  std::vector<float> w_, sel_;
+  std::vector<float> w_, sel_, score_, group_score_;
+  std::vector<int> group_order_;
   std::vector<std::vector<std::pair<int64_t, float>>> by_expert_;
 };
 

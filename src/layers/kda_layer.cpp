@@ -64,7 +64,7 @@ void KdaLayer::short_conv(const float* in, int64_t T, int which, float* conv_sta
   auto input_at = [&](int64_t t, int64_t c) -> float {  // t may be negative (history)
     return t >= 0 ? in[t * P_ + c] : conv_state[(hist + t) * P_ + c];
   };
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * P_ * W_ >= (1 << 16))
   for (int64_t c = 0; c < P_; ++c) {
     for (int64_t t = 0; t < T; ++t) {
       float s = 0;
@@ -83,23 +83,38 @@ void KdaLayer::short_conv(const float* in, int64_t T, int which, float* conv_sta
 void KdaLayer::forward(const float* x, int64_t T, std::span<const Segment<KdaState>> segs, float* out,
                        bool force_recurrent) {
   const size_t TP = static_cast<size_t>(T * P_);
+  // Every product that reads x runs in one parallel region: q, k, v, the decay gate's low-rank
+  // input, beta and the output gate (full rank, or its low-rank input).
   const kernels::WeightMatrix* w[3] = {&wq_, &wk_, &wv_};
   for (int i = 0; i < 3; ++i) {
     proj_[i].resize(TP);
     act_[i].resize(TP);
-    matmul(*w[i], x, T, proj_[i].data());
+  }
+  f_low_.resize(static_cast<size_t>(T * D_));
+  f_.resize(TP);
+  beta_.resize(static_cast<size_t>(T * H_));
+  gate_.resize(TP);
+  const bool full_gate = c_->linear_attn.use_full_rank_gate;
+  if (!full_gate) gate_low_.resize(static_cast<size_t>(T * D_));
+  const kernels::MatmulTask from_x[6] = {
+      {w[0], x, T, proj_[0].data()}, {w[1], x, T, proj_[1].data()}, {w[2], x, T, proj_[2].data()},
+      {&wfa_, x, T, f_low_.data()},  {&wb_, x, T, beta_.data()},
+      full_gate ? kernels::MatmulTask{&wg_, x, T, gate_.data()} : kernels::MatmulTask{&wga_, x, T, gate_low_.data()}};
+  kernels::matmul_many(from_x);
+  if (full_gate) {
+    kernels::matmul(wfb_, f_low_.data(), T, f_.data());
+  } else {
+    const kernels::MatmulTask up[2] = {{&wfb_, f_low_.data(), T, f_.data()}, {&wgb_, gate_low_.data(), T, gate_.data()}};
+    kernels::matmul_many(up);
+  }
+  for (int i = 0; i < 3; ++i)
     for (const auto& sg : segs)
       short_conv(proj_[i].data() + sg.offset * P_, sg.T, i, sg.state->conv + i * (W_ - 1) * P_,
                  act_[i].data() + sg.offset * P_);
-  }
   kernels::l2_norm(act_[0].data(), T * H_, D_, 1e-6f);
   kernels::l2_norm(act_[1].data(), T * H_, D_, 1e-6f);
 
-  // Decay gate g [T, H, D] (log space), written into f_.
-  f_low_.resize(static_cast<size_t>(T * D_));
-  f_.resize(TP);
-  matmul(wfa_, x, T, f_low_.data());
-  matmul(wfb_, f_low_.data(), T, f_.data());
+  // Decay gate g [T, H, D] (log space), in f_.
   const bool bounded = c_->linear_attn.gate_lower_bound.has_value();
   const float lb = bounded ? *c_->linear_attn.gate_lower_bound : 0.0f;
 #pragma omp parallel for collapse(2) schedule(static) if (T * P_ >= (1 << 14))
@@ -115,11 +130,13 @@ void KdaLayer::forward(const float* x, int64_t T, std::span<const Segment<KdaSta
         g = -a * sp;
       }
     }
-  beta_.resize(static_cast<size_t>(T * H_));
-  matmul(wb_, x, T, beta_.data());
   for (float& v : beta_) v = kernels::sigmoid(v);
 
   o_.resize(TP);
+  // Recurrent segments (decode) of all sequences run in one parallel region; chunked ones each
+  // parallelise over heads.
+  std::vector<kernels::KdaArgs>& rec = rec_args_;
+  rec.clear();
   for (const auto& sg : segs) {
     kernels::KdaArgs a;
     a.T = sg.T;
@@ -134,19 +151,12 @@ void KdaLayer::forward(const float* x, int64_t T, std::span<const Segment<KdaSta
     a.scale = 1.0f / std::sqrt(static_cast<float>(D_));
     a.state = sg.state->recurrent;
     a.out = o_.data() + sg.offset * P_;
-    if (sg.T == 1 || force_recurrent) kernels::kda_recurrent(a);
+    if (sg.T == 1 || force_recurrent) rec.push_back(a);
     else kernels::kda_chunked(a, 64);
   }
+  if (!rec.empty()) kernels::kda_recurrent_many(rec);
 
-  // Output gate and per-head gated RMSNorm (sigmoid).
-  gate_.resize(TP);
-  if (c_->linear_attn.use_full_rank_gate) {
-    matmul(wg_, x, T, gate_.data());
-  } else {
-    gate_low_.resize(static_cast<size_t>(T * D_));
-    matmul(wga_, x, T, gate_low_.data());
-    matmul(wgb_, gate_low_.data(), T, gate_.data());
-  }
+  // Output gate (computed above) and per-head gated RMSNorm (sigmoid).
   kernels::rms_norm(o_.data(), o_norm_.data(), T * H_, D_, c_->rms_norm_eps, o_.data());
 #pragma omp parallel for schedule(static) if (TP >= (1u << 14))
   for (size_t i = 0; i < TP; ++i) o_[i] *= kernels::sigmoid(gate_[i]);

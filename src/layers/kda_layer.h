@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/kda.h"
 #include "layers/binder.h"
 #include "loader/model_config.h"
 
@@ -49,6 +50,7 @@ class KdaLayer {
   std::vector<float> o_norm_;     // [D]
   // Scratch, reused across calls (the layer is not reentrant).
   std::vector<float> proj_[3], act_[3], conv_next_, f_low_, f_, beta_, gate_low_, gate_, o_;
+  std::vector<kernels::KdaArgs> rec_args_;
 };
 
 }  // namespace kestrel

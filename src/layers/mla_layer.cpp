@@ -3,9 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/attention.h"
 #include "base/check.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/scratch.h"
 
 namespace kestrel {
 
@@ -32,47 +33,66 @@ Status MlaLayer::bind(Binder& b, const std::string& p, const TextConfig& c) {
   wkvb_ = b.linear(p + "kv_b_proj", nh_ * (dn_ + dv_), lora_);
   if (c.mla_use_output_gate) wg_ = b.linear(p + "g_proj", nh_ * dv_, hid);
   wo_ = b.linear(p + "o_proj", hid, nh_ * dv_);
+  has_rope_ = c.mla_rope.has_value();
+  if (has_rope_) rope_ = MlaRope(*c.mla_rope, dr_);
+  scale_ = c.mla_softmax_scale > 0.0f ? c.mla_softmax_scale : 1.0f / std::sqrt(static_cast<float>(qk_));
   return b.status();
 }
 
 void MlaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCache>> segs, float* out,
                        MlaMode mode) {
-  // Queries [T, nh, qk].
+  // Queries [T, nh, qk], latent rows for the new tokens [T, lora + rope] and the output gate: the
+  // products that read x run in one parallel region.
   q_.resize(static_cast<size_t>(T * nh_ * qk_));
-  if (c_->q_lora_rank > 0) {
-    qa_.resize(static_cast<size_t>(T * c_->q_lora_rank));
-    matmul(wqa_, x, T, qa_.data());
-    kernels::rms_norm(qa_.data(), q_norm_.data(), T, c_->q_lora_rank, c_->mla_q_norm_eps, qa_.data());
-    matmul(wqb_, qa_.data(), T, q_.data());
-  } else {
-    matmul(wq_, x, T, q_.data());
-  }
-  // Latent cache rows for the new tokens.
   const int64_t row = lora_ + dr_;
   ckv_.resize(static_cast<size_t>(T * row));
-  matmul(wkva_, x, T, ckv_.data());
+  attn_.resize(static_cast<size_t>(T * nh_ * dv_));
+  if (c_->mla_use_output_gate) gate_.resize(attn_.size());
+  const bool lora_q = c_->q_lora_rank > 0;
+  if (lora_q) qa_.resize(static_cast<size_t>(T * c_->q_lora_rank));
+  kernels::MatmulTask from_x[3] = {{&wkva_, x, T, ckv_.data()},
+                                   lora_q ? kernels::MatmulTask{&wqa_, x, T, qa_.data()} : kernels::MatmulTask{&wq_, x, T, q_.data()},
+                                   {&wg_, x, T, gate_.data()}};
+  kernels::matmul_many(std::span<const kernels::MatmulTask>(from_x, c_->mla_use_output_gate ? 3 : 2));
+  if (lora_q) {
+    kernels::rms_norm(qa_.data(), q_norm_.data(), T, c_->q_lora_rank, c_->mla_q_norm_eps, qa_.data());
+    matmul(wqb_, qa_.data(), T, q_.data());
+  }
   for (int64_t t = 0; t < T; ++t)
     kernels::rms_norm(ckv_.data() + t * row, kv_norm_.data(), 1, lora_, c_->mla_kv_norm_eps, ckv_.data() + t * row);
 
-  attn_.resize(static_cast<size_t>(T * nh_ * dv_));
+  absorbed_.clear();
   for (const auto& sg : segs) {
     MlaCache& cache = *sg.state;
     KCHECK(cache.n_tokens + sg.T <= cache.capacity(), "MLA cache pages do not cover the new tokens");
+    if (has_rope_) apply_rope(sg.offset, sg.T, cache.n_tokens, row);
     for (int64_t t = 0; t < sg.T; ++t)
       std::copy_n(ckv_.data() + (sg.offset + t) * row, row, cache.row_ptr(cache.n_tokens + t, row));
     cache.n_tokens += sg.T;
     const MlaMode m = mode != MlaMode::kAuto ? mode : (sg.T <= 16 ? MlaMode::kAbsorbed : MlaMode::kExpanded);
     if (m == MlaMode::kExpanded) attend_expanded(sg.offset, sg.T, cache);
-    else attend_absorbed(sg.offset, sg.T, cache);
+    else absorbed_.push_back(sg);
   }
+  if (!absorbed_.empty()) attend_absorbed(T, absorbed_);
 
   if (c_->mla_use_output_gate) {
-    gate_.resize(attn_.size());
-    matmul(wg_, x, T, gate_.data());
 #pragma omp parallel for schedule(static) if (attn_.size() >= (1u << 14))
     for (size_t i = 0; i < attn_.size(); ++i) attn_[i] *= kernels::sigmoid(gate_[i]);
   }
   matmul(wo_, attn_.data(), T, out);
+}
+
+// Rotates q_pe of every head and k_pe of tokens [off, off+T) of the batch, which sit at absolute
+// positions pos0.. of their sequence (the cache length before they are appended).
+void MlaLayer::apply_rope(int64_t off, int64_t T, int64_t pos0, int64_t row) {
+  cos_.resize(static_cast<size_t>(rope_.pairs()));
+  sin_.resize(static_cast<size_t>(rope_.pairs()));
+  for (int64_t t = 0; t < T; ++t) {
+    rope_.angles(pos0 + t, cos_.data(), sin_.data());
+    rope_.rotate(ckv_.data() + (off + t) * row + lora_, cos_.data(), sin_.data());
+    for (int64_t h = 0; h < nh_; ++h)
+      rope_.rotate(q_.data() + ((off + t) * nh_ + h) * qk_ + dn_, cos_.data(), sin_.data());
+  }
 }
 
 // Up-projects every cached latent to per-head keys [k_nope | k_r] and values, then MHA.
@@ -99,53 +119,68 @@ void MlaLayer::attend_expanded(int64_t off, int64_t T, const MlaCache& cache) {
   a.q = q_.data() + off * nh_ * qk_;
   a.k = k_.data(), a.k_token_stride = nh_ * qk_, a.k_head_stride = qk_;
   a.v = v_.data(), a.v_token_stride = nh_ * dv_, a.v_head_stride = dv_;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(qk_));
+  a.scale = scale_;
   a.out = attn_.data() + off * nh_ * dv_;
   kernels::causal_attention(a);
 }
 
 // Weight absorption: q_lat = W_UK^T q_nope ‖ q_r; MQA over the 576-wide latent rows with values
 // = the first kv_lora entries; out_h = W_UV o_lat.
-void MlaLayer::attend_absorbed(int64_t off, int64_t T, const MlaCache& cache) {
-  const int64_t L = cache.n_tokens, row = lora_ + dr_, per_head = dn_ + dv_;
+// Absorbed form for every decode-like segment of the batch at once: q is mapped into the latent
+// space with W_kb (per head), attention runs over the 576-wide cached rows (MQA), and the latent
+// output is mapped back with W_vb. Three parallel regions per layer whatever the batch size; each
+// head's bf16 block of kv_b is decoded once per step into a per-thread buffer.
+void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> segs) {
+  const int64_t row = lora_ + dr_, per_head = dn_ + dv_;
   qlat_.resize(static_cast<size_t>(T * nh_ * row));
-  wblk_.resize(static_cast<size_t>(per_head * lora_));
-  for (int64_t h = 0; h < nh_; ++h) {
-    for (int64_t r = 0; r < per_head; ++r) kernels::decode_row(wkvb_, h * per_head + r, wblk_.data() + r * lora_);
-    for (int64_t t = 0; t < T; ++t) {
-      const float* qn = q_.data() + ((off + t) * nh_ + h) * qk_;
-      float* ql = qlat_.data() + (t * nh_ + h) * row;
-      std::fill(ql, ql + lora_, 0.0f);
-      for (int64_t d = 0; d < dn_; ++d) {
-        const float s = qn[d];
-        const float* wr = wblk_.data() + d * lora_;
-        for (int64_t cidx = 0; cidx < lora_; ++cidx) ql[cidx] += s * wr[cidx];
-      }
-      std::copy_n(qn + dn_, dr_, ql + lora_);
-    }
-  }
   olat_.resize(static_cast<size_t>(T * nh_ * lora_));
-  kernels::AttentionArgs a;
-  a.T = T, a.L = L, a.H = nh_, a.Dk = row, a.Dv = lora_;
-  a.q = qlat_.data();
-  a.pages = cache.pages.data(), a.page_tokens = cache.page_tokens;
-  a.k_offset = 0, a.k_token_stride = row, a.k_head_stride = 0;
-  a.v_offset = 0, a.v_token_stride = row, a.v_head_stride = 0;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(qk_));
-  a.out = olat_.data();
-  kernels::causal_attention(a);
+#pragma omp parallel for schedule(static)
   for (int64_t h = 0; h < nh_; ++h) {
-    for (int64_t r = 0; r < dv_; ++r) kernels::decode_row(wkvb_, h * per_head + dn_ + r, wblk_.data() + r * lora_);
-    for (int64_t t = 0; t < T; ++t) {
-      const float* ol = olat_.data() + (t * nh_ + h) * lora_;
-      float* o = attn_.data() + ((off + t) * nh_ + h) * dv_;
-      for (int64_t e = 0; e < dv_; ++e) {
-        const float* wr = wblk_.data() + e * lora_;
-        float s = 0;
-        for (int64_t cidx = 0; cidx < lora_; ++cidx) s += wr[cidx] * ol[cidx];
-        o[e] = s;
+    float* wblk = kernels::thread_scratch(kernels::kScratchMla, static_cast<size_t>(dn_ * lora_));
+    for (int64_t r = 0; r < dn_; ++r) kernels::decode_row(wkvb_, h * per_head + r, wblk + r * lora_);
+    for (const auto& sg : segs)
+      for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t) {
+        const float* qn = q_.data() + (t * nh_ + h) * qk_;
+        float* ql = qlat_.data() + (t * nh_ + h) * row;
+        std::fill(ql, ql + lora_, 0.0f);
+        for (int64_t d = 0; d < dn_; ++d) {
+          const float s = qn[d];
+          const float* wr = wblk + d * lora_;
+          for (int64_t cidx = 0; cidx < lora_; ++cidx) ql[cidx] += s * wr[cidx];
+        }
+        std::copy_n(qn + dn_, dr_, ql + lora_);
       }
-    }
+  }
+  std::vector<kernels::AttentionArgs>& args = attn_args_;
+  args.clear();
+  for (const auto& sg : segs) {
+    const MlaCache& cache = *sg.state;
+    kernels::AttentionArgs a;
+    a.T = sg.T, a.L = cache.n_tokens, a.H = nh_, a.Dk = row, a.Dv = lora_;
+    a.q = qlat_.data() + sg.offset * nh_ * row;
+    a.pages = cache.pages.data(), a.page_tokens = cache.page_tokens;
+    a.k_offset = 0, a.k_token_stride = row, a.k_head_stride = 0;
+    a.v_offset = 0, a.v_token_stride = row, a.v_head_stride = 0;
+    a.scale = scale_;
+    a.out = olat_.data() + sg.offset * nh_ * lora_;
+    args.push_back(a);
+  }
+  kernels::causal_attention_many(args);
+#pragma omp parallel for schedule(static)
+  for (int64_t h = 0; h < nh_; ++h) {
+    float* wblk = kernels::thread_scratch(kernels::kScratchMla, static_cast<size_t>(dv_ * lora_));
+    for (int64_t r = 0; r < dv_; ++r) kernels::decode_row(wkvb_, h * per_head + dn_ + r, wblk + r * lora_);
+    for (const auto& sg : segs)
+      for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t) {
+        const float* ol = olat_.data() + (t * nh_ + h) * lora_;
+        float* o = attn_.data() + (t * nh_ + h) * dv_;
+        for (int64_t e = 0; e < dv_; ++e) {
+          const float* wr = wblk + e * lora_;
+          float s = 0;
+          for (int64_t cidx = 0; cidx < lora_; ++cidx) s += wr[cidx] * ol[cidx];
+          o[e] = s;
+        }
+      }
   }
 }
 

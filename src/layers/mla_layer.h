@@ -1,13 +1,18 @@
-// Gated NoPE MLA layer (kimi_k3_spec.md §4.4, kda_kimi_linear.md §4). The 64 "rope" dims are kept
-// but never rotated; softmax scale 1/sqrt(qk_nope + qk_rope); optional per-channel sigmoid output
-// gate from the layer input (K3). Cache per token: [c_kv normed (kv_lora) | k_r (rope)].
+// MLA layer. Kimi (kimi_k3_spec.md §4.4, kda_kimi_linear.md §4): NoPE — the 64 "rope" dims are
+// kept but never rotated; softmax scale 1/sqrt(qk_nope + qk_rope); optional per-channel sigmoid
+// output gate from the layer input (K3). DeepSeek V3 / K2 (dsa_mla_moe_quant.md §1, config
+// `mla_rope` set): q_pe and k_pe are rotated (interleaved pairs, YaRN) at the token's position
+// before k_pe is cached; softmax scale = config mla_softmax_scale (YaRN mscale² folded in).
+// Cache per token: [c_kv normed (kv_lora) | k_r (rope, post-RoPE)].
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/attention.h"
 #include "layers/binder.h"
 #include "layers/kda_layer.h"
+#include "layers/rope.h"
 #include "loader/model_config.h"
 
 namespace kestrel {
@@ -36,14 +41,20 @@ class MlaLayer {
 
  private:
   void attend_expanded(int64_t off, int64_t T, const MlaCache& cache);
-  void attend_absorbed(int64_t off, int64_t T, const MlaCache& cache);
+  void attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> segs);
+  void apply_rope(int64_t off, int64_t T, int64_t pos0, int64_t row);
 
   const TextConfig* c_ = nullptr;
   int64_t nh_ = 0, dn_ = 0, dr_ = 0, dv_ = 0, lora_ = 0, qk_ = 0;
   kernels::WeightMatrix wq_, wqa_, wqb_, wkva_, wkvb_, wg_, wo_;
   std::vector<float> q_norm_, kv_norm_;
+  bool has_rope_ = false;
+  MlaRope rope_;
+  float scale_ = 1.0f;
   // Scratch (not reentrant).
-  std::vector<float> qa_, q_, ckv_, kv_, k_, v_, attn_, qlat_, olat_, wblk_, gate_;
+  std::vector<float> qa_, q_, ckv_, kv_, k_, v_, attn_, qlat_, olat_, wblk_, gate_, cos_, sin_;
+  std::vector<Segment<MlaCache>> absorbed_;
+  std::vector<kernels::AttentionArgs> attn_args_;
 };
 
 }  // namespace kestrel

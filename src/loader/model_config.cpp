@@ -1,67 +1,20 @@
 #include "loader/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "loader/deepseek_config.h"
+#include "loader/json_reader.h"
+
 namespace kestrel {
 namespace {
 
 using nlohmann::json;
-
-// Reads keys from one JSON object; collects the first error with the file and key named.
-class Reader {
- public:
-  Reader(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
-  const Status& status() const { return st_; }
-  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
-
-  int req_int(const char* key) {
-    if (!has(key)) return fail(key, "missing required key"), 0;
-    if (!j_[key].is_number_integer()) return fail(key, "must be an integer"), 0;
-    const int64_t v = j_[key].get<int64_t>();
-    if (v < -(int64_t{1} << 30) || v > (int64_t{1} << 30)) return fail(key, "integer out of range"), 0;
-    return static_cast<int>(v);
-  }
-  int opt_int(const char* key, int dflt) { return has(key) ? req_int(key) : dflt; }
-  float req_float(const char* key) {
-    if (!has(key)) return fail(key, "missing required key"), 0.0f;
-    if (!j_[key].is_number()) return fail(key, "must be a number"), 0.0f;
-    return j_[key].get<float>();
-  }
-  float opt_float(const char* key, float dflt) { return has(key) ? req_float(key) : dflt; }
-  bool opt_bool(const char* key, bool dflt) {
-    if (!has(key)) return dflt;
-    if (!j_[key].is_boolean()) return fail(key, "must be a boolean"), dflt;
-    return j_[key].get<bool>();
-  }
-  std::string req_str(const char* key) {
-    if (!has(key)) return fail(key, "missing required key"), "";
-    if (!j_[key].is_string()) return fail(key, "must be a string"), "";
-    return j_[key].get<std::string>();
-  }
-  std::vector<int> req_layer_list(const char* key, int num_layers) {
-    std::vector<int> out;
-    if (!has(key)) return fail(key, "missing required key"), out;
-    if (!j_[key].is_array()) return fail(key, "must be a list of one-based layer numbers"), out;
-    for (const auto& v : j_[key]) {
-      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > num_layers)
-        return fail(key, "entries must be one-based layer numbers in 1.." + std::to_string(num_layers)), out;
-      out.push_back(v.get<int>() - 1);
-    }
-    return out;
-  }
-  void fail(const std::string& key, const std::string& what) {
-    if (st_.is_ok()) st_ = invalid_argument(where_ + ": key '" + key + "': " + what);
-  }
-
- private:
-  const json& j_;
-  std::string where_;
-  Status st_;
-};
+using config_detail::Reader;
 
 Status parse_linear_attn(const json& j, const std::string& where, int layers, LinearAttnConfig& la) {
   Reader r(j, where + " linear_attn_config");
@@ -80,6 +33,8 @@ Status parse_linear_attn(const json& j, const std::string& where, int layers, Li
     return invalid_argument(where + ": gate_lower_bound must be negative");
   return Status::ok();
 }
+
+Status parse_sparse_attn(const json& j, const std::string& where, TextConfig& t);
 
 Status parse_text(const json& j, const std::string& where, Arch arch, TextConfig& t) {
   Reader r(j, where);
@@ -159,6 +114,7 @@ Status parse_text(const json& j, const std::string& where, Arch arch, TextConfig
   // K3 uses rms_norm_eps for every norm (kimi_k3_spec.md §4.7, kda_kimi_linear.md §9.6).
   t.mla_q_norm_eps = arch == Arch::kKimiK3 ? t.rms_norm_eps : 1e-6f;
   t.mla_kv_norm_eps = arch == Arch::kKimiK3 ? t.rms_norm_eps : 1e-6f;
+  t.mla_softmax_scale = 1.0f / std::sqrt(static_cast<float>(t.qk_head_dim()));
 
   t.attn_kind.assign(static_cast<size_t>(t.num_hidden_layers), AttnKind::kKda);
   std::vector<int> seen(static_cast<size_t>(t.num_hidden_layers), 0);
@@ -175,6 +131,42 @@ Status parse_text(const json& j, const std::string& where, Arch arch, TextConfig
   for (int l = 0; l < t.num_hidden_layers; ++l)
     if (t.num_experts > 0 && l >= t.first_k_dense_replace && l % t.moe_layer_freq == 0)
       t.ffn_kind[static_cast<size_t>(l)] = FfnKind::kMoe;
+  return parse_sparse_attn(j, where, t);
+}
+
+// Optional K3.1-style DSA fields (names fixed: sparse_attn_layers one-based, index_n_heads, index_head_dim,
+// index_topk). Either none of them or all four; sparse layers must be full-attention (MLA) layers.
+Status parse_sparse_attn(const json& j, const std::string& where, TextConfig& t) {
+  Reader r(j, where);
+  const bool any = r.has("sparse_attn_layers") || r.has("index_n_heads") || r.has("index_head_dim") ||
+                   r.has("index_topk");
+  if (!any) return Status::ok();
+  t.sparse_attn_layers = r.req_layer_list("sparse_attn_layers", t.num_hidden_layers);
+  t.index_n_heads = r.req_int("index_n_heads");
+  t.index_head_dim = r.req_int("index_head_dim");
+  t.index_topk = r.req_int("index_topk");
+  if (!r.status().is_ok()) return r.status();
+  struct Bound {
+    const char* key;
+    int value, lo, hi;
+  };
+  for (const Bound& b : {Bound{"index_n_heads", t.index_n_heads, 1, 4096},
+                         Bound{"index_head_dim", t.index_head_dim, 1, 1 << 16},
+                         Bound{"index_topk", t.index_topk, 1, 1 << 24}})
+    if (b.value < b.lo || b.value > b.hi)
+      return invalid_argument(where + ": key '" + b.key + "': " + std::to_string(b.value) + " is outside " +
+                              std::to_string(b.lo) + ".." + std::to_string(b.hi));
+  if (t.sparse_attn_layers.empty())
+    return invalid_argument(where + ": key 'sparse_attn_layers': must name at least one layer");
+  std::vector<int> seen(static_cast<size_t>(t.num_hidden_layers), 0);
+  for (int l : t.sparse_attn_layers) {
+    if (seen[static_cast<size_t>(l)]++)
+      return invalid_argument(where + ": key 'sparse_attn_layers': layer " + std::to_string(l + 1) + " listed twice");
+    if (t.attn_kind[static_cast<size_t>(l)] != AttnKind::kMla)
+      return invalid_argument(where + ": key 'sparse_attn_layers': layer " + std::to_string(l + 1) +
+                              " is not a full-attention layer");
+  }
+  std::sort(t.sparse_attn_layers.begin(), t.sparse_attn_layers.end());
   return Status::ok();
 }
 
@@ -279,9 +271,13 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
     KESTREL_RETURN_IF_ERROR(parse_quant(j, label, c.text));
     if (c.text.linear_attn.use_full_rank_gate || c.text.linear_attn.gate_lower_bound)
       return unsupported(label + ": kimi_linear with K3-only KDA options; use model_type kimi_k3");
+  } else if (c.model_type == "deepseek_v3" || c.model_type == "kimi_k2" || c.model_type == "deepseek_v32") {
+    // Kimi K2 checkpoints are DeepseekV3ForCausalLM with their own model_type string.
+    c.arch = c.model_type == "deepseek_v32" ? Arch::kDeepseekV32 : Arch::kDeepseekV3;
+    KESTREL_RETURN_IF_ERROR(parse_deepseek_config(j, label, c));
   } else {
     return unsupported(label + ": unknown model_type '" + c.model_type +
-                       "' (supported: kimi_k3, kimi_linear)");
+                       "' (supported: kimi_k3, kimi_linear, deepseek_v3, kimi_k2, deepseek_v32)");
   }
   return c;
 }

@@ -1,6 +1,9 @@
 // Typed model configuration, parsed once from config.json. Nothing below models/ reads JSON.
 // K3: model_type "kimi_k3" with text_config of type "kimi_linear" (+ vision_config kept for later).
 // Kimi Linear: model_type "kimi_linear" at top level. Layer lists in the file are ONE-based.
+// DeepSeek V3 / Kimi K2 ("deepseek_v3", "kimi_k2") and V3.2 ("deepseek_v32"): flat HF config with
+// MLA + decoupled (YaRN) RoPE, noaux_tc group-limited routing, optional FP8 block weights
+// (parsed in deepseek_config.cpp).
 #pragma once
 
 #include <optional>
@@ -11,10 +14,28 @@
 
 namespace kestrel {
 
-enum class Arch { kKimiK3, kKimiLinear };
+enum class Arch { kKimiK3, kKimiLinear, kDeepseekV3, kDeepseekV32 };
 enum class Activation { kSiLU, kSiTU };
 enum class AttnKind { kKda, kMla };
 enum class FfnKind { kDense, kMoe };
+enum class RouterScoring { kSigmoid, kSoftmax };
+
+// Decoupled RoPE on the MLA rope dims (DeepSeek; dsa_mla_moe_quant.md §1.4). Absent for NoPE MLA.
+// Pairs (2i, 2i+1) of q_pe / k_pe are rotated by pos · inv_freq[i] (interleaved, GPT-J style).
+struct MlaRopeConfig {
+  double theta = 10000.0;
+  bool yarn = false;  // rope_scaling type "yarn"; the fields below apply only then
+  double factor = 1.0, beta_fast = 32.0, beta_slow = 1.0;
+  double mscale = 1.0, mscale_all_dim = 0.0;  // 0 = key absent (vLLM / transformers defaults)
+  int original_max_position_embeddings = 0;
+};
+
+// DeepSeek V3.2 sparse attention (DSA) indexer sizes. index_topk == 0: not a DSA model.
+struct DsaConfig {
+  int index_n_heads = 0;
+  int index_head_dim = 0;
+  int index_topk = 0;
+};
 
 struct LinearAttnConfig {
   int num_heads = 0;
@@ -50,6 +71,10 @@ struct TextConfig {
   float routed_scaling_factor = 1.0f;
   int num_expert_group = 1;
   int topk_group = 1;
+  RouterScoring router_scoring = RouterScoring::kSigmoid;
+  // e_score_correction_bias present (noaux_tc). Group score = sum of the top-2 biased scores in a
+  // group when true, the group max otherwise (group_limited_greedy).
+  bool router_bias = true;
 
   int q_lora_rank = 0;  // 0 → plain q_proj (Kimi Linear)
   int kv_lora_rank = 0;
@@ -59,6 +84,10 @@ struct TextConfig {
   bool mla_use_output_gate = false;
   float mla_q_norm_eps = 1e-5f;
   float mla_kv_norm_eps = 1e-5f;  // Kimi Linear's reference uses the RMSNorm class default 1e-6
+  std::optional<MlaRopeConfig> mla_rope;  // DeepSeek: decoupled RoPE; absent → NoPE (Kimi)
+  float mla_softmax_scale = 0.0f;        // qk_head_dim^-0.5 (× YaRN mscale² for DeepSeek)
+  DsaConfig dsa;
+  int num_nextn_predict_layers = 0;  // MTP layers stored after the main layers (not run)
 
   bool tie_word_embeddings = false;
   int bos_token_id = -1;
@@ -66,6 +95,14 @@ struct TextConfig {
   int pad_token_id = -1;
   bool experts_mxfp4 = false;  // compressed-tensors mxfp4-pack-quantized declared
   int int4_group_size = 0;     // compressed-tensors pack-quantized int4 (our W4A8) declared: 32, 64 or 128
+  bool weights_fp8_block = false;  // DeepSeek fp8: e4m3 weights + weight_scale_inv per 128×128 block
+
+  // DSA (lightning indexer + sparse MLA) on some full-attention layers: K3.1-style fields, ours until a
+  // K3.1 config is public (kimi_k3_spec.md §2.4, §4.9). All optional; present only together.
+  std::vector<int> sparse_attn_layers;  // zero-based; each one is also in linear_attn.full_attn_layers
+  int index_n_heads = 0;                // indexer query heads
+  int index_head_dim = 0;               // indexer q/k width (one shared key per token)
+  int index_topk = 0;                   // cached positions each query attends to
 
   LinearAttnConfig linear_attn;
   std::vector<AttnKind> attn_kind;  // per layer
@@ -74,12 +111,13 @@ struct TextConfig {
   int kda_proj_size() const { return linear_attn.num_heads * linear_attn.head_dim; }
   int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool latent_moe() const { return routed_expert_hidden_size > 0; }
+  bool has_sparse_attn() const { return !sparse_attn_layers.empty(); }
 };
 
 struct ModelConfig {
   Arch arch = Arch::kKimiK3;
   std::string model_type;
-  std::string weight_prefix;  // "language_model." for K3
+  std::string weight_prefix;  // "language_model." for K3, "" otherwise
   std::string lm_head_name;   // full tensor name
   TextConfig text;
   std::string vision_config_json;  // kept verbatim for the vision tower (not used by the text path)

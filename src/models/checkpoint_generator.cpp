@@ -6,8 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "loader/safetensors.h"
-#include "tensor/dtype.h"
+#include "models/checkpoint_writer.h"
 
 namespace kestrel {
 namespace fs = std::filesystem;
@@ -15,79 +14,8 @@ using nlohmann::json;
 
 namespace {
 
-// splitmix64: tiny, deterministic across platforms.
-class Rng {
- public:
-  explicit Rng(uint64_t s) : s_(s) {}
-  uint64_t next() {
-    uint64_t z = (s_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return static_cast<float>((next() >> 40) * (1.0 / 16777216.0)); }  // [0,1)
-  float sym() { return 2.0f * uniform() - 1.0f; }                                     // [-1,1)
-
- private:
-  uint64_t s_;
-};
-
-uint64_t name_seed(uint64_t seed, const std::string& name) {
-  uint64_t h = 1469598103934665603ull ^ seed;
-  for (char ch : name) h = (h ^ static_cast<uint8_t>(ch)) * 1099511628211ull;
-  return h;
-}
-
-class Writer {
- public:
-  Writer(const GenSpec& s) : spec_(s) {}
-  std::vector<TensorToWrite> tensors;
-
-  void bf16(const std::string& name, std::vector<int64_t> shape, float scale, float offset = 0.0f) {
-    push(name, DType::kBF16, std::move(shape), [&](Rng& r, std::vector<uint8_t>& b, int64_t n) {
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t v = f32_to_bf16(offset + scale * r.sym());
-        b[static_cast<size_t>(2 * i)] = static_cast<uint8_t>(v), b[static_cast<size_t>(2 * i + 1)] = static_cast<uint8_t>(v >> 8);
-      }
-    });
-  }
-  template <typename F>
-  void f32(const std::string& name, std::vector<int64_t> shape, F value) {
-    push(name, DType::kF32, std::move(shape), [&](Rng& r, std::vector<uint8_t>& b, int64_t n) {
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = value(r, i);
-        std::memcpy(b.data() + 4 * i, &v, 4);
-      }
-    });
-  }
-  // Linear [out, in] with uniform(-a, a), a = sqrt(3/in) → unit-variance outputs for unit inputs.
-  void linear(const std::string& name, int64_t out, int64_t in) {
-    bf16(name + ".weight", {out, in}, std::sqrt(3.0f / static_cast<float>(in)));
-  }
-  // compressed-tensors MXFP4: random E2M1 codes, E8M0 scales around 2^-(log2(sqrt(in))+1).
-  void mxfp4(const std::string& name, int64_t out, int64_t in) {
-    const int base = 127 - static_cast<int>(std::lround(std::log2(std::sqrt(static_cast<float>(in))))) - 1;
-    push(name + ".weight_packed", DType::kU8, {out, in / 2}, [&](Rng& r, std::vector<uint8_t>& b, int64_t n) {
-      for (int64_t i = 0; i < n; ++i) b[static_cast<size_t>(i)] = static_cast<uint8_t>(r.next() & 0xff);
-    });
-    push(name + ".weight_scale", DType::kU8, {out, in / 32}, [&](Rng& r, std::vector<uint8_t>& b, int64_t n) {
-      for (int64_t i = 0; i < n; ++i) b[static_cast<size_t>(i)] = static_cast<uint8_t>(base - 1 + static_cast<int>(r.next() % 3));
-    });
-  }
-  void norm(const std::string& name, int64_t n) { bf16(name, {n}, 0.1f, 1.0f); }
-
- private:
-  template <typename F>
-  void push(const std::string& name, DType dt, std::vector<int64_t> shape, F fill) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    TensorToWrite t{name, dt, std::move(shape), std::vector<uint8_t>(static_cast<size_t>(n * dtype_size(dt)))};
-    Rng r(name_seed(spec_.seed, name));
-    fill(r, t.bytes, n);
-    tensors.push_back(std::move(t));
-  }
-  const GenSpec& spec_;
-};
+using gen_detail::Rng;
+using gen_detail::Writer;
 
 bool is_mla(const GenSpec& s, int l) {
   for (int f : s.full_attn_layers)
@@ -218,7 +146,8 @@ json text_config(const GenSpec& s) {
 }  // namespace
 
 std::vector<std::string> gen_preset_names() {
-  return {"k3-tiny", "k3-tiny-bf16", "k3-tiny-allexp", "kimi-linear-tiny", "k3-bench", "k3-default"};
+  return {"k3-tiny",  "k3-tiny-bf16", "k3-tiny-allexp",   "kimi-linear-tiny",
+          "k3-bench", "k3-default",   "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v2style-tiny", "deepseek-bench"};
 }
 
 Result<GenSpec> gen_preset(const std::string& name) {
@@ -252,10 +181,46 @@ Result<GenSpec> gen_preset(const std::string& name) {
     s.shards = 2;
     return s;
   }
+  if (name == "deepseek-v2style-tiny") {  // deepseek_v3-typed, V2-Lite-like: no q_lora, softmax routing
+    s.arch = "deepseek_v3";
+    s.vocab = 512, s.hidden = 256, s.layers = 4, s.intermediate = 384;
+    s.mla_heads = 4, s.q_lora = 0, s.kv_lora = 192, s.nope = 64, s.rope = 32, s.v_dim = 64;
+    s.experts = 16, s.top_k = 4, s.shared = 2, s.moe_inter = 96, s.routed_scaling = 16.0f;
+    s.first_k_dense = 1, s.n_group = 4, s.topk_group = 2;
+    s.topk_method = "group_limited_greedy", s.norm_topk_prob = false;
+    s.mxfp4_experts = false, s.fp8 = false;
+    return s;
+  }
+  if (name == "deepseek-v3-tiny" || name == "deepseek-v32-tiny") {
+    // Every width off the 128 grid somewhere (partial FP8 blocks): q_lora 160, kv_a rows 192+32,
+    // intermediate 384 = 3 blocks, moe_inter 96.
+    s.arch = "deepseek_v3";
+    s.vocab = 512, s.hidden = 256, s.layers = 4, s.intermediate = 384;
+    s.mla_heads = 4, s.q_lora = 160, s.kv_lora = 192, s.nope = 64, s.rope = 32, s.v_dim = 64;
+    s.experts = 16, s.top_k = 4, s.shared = 1, s.moe_inter = 96, s.routed_scaling = 2.5f;
+    s.first_k_dense = 2, s.n_group = 4, s.topk_group = 2;
+    s.mxfp4_experts = false, s.fp8 = true, s.mtp_layers = 1;
+    if (name == "deepseek-v32-tiny") {  // different routing shape; index_topk ≥ every test length
+      s.arch = "deepseek_v32";
+      s.first_k_dense = 1, s.n_group = 8, s.topk_group = 3, s.mtp_layers = 0;
+      s.index_heads = 4, s.index_head_dim = 64, s.index_topk = 256;
+    }
+    return s;
+  }
+  if (name == "deepseek-bench") {  // DeepSeek V3 per-layer structure (FP8 everywhere), widths cut like k3-bench
+    s.arch = "deepseek_v3";
+    s.vocab = 32768, s.hidden = 2048, s.layers = 8, s.intermediate = 8192;
+    s.mla_heads = 16, s.q_lora = 768, s.kv_lora = 512, s.nope = 128, s.rope = 64, s.v_dim = 128;
+    s.experts = 32, s.top_k = 8, s.shared = 1, s.moe_inter = 512, s.routed_scaling = 2.5f;
+    s.first_k_dense = 1, s.n_group = 8, s.topk_group = 4;
+    s.mxfp4_experts = false, s.fp8 = true, s.shards = 4;
+    return s;
+  }
   return invalid_argument("unknown model preset '" + name + "'");
 }
 
 Status generate_checkpoint(const GenSpec& s, const std::string& dir) {
+  if (s.arch == "deepseek_v3" || s.arch == "deepseek_v32") return generate_deepseek_checkpoint(s, dir);
   if (s.arch != "kimi_k3" && s.arch != "kimi_linear") return invalid_argument("arch must be kimi_k3 or kimi_linear");
   if ((s.arch == "kimi_k3" ? s.latent : s.hidden) % 32 != 0 || s.moe_inter % 32 != 0)
     if (s.mxfp4_experts) return invalid_argument("MXFP4 experts need dims that are multiples of 32");
@@ -293,33 +258,7 @@ Status generate_checkpoint(const GenSpec& s, const std::string& dir) {
   }
   w.linear(std::string(k3 ? "language_model." : "") + "lm_head", s.vocab, s.hidden);
 
-  // Shards: contiguous runs of tensors, balanced by bytes.
-  uint64_t total = 0;
-  for (const auto& t : w.tensors) total += t.bytes.size();
-  const int shards = std::max(1, s.shards);
-  json weight_map = json::object();
-  std::vector<TensorToWrite> cur;
-  uint64_t acc = 0;
-  int idx = 0;
-  auto shard_name = [&](int i) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "model-%05d-of-%05d.safetensors", i + 1, shards);
-    return std::string(buf);
-  };
-  for (size_t i = 0; i < w.tensors.size(); ++i) {
-    acc += w.tensors[i].bytes.size();
-    weight_map[w.tensors[i].name] = shard_name(idx);
-    cur.push_back(std::move(w.tensors[i]));
-    const bool last = i + 1 == w.tensors.size();
-    if (last || (idx + 1 < shards && acc >= total * static_cast<uint64_t>(idx + 1) / static_cast<uint64_t>(shards))) {
-      KESTREL_RETURN_IF_ERROR(write_safetensors((fs::path(dir) / shard_name(idx)).string(), cur, {{"format", "pt"}}));
-      cur.clear();
-      ++idx;
-    }
-  }
-  if (idx != shards) return io_error("internal: shard count mismatch");
-  json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-  std::ofstream(fs::path(dir) / "model.safetensors.index.json") << index.dump(2) << "\n";
+  KESTREL_RETURN_IF_ERROR(gen_detail::write_shards(w.tensors, s.shards, dir));
 
   json cfg;
   if (k3) {

@@ -1,5 +1,5 @@
 // Deterministic random checkpoints in the exact released layout (config.json, safetensors shards,
-// model.safetensors.index.json) for K3 and Kimi Linear. Used by tests, benchmarks and the
+// model.safetensors.index.json) for K3, Kimi Linear, DeepSeek V3 and V3.2. Used by tests, benchmarks and the
 // embedded default model. Weights are random: outputs are meaningless text.
 #pragma once
 
@@ -12,7 +12,7 @@
 namespace kestrel {
 
 struct GenSpec {
-  std::string arch = "kimi_k3";  // or "kimi_linear"
+  std::string arch = "kimi_k3";  // or "kimi_linear", "deepseek_v3", "deepseek_v32"
   int vocab = 512, hidden = 256, layers = 9, intermediate = 512;
   int mla_heads = 2, kda_heads = 2, head_dim = 128;
   std::vector<int> full_attn_layers = {4, 8, 9};  // one-based; the rest are KDA
@@ -25,9 +25,21 @@ struct GenSpec {
   uint64_t seed = 1;
   // A_log stored padded to head_dim (K3 release) or [1,1,H,1] (Kimi Linear).
   bool pad_a_log = true;
+  // DeepSeek only (mla_heads = attention heads; the MLA, MoE and dense sizes above are shared).
+  int first_k_dense = 2, n_group = 4, topk_group = 2;
+  bool fp8 = true;  // FP8 128×128 block weights for every linear except embed, lm_head, router
+  double rope_theta = 10000.0, yarn_factor = 40.0, yarn_mscale = 1.0, yarn_mscale_all_dim = 1.0;
+  int yarn_original_max = 4096;
+  int index_heads = 4, index_head_dim = 64, index_topk = 256;  // deepseek_v32
+  int mtp_layers = 0;  // extra MTP layer tensors after the main layers (accepted, not run)
+  // Routing: "noaux_tc" (sigmoid + correction bias) or V2-style softmax "greedy" / "group_limited_greedy"
+  // (no bias tensor); norm_topk_prob as written to config.json.
+  std::string topk_method = "noaux_tc";
+  bool norm_topk_prob = true;
 };
 
-// Named presets: "k3-tiny", "k3-tiny-bf16", "kimi-linear-tiny", "k3-bench", "k3-default".
+// Named presets: "k3-tiny", "k3-tiny-bf16", "kimi-linear-tiny", "k3-bench", "k3-default",
+// "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v2style-tiny", "deepseek-bench".
 Result<GenSpec> gen_preset(const std::string& name);
 std::vector<std::string> gen_preset_names();
 

@@ -9,15 +9,6 @@
 namespace kestrel {
 
 namespace {
-CacheGeometry make_geometry(const TextConfig& c, const std::vector<bool>& is_kda) {
-  CacheGeometry g;
-  for (size_t l = 0; l < is_kda.size(); ++l) (is_kda[l] ? g.kda_layers : g.mla_layers).push_back(static_cast<int>(l));
-  g.kda_conv_floats = KdaState::conv_floats(c);
-  g.kda_recurrent_floats = KdaState::recurrent_floats(c);
-  g.mla_row_floats = c.kv_lora_rank + c.qk_rope_head_dim;
-  return g;
-}
-
 std::vector<float> fold(const std::vector<float>& norm_w, const std::vector<float>& proj_w) {
   std::vector<float> c(norm_w.size());
   for (size_t i = 0; i < c.size() && i < proj_w.size(); ++i) c[i] = norm_w[i] * proj_w[i];
@@ -28,6 +19,8 @@ std::vector<float> fold(const std::vector<float>& norm_w, const std::vector<floa
 Result<std::unique_ptr<KimiModel>> KimiModel::load(const std::string& dir) {
   auto cfg = load_model_config(dir);
   if (!cfg) return cfg.error();
+  if (cfg->arch != Arch::kKimiK3 && cfg->arch != Arch::kKimiLinear)
+    return invalid_argument(dir + ": model_type '" + cfg->model_type + "' is not a Kimi K3 / Kimi Linear model");
   auto ck = Checkpoint::open(dir);
   if (!ck) return ck.error();
   auto m = std::unique_ptr<KimiModel>(new KimiModel());
@@ -48,6 +41,8 @@ Status KimiModel::bind(Binder& b) {
   const bool k3 = cfg_.arch == Arch::kKimiK3;
   const std::string root = cfg_.weight_prefix + "model.";
   const int64_t D = c.hidden_size, V = c.vocab_size;
+  if (c.has_sparse_attn())  // parsed for `kestrel plan`; the DSA layers are not implemented here yet
+    return unsupported(cfg_.model_type + ": sparse attention layers (sparse_attn_layers) are not supported yet");
   if (k3 && c.num_hidden_layers / c.attn_res_block_size + 2 > 64)
     return unsupported("attn_res_block_size too small: more than 64 residual sources");
   embed_ = b.linear(root + "embed_tokens", V, D);
@@ -82,39 +77,8 @@ Status KimiModel::bind(Binder& b) {
   }
   std::vector<bool> is_kda;
   for (const Layer& L : layers_) is_kda.push_back(L.kda != nullptr);
-  geom_ = make_geometry(c, is_kda);
+  set_geometry(is_kda);
   return b.status();
-}
-
-SequenceState KimiModel::new_sequence() const {
-  const CacheGeometry& g = geom_;
-  SequenceState s;
-  s.owns_storage = true;
-  s.kda.resize(layers_.size());
-  s.mla.resize(layers_.size());
-  s.own_state.assign(static_cast<size_t>(g.slot_floats()), 0.0f);
-  float* p = s.own_state.data();
-  for (int l : g.kda_layers) {
-    s.kda[static_cast<size_t>(l)].conv = p;
-    p += g.kda_conv_floats;
-    s.kda[static_cast<size_t>(l)].recurrent = p;
-    p += g.kda_recurrent_floats;
-  }
-  for (int l : g.mla_layers) s.mla[static_cast<size_t>(l)].page_tokens = kOwnPageTokens;
-  return s;
-}
-
-void KimiModel::reserve(SequenceState& st, int64_t n_tokens) const {
-  KCHECK(st.owns_storage, "reserve() is for standalone sequences; pool-backed ones get pages from cache/");
-  const CacheGeometry& g = geom_;
-  const int64_t page_floats = kOwnPageTokens * g.mla_row_floats;
-  for (int l : g.mla_layers) {
-    MlaCache& m = st.mla[static_cast<size_t>(l)];
-    while (m.capacity() < n_tokens) {
-      st.own_pages.push_back(std::make_unique<float[]>(static_cast<size_t>(page_floats)));
-      m.pages.push_back(st.own_pages.back().get());
-    }
-  }
 }
 
 void KimiModel::run_attn(size_t l, const float* x, int64_t T, float* out, const ForwardOptions& o) {
@@ -140,12 +104,6 @@ void KimiModel::run_ffn(size_t l, const float* x, int64_t T, float* out) {
   kernels::rms_norm(x, layers_[l].post_norm.data(), T, c.hidden_size, c.rms_norm_eps, normed_.data());
   if (layers_[l].dense) layers_[l].dense->forward(normed_.data(), T, out);
   else layers_[l].moe->forward(normed_.data(), T, out);
-}
-
-void KimiModel::forward(const int32_t* ids, int64_t T, SequenceState& st, std::vector<float>& logits,
-                        const ForwardOptions& o) {
-  one_.assign(1, SeqRun{ids, T, &st, o.all_logits});
-  forward_batch(one_, logits, o);
 }
 
 void KimiModel::forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions& o) {

@@ -15,72 +15,16 @@
 #include "layers/mla_layer.h"
 #include "loader/checkpoint.h"
 #include "loader/model_config.h"
+#include "models/model.h"
 
 namespace kestrel {
 
-// Everything one sequence carries between forward calls: views of its KDA state (per KDA layer) and
-// MLA pages (per MLA layer). Storage is either owned here (standalone sequences: CLI, tests) or lent
-// by the cache pools (server); see cache/.
-struct SequenceState {
-  std::vector<KdaState> kda;  // indexed by layer (null views for MLA layers)
-  std::vector<MlaCache> mla;  // indexed by layer (no pages for KDA layers)
-  int64_t n_tokens = 0;
-  // Owned storage (standalone sequences only).
-  std::vector<float> own_state;
-  std::vector<std::unique_ptr<float[]>> own_pages;
-  bool owns_storage = false;
-
-  SequenceState() = default;
-  SequenceState(SequenceState&&) = default;  // views stay valid: buffers move, not copy
-  SequenceState& operator=(SequenceState&&) = default;
-  SequenceState(const SequenceState&) = delete;
-  SequenceState& operator=(const SequenceState&) = delete;
-};
-
-// One sequence's share of a batched forward.
-struct SeqRun {
-  const int32_t* ids = nullptr;
-  int64_t T = 0;
-  SequenceState* st = nullptr;
-  bool all_logits = false;  // logits for every token of this run (else only its last)
-};
-
-// Sizes the cache pools need.
-struct CacheGeometry {
-  std::vector<int> kda_layers, mla_layers;
-  int64_t kda_conv_floats = 0, kda_recurrent_floats = 0;  // per KDA layer
-  int64_t mla_row_floats = 0;                            // per token per MLA layer
-  int64_t slot_floats() const {
-    return static_cast<int64_t>(kda_layers.size()) * (kda_conv_floats + kda_recurrent_floats);
-  }
-};
-
-struct ForwardOptions {
-  bool all_logits = false;        // logits for every token (else only the last)
-  MlaMode mla_mode = MlaMode::kAuto;
-  bool kda_force_recurrent = false;
-};
-
-class KimiModel {
+class KimiModel final : public Model {
  public:
   // Loads config.json and binds every tensor strictly; unused checkpoint tensors are an error.
   static Result<std::unique_ptr<KimiModel>> load(const std::string& dir);
 
-  const ModelConfig& config() const { return cfg_; }
-  const CacheGeometry& cache_geometry() const { return geom_; }
-  // A standalone sequence that owns its storage (pages of kOwnPageTokens tokens, grown on demand).
-  SequenceState new_sequence() const;
-  static constexpr int64_t kOwnPageTokens = 256;
-  // Owned sequences: grows pages to hold n_tokens in total (so decode up to there never allocates).
-  void reserve(SequenceState& st, int64_t n_tokens) const;
-  // Runs T tokens of one sequence; logits: [T or 1, vocab].
-  void forward(const int32_t* ids, int64_t T, SequenceState& st, std::vector<float>& logits,
-               const ForwardOptions& opt = {});
-  // Runs several sequences in one step: token-wise work (projections, MoE, norms, lm_head) over the
-  // concatenated tokens so weights are read once; attention per sequence. Logits rows are emitted
-  // run by run (T rows when all_logits, else 1). Pool-backed sequences must already have pages for
-  // their new tokens.
-  void forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions& opt = {});
+  void forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions& opt = {}) override;
 
  private:
   struct Layer {
@@ -97,8 +41,6 @@ class KimiModel {
   void forward_k3(int64_t T, const ForwardOptions& o);
   void forward_linear(int64_t T, const ForwardOptions& o);
 
-  ModelConfig cfg_;
-  CacheGeometry geom_;
   std::unique_ptr<Checkpoint> ckpt_;  // owns the mmaps every WeightMatrix points into
   kernels::WeightMatrix embed_, lm_head_;
   std::vector<float> final_norm_, out_res_c_;
@@ -111,7 +53,6 @@ class KimiModel {
   std::vector<Segment<MlaCache>> mla_segs_;
   std::span<const SeqRun> runs_;  // the batch being run (valid during forward_batch)
   std::vector<int64_t> logit_rows_;
-  std::vector<SeqRun> one_;
 };
 
 }  // namespace kestrel

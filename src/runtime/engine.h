@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "models/kimi_model.h"
+#include "models/model.h"
 
 namespace kestrel {
 
@@ -25,11 +25,12 @@ class Engine {
   // Allocation-free form for steady-state decode: `logits` is reused.
   Status decode_into(SequenceState& seq, int32_t id, std::vector<float>& logits, const ForwardOptions& base = {});
   void reserve(SequenceState& seq, int64_t n_tokens) const { model_->reserve(seq, n_tokens); }
-  KimiModel& model() { return *model_; }
+  Model& model() { return *model_; }
 
  private:
   Status check_ids(std::span<const int32_t> ids) const;
-  std::unique_ptr<KimiModel> model_;
+  Status check_length(const SequenceState& seq, int64_t n_new) const;
+  std::unique_ptr<Model> model_;
 };
 
 }  // namespace kestrel

@@ -3,6 +3,14 @@
 //   k3_tiny_bf16.safetensors      ← llama.cpp kimi-k3, f32 GGUF, f32 KV (tools/gen_k3_goldens.py)
 //   k3_tiny_mxfp4_exact.safetensors ← same, MXFP4 checkpoint with the experts decoded exactly (by
 //                                   compressed-tensors' unpacking) before llama.cpp: tests our MXFP4 path tightly
+//   deepseek_v3_tiny / deepseek_v32_tiny.safetensors ← transformers DeepseekV3ForCausalLM /
+//                                   DeepseekV32ForCausalLM fp32 on the FP8 checkpoint dequantised by
+//                                   DeepSeek's rule in the script (tools/gen_deepseek_goldens.py); tests
+//                                   YaRN + interleaved RoPE, mscale² softmax scale, group-limited noaux_tc
+//                                   routing and our FP8 block decode.
+//   deepseek_v2style_tiny.safetensors ← transformers DeepseekV2ForCausalLM fp32 (same script): no q_lora,
+//                                   softmax group_limited_greedy routing, and an independent
+//                                   (complex-multiply) implementation of the interleaved RoPE.
 //   k3_tiny_mxfp4_allexp.safetensors ← llama.cpp's native MXFP4 path, every expert routed. llama.cpp rounds
 //                                   the expert inputs to Q8_0 there, which with top-k routing flips expert
 //                                   choices and then diverges (kimi_k3_spec.md §10); with all experts routed the
@@ -130,6 +138,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"kimi_linear_vs_transformers", "kimi-linear-tiny", "kimi_linear_tiny.safetensors", 2e-4, 1e-9, 1.0, true},
                       Case{"k3_bf16_vs_llamacpp", "k3-tiny-bf16", "k3_tiny_bf16.safetensors", 2e-4, 1e-9, 1.0, true},
                       Case{"k3_mxfp4_exact_vs_llamacpp", "k3-tiny", "k3_tiny_mxfp4_exact.safetensors", 2e-4, 1e-9, 1.0, true},
+                      Case{"deepseek_v3_fp8_vs_transformers", "deepseek-v3-tiny", "deepseek_v3_tiny.safetensors", 2e-4, 1e-9, 1.0, true},
+                      Case{"deepseek_v32_fp8_vs_transformers", "deepseek-v32-tiny", "deepseek_v32_tiny.safetensors", 2e-4, 1e-9, 1.0, true},
+                      Case{"deepseek_v2style_vs_transformers_v2", "deepseek-v2style-tiny", "deepseek_v2style_tiny.safetensors", 2e-4, 1e-9, 1.0, true},
                       Case{"k3_mxfp4_native_vs_llamacpp_q8", "k3-tiny-allexp", "k3_tiny_mxfp4_allexp.safetensors", 1.0, 3e-2, 0.9, false}),
     [](const auto& info) { return std::string(info.param.name); });
 

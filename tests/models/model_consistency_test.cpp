@@ -1,7 +1,7 @@
 // Whole-model self-consistency on generated tiny checkpoints: prefill N then decode M equals
 // prefill N+M; chunked prefill (chunks 1, 7, 64, 100) equals one chunk; absorbed MLA equals
-// expanded MLA; sequences are independent. Run on K3 (MXFP4 and BF16 experts, several shapes) and
-// Kimi Linear. These compare two code paths of the same fp32 math, so the tolerance is tight
+// expanded MLA; sequences are independent. Run on K3 (MXFP4 and BF16 experts, several shapes),
+// Kimi Linear and DeepSeek V3 / V3.2 (FP8 and bf16, with and without q_lora, grouped routing). These compare two code paths of the same fp32 math, so the tolerance is tight
 // (1e-4 relative to the logit scale): only summation order differs (chunked vs recurrent KDA,
 // absorbed vs expanded MLA).
 #include <gtest/gtest.h>
@@ -31,6 +31,11 @@ std::vector<Variant> variants() {
       {"k3_block2_layers6", "k3-tiny",
        [](GenSpec& s) { s.layers = 6, s.full_attn_layers = {3, 5, 6}, s.attn_res_block = 2, s.shared = 1; }},
       {"kimi_linear", "kimi-linear-tiny", nullptr},
+      {"deepseek_v3_fp8", "deepseek-v3-tiny", nullptr},
+      {"deepseek_v32_fp8", "deepseek-v32-tiny", nullptr},
+      {"deepseek_v2style_softmax_groups", "deepseek-v2style-tiny", nullptr},
+      {"deepseek_v3_bf16_no_q_lora_one_group", "deepseek-v3-tiny",
+       [](GenSpec& s) { s.fp8 = false, s.q_lora = 0, s.n_group = 1, s.topk_group = 1, s.mla_heads = 3; }},
   };
 }
 
@@ -106,6 +111,7 @@ TEST_P(ModelConsistency, AbsorbedMlaEqualsExpanded) {
 }
 
 TEST_P(ModelConsistency, RecurrentKdaEqualsChunked) {
+  if (eng_->model().cache_geometry().kda_layers.empty()) GTEST_SKIP() << "no KDA layers";
   const auto ids = prompt(130, vocab_);
   ForwardOptions rec;
   rec.kda_force_recurrent = true;
@@ -137,6 +143,26 @@ TEST_P(ModelConsistency, RejectsOutOfVocabIds) {
   auto r = eng_->prefill(s, bad, 0);
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().message().find("outside the vocabulary"), std::string::npos);
+}
+
+// DeepSeek V3.2 runs as dense MLA, exact only while every position fits in index_topk; beyond that
+// the engine must refuse (until the DSA indexer lands), never silently compute dense attention.
+TEST(DeepseekV32, RefusesContextBeyondIndexTopk) {
+  testing::TempDir tmp;
+  testing::make_checkpoint("deepseek-v32-tiny", tmp.path(), [](GenSpec& s) { s.index_topk = 16; });
+  auto e = Engine::load(tmp.path());
+  ASSERT_TRUE(e) << e.error().message();
+  EXPECT_EQ((*e)->model().max_positions(), 16);
+  const auto ids = prompt(17, (*e)->config().text.vocab_size);
+  SequenceState s = (*e)->new_sequence();
+  auto r = (*e)->prefill(s, ids, 0);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message().find("DSA indexer not implemented"), std::string::npos) << r.error().message();
+  EXPECT_EQ(s.n_tokens, 0);  // nothing ran
+  ASSERT_TRUE((*e)->prefill(s, std::span<const int32_t>(ids.data(), 16), 5));
+  auto d = (*e)->decode(s, ids[16]);
+  ASSERT_FALSE(d);
+  EXPECT_NE(d.error().message().find("DSA indexer not implemented"), std::string::npos);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, ModelConsistency, ::testing::ValuesIn(variants()),

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -315,6 +316,35 @@ TEST(Int8Matmul, CloseToFp32ReferenceAndHookedIntoMatmul) {
       EXPECT_LT(nmse(via, ref), 1e-10);
     }
   }
+}
+
+// matmul_many with an int8 task beside an fp32-path task, into a wider output (ldy > out): the int8
+// columns equal a plain int8_matmul, the bf16 task's columns are untouched by it, the gap stays.
+TEST(Int8Matmul, InsideMatmulManyWithStride) {
+  const int64_t out = 24, in = 160, T = 6, ldy = 64;
+  Mat q = random_matrix(WeightFormat::kW4A8, out, in, 32, false, 21);
+  Mat b;
+  b.packed.resize(static_cast<size_t>(out * in * 2));
+  std::mt19937 rng(22);
+  for (int64_t i = 0; i < out * in; ++i) {
+    const uint16_t v = f32_to_bf16(std::uniform_real_distribution<float>(-1, 1)(rng));
+    std::memcpy(b.packed.data() + 2 * i, &v, 2);
+  }
+  b.w.format = WeightFormat::kBF16, b.w.out = out, b.w.in = in, b.w.data = b.packed.data();
+  const auto x = random_x(T, in, 23);
+  std::vector<float> y(static_cast<size_t>(T * ldy), -7.0f), ref_q(static_cast<size_t>(T * out)), ref_b(ref_q.size());
+  const MatmulTask tasks[2] = {{&q.w, x.data(), T, y.data(), ldy}, {&b.w, x.data(), T, y.data() + out, ldy}};
+  matmul_many(std::span<const MatmulTask>(tasks, 2));
+  int8_matmul(q.w, x.data(), T, ref_q.data());
+  matmul(b.w, x.data(), T, ref_b.data());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t r = 0; r < out; ++r) {
+      ASSERT_EQ(y[static_cast<size_t>(t * ldy + r)], ref_q[static_cast<size_t>(t * out + r)]);
+      ASSERT_EQ(y[static_cast<size_t>(t * ldy + out + r)], ref_b[static_cast<size_t>(t * out + r)]);
+      if (2 * out + r < ldy) {
+        ASSERT_EQ(y[static_cast<size_t>(t * ldy + 2 * out + r)], -7.0f);
+      }
+    }
 }
 
 TEST(Isa, NamesOverrideAndBest) {

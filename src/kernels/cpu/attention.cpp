@@ -5,41 +5,61 @@
 
 namespace kestrel::kernels {
 
+namespace {
+
 // Online softmax (running max and sum, rescaling the accumulator): one pass over the keys and no
-// buffer that grows with the context length.
-void causal_attention(const AttentionArgs& a) {
+// buffer that grows with the context length. Query t, head h.
+void attend_one(const AttentionArgs& a, int64_t t, int64_t h) {
   const int64_t offset = a.L - a.T;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t t = 0; t < a.T; ++t) {
-    for (int64_t h = 0; h < a.H; ++h) {
-      const float* q = a.q + (t * a.H + h) * a.Dk;
-      float* o = a.out + (t * a.H + h) * a.Dv;
-      std::fill(o, o + a.Dv, 0.0f);
-      const int64_t n = offset + t + 1;
-      float m = -INFINITY, l = 0.0f;
-      for (int64_t j = 0; j < n; ++j) {
-        const float* k = a.pages ? a.pages[j / a.page_tokens] + a.k_offset + (j % a.page_tokens) * a.k_token_stride +
-                                       h * a.k_head_stride
-                                 : a.k + j * a.k_token_stride + h * a.k_head_stride;
-        float s = 0;
-        for (int64_t d = 0; d < a.Dk; ++d) s += q[d] * k[d];
-        s *= a.scale;
-        if (s > m) {
-          const float r = std::exp(m - s);  // 0 on the first key
-          l *= r;
-          for (int64_t d = 0; d < a.Dv; ++d) o[d] *= r;
-          m = s;
-        }
-        const float w = std::exp(s - m);
-        l += w;
-        const float* v = a.pages ? a.pages[j / a.page_tokens] + a.v_offset + (j % a.page_tokens) * a.v_token_stride +
-                                       h * a.v_head_stride
-                                 : a.v + j * a.v_token_stride + h * a.v_head_stride;
-        for (int64_t d = 0; d < a.Dv; ++d) o[d] += w * v[d];
-      }
-      const float inv = 1.0f / l;
-      for (int64_t d = 0; d < a.Dv; ++d) o[d] *= inv;
+  const float* q = a.q + (t * a.H + h) * a.Dk;
+  float* o = a.out + (t * a.H + h) * a.Dv;
+  std::fill(o, o + a.Dv, 0.0f);
+  const int64_t n = offset + t + 1;
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    const float* k = a.pages ? a.pages[j / a.page_tokens] + a.k_offset + (j % a.page_tokens) * a.k_token_stride +
+                                   h * a.k_head_stride
+                             : a.k + j * a.k_token_stride + h * a.k_head_stride;
+    float s = 0;
+    for (int64_t d = 0; d < a.Dk; ++d) s += q[d] * k[d];
+    s *= a.scale;
+    if (s > m) {
+      const float r = std::exp(m - s);  // 0 on the first key
+      l *= r;
+      for (int64_t d = 0; d < a.Dv; ++d) o[d] *= r;
+      m = s;
     }
+    const float w = std::exp(s - m);
+    l += w;
+    const float* v = a.pages ? a.pages[j / a.page_tokens] + a.v_offset + (j % a.page_tokens) * a.v_token_stride +
+                                   h * a.v_head_stride
+                             : a.v + j * a.v_token_stride + h * a.v_head_stride;
+    for (int64_t d = 0; d < a.Dv; ++d) o[d] += w * v[d];
+  }
+  const float inv = 1.0f / l;
+  for (int64_t d = 0; d < a.Dv; ++d) o[d] *= inv;
+}
+
+}  // namespace
+
+void causal_attention(const AttentionArgs& a) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t t = 0; t < a.T; ++t)
+    for (int64_t h = 0; h < a.H; ++h) attend_one(a, t, h);
+}
+
+void causal_attention_many(std::span<const AttentionArgs> args) {
+  int64_t total = 0;
+  for (const AttentionArgs& a : args) total += a.T * a.H;
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t i = 0; i < total; ++i) {
+    size_t s = 0;
+    int64_t r = i;
+    while (r >= args[s].T * args[s].H) {
+      r -= args[s].T * args[s].H;
+      ++s;
+    }
+    attend_one(args[s], r / args[s].H, r % args[s].H);
   }
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 namespace kestrel::kernels {
 
@@ -26,5 +27,7 @@ struct AttentionArgs {
 };
 
 void causal_attention(const AttentionArgs& a);
+// Several independent attentions (the decode segments of a batch) in one parallel region.
+void causal_attention_many(std::span<const AttentionArgs> args);
 
 }  // namespace kestrel::kernels

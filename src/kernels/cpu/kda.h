@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 namespace kestrel::kernels {
 
@@ -31,6 +32,8 @@ struct KdaArgs {
 
 // Token-by-token recurrence (decode, and the scalar reference for the chunked form).
 void kda_recurrent(const KdaArgs& a);
+// Several independent recurrences (one per sequence of a decode batch) in one parallel region.
+void kda_recurrent_many(std::span<const KdaArgs> args);
 
 // Chunked (WY/UT) form with chunk size `chunk` (64 in production); exact for any T (tail chunk is
 // handled without padding artefacts). Numerically safe for strongly negative g: only exp of

@@ -9,15 +9,12 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/cpu/linear_fp8.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/w4a8_format.h"
 #include "kernels/cpu/w4a8_gemm.h"
 
 namespace kestrel::kernels {
-namespace {
-
-}  // namespace
-
 namespace {
 
 typedef int8_t v16i8 __attribute__((vector_size(16)));
@@ -66,7 +63,7 @@ void decode_mxfp4_row(const uint8_t* packed, const uint8_t* scales, int64_t bloc
 // decode-then-dot path (16-lane partial sums over the row, then a lane sum), so results do not
 // depend on which path ran.
 template <int R, int U>
-void mxfp4_rows_dot(const WeightMatrix& w, int64_t r0, const float* x, float* y, int64_t out) {
+void mxfp4_rows_dot(const WeightMatrix& w, int64_t r0, const float* x, float* y, int64_t ldy) {
   const int64_t in = w.in, blocks = in / 32;
   const uint8_t* P = static_cast<const uint8_t*>(w.data);
   v16f acc[R][U];
@@ -91,7 +88,7 @@ void mxfp4_rows_dot(const WeightMatrix& w, int64_t r0, const float* x, float* y,
     for (int u = 0; u < U; ++u) {
       float s = 0;
       for (int k = 0; k < 16; ++k) s += acc[r][u][k];
-      y[u * out + r0 + r] = s;
+      y[u * ldy + r0 + r] = s;
     }
 }
 
@@ -119,6 +116,10 @@ void decode_row(const WeightMatrix& w, int64_t r, float* dst) {
       decode_mxfp4_row(static_cast<const uint8_t*>(w.data) + r * (n / 2), w.scales + r * (n / 32), n / 32, dst);
       return;
     }
+    case WeightFormat::kFp8Block: {
+      decode_fp8_block_row(w, r, dst);
+      return;
+    }
     case WeightFormat::kW4A8: {
       dequantize_int4_row(static_cast<const uint8_t*>(w.data) + r * (n / 2),
                           reinterpret_cast<const uint16_t*>(w.scales) + r * (n / w.group), n, w.group, dst);
@@ -127,10 +128,17 @@ void decode_row(const WeightMatrix& w, int64_t r, float* dst) {
   }
 }
 
-// Register-blocked micro-kernel: R decoded weight rows × U tokens, 16-float vectors (GCC vector
+namespace {
+
+// Register-blocked micro-kernel: R fp32 weight rows × U tokens, 16-float vectors (GCC vector
 // extensions; one zmm on AVX-512, two ymm on AVX2). R·U independent accumulators keep the FMA
 // pipes busy; the tail of `in` (not a multiple of 16) is finished in scalar code.
+// Every path below keeps this per-(row, token) summation order: 16-lane partial sums over the row in
+// steps of 16, lane sum 0..15, then the scalar tail. So a token's result never depends on which
+// path, block shape or batch it ran in.
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef uint16_t v16u16 __attribute__((vector_size(32), aligned(2)));
+typedef uint32_t v16u32 __attribute__((vector_size(64)));
 
 template <int R, int U>
 inline void block_dot(const float* w, int64_t ws, const float* x, int64_t xs, int64_t n, float* y, int64_t ys) {
@@ -156,63 +164,203 @@ inline void block_dot(const float* w, int64_t ws, const float* x, int64_t xs, in
     }
 }
 
-// y[t, r0..r0+R) for all tokens, rows already decoded into `rows` [R, in].
-template <int R>
-void rows_times_tokens(const float* rows, int64_t in, const float* x, int64_t T, float* y, int64_t out, int64_t r0) {
-  int64_t t = 0;
-  for (; t + 4 <= T; t += 4) block_dot<R, 4>(rows, in, x + t * in, in, in, y + t * out + r0, out);
-  for (; t < T; ++t) block_dot<R, 1>(rows, in, x + t * in, in, in, y + t * out + r0, out);
+// 16 bf16 → 16 fp32 in registers: zero-extend and shift into the high half (exact).
+inline v16 load_bf16x16(const uint16_t* p) {
+  v16u16 h;
+  std::memcpy(&h, p, 32);
+  const v16u32 w = __builtin_convertvector(h, v16u32) << 16;
+  v16 f;
+  std::memcpy(&f, &w, 64);
+  return f;
 }
 
-// MXFP4 with few tokens: rows split across threads, decoded in registers (no fp32 row buffer).
+inline v16 load_f16x16(const uint16_t* p) {
+  v16 f;
+#if defined(__AVX512F__)
+  // (Masked form: GCC 12 warns on the plain intrinsic's undefined pass-through operand.)
+  const __m512 v = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  std::memcpy(&f, &v, 64);
+#else
+  for (int k = 0; k < 16; ++k) f[k] = f16_to_f32(p[k]);
+#endif
+  return f;
+}
+
+// Fused 16-bit-float rows × few tokens: R rows of bf16/f16 weights converted in registers (never
+// stored), U tokens.
+template <int R, int U, bool kBf16>
+void half_rows_dot(const uint16_t* W, int64_t in, int64_t r0, const float* x, float* y, int64_t ldy) {
+  v16 acc[R][U];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) acc[r][u] = v16{};
+  int64_t i = 0;
+  for (; i + 16 <= in; i += 16) {
+    v16 xv[U];
+    for (int u = 0; u < U; ++u) std::memcpy(&xv[u], x + u * in + i, 64);
+    for (int r = 0; r < R; ++r) {
+      const uint16_t* p = W + (r0 + r) * in + i;
+      const v16 wv = kBf16 ? load_bf16x16(p) : load_f16x16(p);
+      for (int u = 0; u < U; ++u) acc[r][u] += wv * xv[u];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) {
+      float s = 0;
+      for (int k = 0; k < 16; ++k) s += acc[r][u][k];
+      for (int64_t j = i; j < in; ++j) {
+        const uint16_t h = W[(r0 + r) * in + j];
+        s += (kBf16 ? bf16_to_f32(h) : f16_to_f32(h)) * x[u * in + j];
+      }
+      y[u * ldy + r0 + r] = s;
+    }
+}
+
+void many_tokens_rows(const WeightMatrix& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1);
+
+// Decode-time shapes (T ≤ 4): every format runs fused, weights read once from memory.
 template <int U>
-void mxfp4_matmul_fused(const WeightMatrix& w, const float* x, float* y) {
-  const int64_t out = w.out;
-  const int64_t blocks4 = out / 4;
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < blocks4; ++b) mxfp4_rows_dot<4, U>(w, b * 4, x, y, out);
-  for (int64_t r = blocks4 * 4; r < out; ++r) mxfp4_rows_dot<1, U>(w, r, x, y, out);
+void few_tokens_rows(const WeightMatrix& w, const float* x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int64_t in = w.in;
+  int64_t r = r0;
+  switch (w.format) {
+    case WeightFormat::kMxfp4:
+      for (; r + 4 <= r1; r += 4) mxfp4_rows_dot<4, U>(w, r, x, y, ldy);
+      for (; r < r1; ++r) mxfp4_rows_dot<1, U>(w, r, x, y, ldy);
+      return;
+    case WeightFormat::kBF16:
+    case WeightFormat::kF16: {
+      const auto* W = static_cast<const uint16_t*>(w.data);
+      const bool bf = w.format == WeightFormat::kBF16;
+      for (; r + 4 <= r1; r += 4)
+        bf ? half_rows_dot<4, U, true>(W, in, r, x, y, ldy) : half_rows_dot<4, U, false>(W, in, r, x, y, ldy);
+      for (; r < r1; ++r)
+        bf ? half_rows_dot<1, U, true>(W, in, r, x, y, ldy) : half_rows_dot<1, U, false>(W, in, r, x, y, ldy);
+      return;
+    }
+    case WeightFormat::kF32: {
+      const float* W = static_cast<const float*>(w.data);
+      for (; r + 4 <= r1; r += 4) block_dot<4, U>(W + r * in, in, x, in, in, y + r, ldy);
+      for (; r < r1; ++r) block_dot<1, U>(W + r * in, in, x, in, in, y + r, ldy);
+      return;
+    }
+    default:  // formats without a fused path: decode rows, then the same dot
+      many_tokens_rows(w, x, U, y, ldy, r0, r1);
+      return;
+  }
+}
+
+// y[t, r0..r0+R) for all tokens, rows already in fp32 (`rows` [R, in]).
+template <int R>
+void rows_times_tokens(const float* rows, int64_t in, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0) {
+  int64_t t = 0;
+  for (; t + 4 <= T; t += 4) block_dot<R, 4>(rows, in, x + t * in, in, in, y + t * ldy + r0, ldy);
+  for (; t < T; ++t) block_dot<R, 1>(rows, in, x + t * in, in, in, y + t * ldy + r0, ldy);
+}
+
+// Prefill / batched shapes (T > 4): a block of 4 rows is decoded once into a per-thread buffer
+// (L1/L2-resident; fp32 weights are used in place) and reused for every token.
+void many_tokens_rows(const WeightMatrix& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  constexpr int64_t kRows = 4;
+  const int64_t in = w.in;
+  float* buf = w.format == WeightFormat::kF32 ? nullptr : thread_scratch(kScratchLinear, static_cast<size_t>(kRows * in));
+  for (int64_t r = r0; r < r1; r += kRows) {
+    const int64_t n = std::min(r1, r + kRows) - r;
+    const float* rows;
+    if (buf == nullptr) {
+      rows = static_cast<const float*>(w.data) + r * in;
+    } else {
+      for (int64_t k = 0; k < n; ++k) decode_row(w, r + k, buf + k * in);
+      rows = buf;
+    }
+    if (n == kRows) {
+      rows_times_tokens<kRows>(rows, in, x, T, y, ldy, r);
+    } else {
+      for (int64_t k = 0; k < n; ++k) rows_times_tokens<1>(rows + k * in, in, x, T, y, ldy, r + k);
+    }
+  }
+}
+
+struct Chunk {
+  int32_t task;
+  int64_t r0, r1;
+};
+
+// Rough cost of one output row: weight bytes streamed (~5 FMA-token slots per byte at 16 GB/s per
+// core) plus one FMA per token and input element. Only used to cut chunks of similar size.
+double row_cost(const MatmulTask& t) {
+  double bytes = 4;
+  switch (t.w->format) {
+    case WeightFormat::kF32: bytes = 4; break;
+    case WeightFormat::kBF16:
+    case WeightFormat::kF16: bytes = 2; break;
+    case WeightFormat::kMxfp4: bytes = 17.0 / 32.0; break;
+    default: bytes = 1; break;  // 8-bit and block-quantized formats
+  }
+  return static_cast<double>(t.w->in) * (5.0 * bytes + static_cast<double>(t.T));
+}
+
+}  // namespace
+
+void matmul_rows(const WeightMatrix& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  switch (T) {
+    case 0: return;
+    case 1: return few_tokens_rows<1>(w, x, y, ldy, r0, r1);
+    case 2: return few_tokens_rows<2>(w, x, y, ldy, r0, r1);
+    case 3: return few_tokens_rows<3>(w, x, y, ldy, r0, r1);
+    case 4: return few_tokens_rows<4>(w, x, y, ldy, r0, r1);
+    default: return many_tokens_rows(w, x, T, y, ldy, r0, r1);
+  }
+}
+
+// Int8-activation kernels (w4a8_gemm.h): W4A8 unless weight-only mode, MXFP4 when opted in.
+static bool uses_int8(const WeightMatrix& w) {
+  return (w.format == WeightFormat::kW4A8 && !w4a8_weight_only()) || (w.format == WeightFormat::kMxfp4 && mxfp4_int8_enabled());
+}
+
+void matmul_many(std::span<const MatmulTask> tasks) {
+  // Int8 products quantize their activations once per task and split rows themselves.
+  if (std::any_of(tasks.begin(), tasks.end(), [](const MatmulTask& t) { return t.w != nullptr && uses_int8(*t.w); })) {
+    for (const MatmulTask& t : tasks) {
+      if (uses_int8(*t.w)) int8_matmul(*t.w, t.x, t.T, t.y, t.ldy ? t.ldy : t.w->out);
+      else matmul_many(std::span<const MatmulTask>(&t, 1));
+    }
+    return;
+  }
+  double total = 0;
+  for (const MatmulTask& t : tasks) {
+    KCHECK(t.w != nullptr && t.T >= 0 && (t.ldy == 0 || t.ldy >= t.w->out), "bad matmul task");
+    KCHECK(t.w->format != WeightFormat::kMxfp4 || (t.w->in % 32 == 0 && t.w->scales != nullptr), "bad MXFP4 matrix");
+    total += row_cost(t) * static_cast<double>(t.w->out);
+  }
+  const int threads = omp_get_max_threads();
+  // Small products (tiny models, routers) are not worth a fork/join.
+  if (threads == 1 || total < 6e4 || omp_in_parallel()) {
+    for (const MatmulTask& t : tasks) matmul_rows(*t.w, t.x, t.T, t.y, t.ldy ? t.ldy : t.w->out, 0, t.w->out);
+    return;
+  }
+  // ~6 chunks per thread: enough slack for dynamic balancing, few enough to stay cheap.
+  thread_local std::vector<Chunk> chunks;
+  chunks.clear();
+  const double target = total / (6.0 * threads);
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const MatmulTask& t = tasks[i];
+    const int64_t out = t.w->out;
+    int64_t rows = static_cast<int64_t>(target / row_cost(t));
+    rows = std::clamp<int64_t>((rows + 3) / 4 * 4, 4, std::max<int64_t>(4, out));
+    for (int64_t r = 0; r < out; r += rows) chunks.push_back({static_cast<int32_t>(i), r, std::min(out, r + rows)});
+  }
+  const Chunk* c = chunks.data();
+  const int64_t n = static_cast<int64_t>(chunks.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t k = 0; k < n; ++k) {
+    const MatmulTask& t = tasks[static_cast<size_t>(c[k].task)];
+    matmul_rows(*t.w, t.x, t.T, t.y, t.ldy ? t.ldy : t.w->out, c[k].r0, c[k].r1);
+  }
 }
 
 void matmul(const WeightMatrix& w, const float* x, int64_t T, float* y) {
-  KCHECK(w.format != WeightFormat::kMxfp4 || (w.in % 32 == 0 && w.scales != nullptr), "bad MXFP4 matrix");
-  // Int8-activation kernels (w4a8_gemm.h): W4A8 unless weight-only mode, MXFP4 when opted in.
-  if ((w.format == WeightFormat::kW4A8 && !w4a8_weight_only()) || (w.format == WeightFormat::kMxfp4 && mxfp4_int8_enabled()))
-    return int8_matmul(w, x, T, y);
-  const int64_t out = w.out, in = w.in;
-  if (w.format == WeightFormat::kMxfp4 && T <= 4) {
-    switch (T) {
-      case 1: return mxfp4_matmul_fused<1>(w, x, y);
-      case 2: return mxfp4_matmul_fused<2>(w, x, y);
-      case 3: return mxfp4_matmul_fused<3>(w, x, y);
-      case 4: return mxfp4_matmul_fused<4>(w, x, y);
-      default: break;
-    }
-  }
-  // Decode a block of rows once per thread (fp32 weights are used in place), then use it for every
-  // token: weights are read from memory once per call.
-  constexpr int64_t kRows = 4;
-  const int64_t blocks = (out + kRows - 1) / kRows;
-#pragma omp parallel
-  {
-    float* buf = w.format == WeightFormat::kF32 ? nullptr : thread_scratch(kScratchLinear, static_cast<size_t>(kRows * in));
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t r0 = b * kRows, n = std::min(out, r0 + kRows) - r0;
-      const float* rows;
-      if (buf == nullptr) {
-        rows = static_cast<const float*>(w.data) + r0 * in;
-      } else {
-        for (int64_t r = 0; r < n; ++r) decode_row(w, r0 + r, buf + r * in);
-        rows = buf;
-      }
-      if (n == kRows) {
-        rows_times_tokens<kRows>(rows, in, x, T, y, out, r0);
-      } else {
-        for (int64_t r = 0; r < n; ++r) rows_times_tokens<1>(rows + r * in, in, x, T, y, out, r0 + r);
-      }
-    }
-  }
+  const MatmulTask t{&w, x, T, y, 0};
+  matmul_many(std::span<const MatmulTask>(&t, 1));
 }
 
 void matmul_reference(const WeightMatrix& w, const float* x, int64_t T, float* y) {

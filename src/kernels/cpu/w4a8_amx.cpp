@@ -186,7 +186,7 @@ void amx_rows(const Int8GemmTask& t, int64_t r0, int64_t r1) {
         }
     }
     for (int64_t r = 0; r < R; ++r)
-      for (int64_t n = 0; n < N; ++n) t.y[(n0 + n) * t.out + r0 + r] = sc.acc[r][n] * a.scale[static_cast<size_t>(n0 + n)];
+      for (int64_t n = 0; n < N; ++n) t.y[(n0 + n) * t.ldy + r0 + r] = sc.acc[r][n] * a.scale[static_cast<size_t>(n0 + n)];
   }
   Tiles::release();
 }

@@ -118,7 +118,7 @@ KESTREL_AVX2 void block(const Int8GemmTask& t, int64_t r0, int64_t n0) {
       const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc[r][u]), _mm256_extractf128_ps(acc[r][u], 1));
       const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
       const float s = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-      t.y[(n0 + u) * t.out + r0 + r] = s * a.scale[static_cast<size_t>(n0 + u)];
+      t.y[(n0 + u) * t.ldy + r0 + r] = s * a.scale[static_cast<size_t>(n0 + u)];
     }
 }
 

@@ -154,7 +154,7 @@ KESTREL_AVX512 void block(const Int8GemmTask& t, int64_t r0, int64_t n0, __m512i
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < U; ++u) {
       const float s = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][u], _mm512_zextps128_ps512(tacc[r][u])));
-      t.y[(n0 + u) * t.out + r0 + r] = s * a.scale[static_cast<size_t>(n0 + u)];
+      t.y[(n0 + u) * t.ldy + r0 + r] = s * a.scale[static_cast<size_t>(n0 + u)];
     }
 }
 

@@ -15,7 +15,7 @@ constexpr int64_t kRowBlock = 16;  // rows per work item (the AMX tile height)
 
 using RowsFn = void (*)(const Int8GemmTask&, int64_t, int64_t);
 
-Int8GemmTask make_task(const WeightMatrix& w, const QuantizedActs& a, float* y) {
+Int8GemmTask make_task(const WeightMatrix& w, const QuantizedActs& a, float* y, int64_t ldy = 0) {
   KCHECK(w.format == WeightFormat::kW4A8 || w.format == WeightFormat::kMxfp4, "int8_matmul: W4A8 or MXFP4 weights only");
   KCHECK(w.in == a.in && w.in % 32 == 0 && w.scales != nullptr, "int8_matmul: shape mismatch");
   Int8GemmTask t;
@@ -28,6 +28,8 @@ Int8GemmTask make_task(const WeightMatrix& w, const QuantizedActs& a, float* y) 
   KCHECK(w.in % t.group == 0, "int8_matmul: in must be a multiple of the group size");
   t.acts = &a;
   t.y = y;
+  t.ldy = ldy ? ldy : w.out;
+  KCHECK(t.ldy >= w.out, "int8_matmul: ldy < out");
   return t;
 }
 
@@ -72,13 +74,16 @@ void int8_matmul_amx_emulated(const WeightMatrix& w, const QuantizedActs& a, flo
   run_rows(make_task(w, a, y), int8_rows_amx_emulated);
 }
 
-void int8_matmul(const WeightMatrix& w, const float* x, int64_t T, float* y, Isa isa) {
+void int8_matmul(const WeightMatrix& w, const float* x, int64_t T, float* y, Isa isa, int64_t ldy) {
+  if (T == 0) return;
   thread_local QuantizedActs acts;
   quantize_activations(x, T, w.in, acts);
-  run_rows(make_task(w, acts, y), rows_fn(isa));
+  run_rows(make_task(w, acts, y, ldy), rows_fn(isa));
 }
 
-void int8_matmul(const WeightMatrix& w, const float* x, int64_t T, float* y) { int8_matmul(w, x, T, y, active_isa()); }
+void int8_matmul(const WeightMatrix& w, const float* x, int64_t T, float* y, int64_t ldy) {
+  int8_matmul(w, x, T, y, active_isa(), ldy);
+}
 
 bool mxfp4_int8_enabled() { return env_flag(g_mxfp4_int8, "KESTREL_MXFP4_INT8"); }
 

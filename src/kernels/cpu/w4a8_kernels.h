@@ -23,7 +23,8 @@ struct Int8GemmTask {
   const uint8_t* scales = nullptr;  // int4: bf16 [out, in/group]; MXFP4: E8M0 [out, in/32]
   int64_t out = 0, in = 0, group = 32;
   const QuantizedActs* acts = nullptr;
-  float* y = nullptr;  // [T, out]
+  float* y = nullptr;  // [T, ldy], columns [0, out) written
+  int64_t ldy = 0;
 };
 
 // 2·E2M1 value of an MXFP4 code (small integers: 0, ±1, ±2, ±3, ±4, ±6, ±8, ±12).

@@ -29,7 +29,7 @@ void int8_rows_scalar(const Int8GemmTask& t, int64_t r0, int64_t r1) {
         }
         acc += static_cast<float>(s) * scale;
       }
-      t.y[n * t.out + r] = acc * a.scale[static_cast<size_t>(n)];
+      t.y[n * t.ldy + r] = acc * a.scale[static_cast<size_t>(n)];
     }
   }
 }

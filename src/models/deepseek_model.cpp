@@ -1,0 +1,130 @@
+#include "models/deepseek_model.h"
+
+#include "base/check.h"
+#include "kernels/cpu/elementwise.h"
+
+namespace kestrel {
+
+Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::string& dir) {
+  auto cfg = load_model_config(dir);
+  if (!cfg) return cfg.error();
+  if (cfg->arch != Arch::kDeepseekV3 && cfg->arch != Arch::kDeepseekV32)
+    return invalid_argument(dir + ": model_type '" + cfg->model_type + "' is not a DeepSeek-family model");
+  auto ck = Checkpoint::open(dir);
+  if (!ck) return ck.error();
+  auto m = std::unique_ptr<DeepseekModel>(new DeepseekModel());
+  m->cfg_ = std::move(*cfg);
+  m->ckpt_ = std::make_unique<Checkpoint>(std::move(*ck));
+  Binder b(*m->ckpt_);
+  KESTREL_RETURN_IF_ERROR(m->bind(b));
+  KESTREL_RETURN_IF_ERROR(m->skip_mtp_layers());
+  const auto unused = m->ckpt_->unused();
+  if (!unused.empty())
+    return corrupt(m->ckpt_->file_of(unused.front()) + ": unexpected tensor '" + unused.front() + "' (" +
+                   std::to_string(unused.size()) + " tensor(s) not used by " + m->cfg_.model_type + ")");
+  if (m->cfg_.arch == Arch::kDeepseekV32) m->max_positions_ = m->cfg_.text.dsa.index_topk;
+  return m;
+}
+
+Status DeepseekModel::bind(Binder& b) {
+  const TextConfig& c = cfg_.text;
+  const int64_t D = c.hidden_size, V = c.vocab_size;
+  embed_ = b.linear("model.embed_tokens", V, D);
+  lm_head_ = c.tie_word_embeddings ? embed_ : b.linear("lm_head", V, D);
+  final_norm_ = b.vec("model.norm.weight", {D});
+  layers_.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int l = 0; l < c.num_hidden_layers && b.ok(); ++l) {
+    Layer& L = layers_[static_cast<size_t>(l)];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    L.in_norm = b.vec(p + "input_layernorm.weight", {D});
+    L.post_norm = b.vec(p + "post_attention_layernorm.weight", {D});
+    KESTREL_RETURN_IF_ERROR(L.mla.bind(b, p + "self_attn.", c));
+    if (cfg_.arch == Arch::kDeepseekV32) {
+      const std::string ip = p + "self_attn.indexer.";
+      const int64_t H = c.dsa.index_n_heads, Dh = c.dsa.index_head_dim;
+      L.indexer = std::make_unique<IndexerWeights>();
+      L.indexer->wq_b = b.linear(ip + "wq_b", H * Dh, c.q_lora_rank);
+      L.indexer->wk = b.linear(ip + "wk", Dh, D);
+      L.indexer->k_norm_w = b.vec(ip + "k_norm.weight", {Dh});
+      L.indexer->k_norm_b = b.vec(ip + "k_norm.bias", {Dh});
+      L.indexer->weights_proj = b.linear(ip + "weights_proj", H, D);
+    }
+    if (c.ffn_kind[static_cast<size_t>(l)] == FfnKind::kDense) {
+      L.dense = std::make_unique<GatedMlp>();
+      L.dense->bind(b, p + "mlp.", "gate_proj", "up_proj", "down_proj", D, c.intermediate_size, c);
+    } else {
+      L.moe = std::make_unique<MoeBlock>();
+      KESTREL_RETURN_IF_ERROR(L.moe->bind(b, p + "mlp.", c, kHfExpertNames));
+    }
+  }
+  set_geometry(std::vector<bool>(layers_.size(), false));
+  return b.status();
+}
+
+// MTP (multi-token prediction) layers live at model.layers.{L..L+n-1}; they serve speculative
+// decoding, which is not implemented, so their tensors are accepted without being bound. Only
+// those: any other unused tensor is still an error.
+Status DeepseekModel::skip_mtp_layers() {
+  const TextConfig& c = cfg_.text;
+  for (const std::string& name : ckpt_->unused())
+    for (int k = 0; k < c.num_nextn_predict_layers; ++k) {
+      const std::string p = "model.layers." + std::to_string(c.num_hidden_layers + k) + ".";
+      if (name.compare(0, p.size(), p) == 0) {
+        auto t = ckpt_->get(name, {}, {});  // marks it seen
+        if (!t) return t.error();
+      }
+    }
+  return Status::ok();
+}
+
+// Plain pre-norm residual stream: h += MLA(norm h); h += FFN(norm h); logits = lm_head(norm h).
+void DeepseekModel::forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions& o) {
+  const TextConfig& c = cfg_.text;
+  const int64_t D = c.hidden_size;
+  int64_t T = 0;
+  for (const SeqRun& r : runs) {
+    KCHECK(max_positions_ == 0 || r.st->n_tokens + r.T <= max_positions_,
+           "sequence beyond max_positions (DSA indexer not implemented); callers check");
+    if (r.st->owns_storage) reserve(*r.st, r.st->n_tokens + r.T);
+    T += r.T;
+  }
+  h_.resize(static_cast<size_t>(T * D));
+  int64_t t = 0;
+  for (const SeqRun& r : runs)
+    for (int64_t i = 0; i < r.T; ++i, ++t) {
+      KCHECK(r.ids[i] >= 0 && r.ids[i] < c.vocab_size, "token id out of range (callers validate)");
+      kernels::decode_row(embed_, r.ids[i], h_.data() + t * D);
+    }
+  const int64_t n = T * D;
+  normed_.resize(static_cast<size_t>(n));
+  sub_.resize(static_cast<size_t>(n));
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    Layer& L = layers_[l];
+    kernels::rms_norm(h_.data(), L.in_norm.data(), T, D, c.rms_norm_eps, normed_.data());
+    mla_segs_.clear();
+    int64_t off = 0;
+    for (const SeqRun& r : runs) mla_segs_.push_back({off, r.T, &r.st->mla[l]}), off += r.T;
+    L.mla.forward(normed_.data(), T, mla_segs_, sub_.data(), o.mla_mode);
+    for (int64_t i = 0; i < n; ++i) h_[static_cast<size_t>(i)] += sub_[static_cast<size_t>(i)];
+    kernels::rms_norm(h_.data(), L.post_norm.data(), T, D, c.rms_norm_eps, normed_.data());
+    if (L.dense) L.dense->forward(normed_.data(), T, sub_.data());
+    else L.moe->forward(normed_.data(), T, sub_.data());
+    for (int64_t i = 0; i < n; ++i) h_[static_cast<size_t>(i)] += sub_[static_cast<size_t>(i)];
+  }
+  logit_rows_.clear();
+  int64_t off = 0;
+  for (const SeqRun& r : runs) {
+    for (int64_t i = r.all_logits ? 0 : r.T - 1; i < r.T; ++i) logit_rows_.push_back(off + i);
+    off += r.T;
+    r.st->n_tokens += r.T;
+  }
+  const int64_t rows = static_cast<int64_t>(logit_rows_.size());
+  normed_.resize(static_cast<size_t>(rows * D));
+  for (int64_t i = 0; i < rows; ++i)
+    kernels::rms_norm(h_.data() + logit_rows_[static_cast<size_t>(i)] * D, final_norm_.data(), 1, D, c.rms_norm_eps,
+                      normed_.data() + i * D);
+  logits.resize(static_cast<size_t>(rows * c.vocab_size));
+  kernels::matmul(lm_head_, normed_.data(), rows, logits.data());
+}
+
+}  // namespace kestrel

@@ -1,0 +1,57 @@
+// DeepSeek V3 / Kimi K2 (model_type deepseek_v3, kimi_k2) and DeepSeek V3.2 (deepseek_v32) text
+// models on CPU (dsa_mla_moe_quant.md §1, §3, §4a), built from layers/: every layer is MLA with
+// decoupled YaRN RoPE; the first first_k_dense_replace layers have a dense SwiGLU MLP, the rest a
+// noaux_tc MoE (group-limited) with shared experts; plain pre-norm residual. Weights stay in
+// checkpoint format (bf16 or FP8 128×128 blocks) and are decoded inside the kernels; math in fp32.
+//
+// V3.2: the DSA indexer weights are bound (strict checkpoint) but the indexer is not implemented
+// yet: up to index_topk tokens DSA selects every causal position, so dense MLA is exact there, and
+// max_positions() = index_topk makes the runtime refuse longer sequences.
+// MTP layers (num_nextn_predict_layers, stored after the main layers) are accepted and not run.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "layers/ffn.h"
+#include "layers/mla_layer.h"
+#include "loader/checkpoint.h"
+#include "models/model.h"
+
+namespace kestrel {
+
+class DeepseekModel final : public Model {
+ public:
+  static Result<std::unique_ptr<DeepseekModel>> load(const std::string& dir);
+  void forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions& opt = {}) override;
+
+ private:
+  // V3.2 lightning-indexer weights (self_attn.indexer.*; §2.2). Held for the DSA engine, unused here.
+  struct IndexerWeights {
+    kernels::WeightMatrix wq_b, wk, weights_proj;  // [H·D, q_lora], [D, hidden], [H, hidden]
+    std::vector<float> k_norm_w, k_norm_b;         // LayerNorm [D] with bias
+  };
+  struct Layer {
+    std::vector<float> in_norm, post_norm;
+    MlaLayer mla;
+    std::unique_ptr<GatedMlp> dense;
+    std::unique_ptr<MoeBlock> moe;
+    std::unique_ptr<IndexerWeights> indexer;
+  };
+  DeepseekModel() = default;
+  Status bind(Binder& b);
+  Status skip_mtp_layers();
+
+  std::unique_ptr<Checkpoint> ckpt_;  // owns the mmaps every WeightMatrix points into
+  kernels::WeightMatrix embed_, lm_head_;
+  std::vector<float> final_norm_;
+  std::vector<Layer> layers_;
+  // Scratch (not reentrant).
+  std::vector<float> h_, normed_, sub_;
+  std::vector<Segment<MlaCache>> mla_segs_;
+  std::vector<int64_t> logit_rows_;
+};
+
+}  // namespace kestrel

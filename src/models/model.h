@@ -1,0 +1,102 @@
+// The model interface the runtime drives (Engine, scheduler, bench) and the per-sequence state every
+// model shares. One implementation per architecture family: KimiModel (K3, Kimi Linear) and
+// DeepseekModel (DeepSeek V3 / Kimi K2 / V3.2). load_model() picks one from config.json.
+// Thread-safety: forward_batch() is not reentrant (one caller at a time); OpenMP parallelises inside.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "layers/kda_layer.h"
+#include "layers/mla_layer.h"
+#include "loader/model_config.h"
+
+namespace kestrel {
+
+// Everything one sequence carries between forward calls: views of its KDA state (per KDA layer) and
+// MLA pages (per MLA layer). Storage is either owned here (standalone sequences: CLI, tests) or lent
+// by the cache pools (server); see cache/.
+struct SequenceState {
+  std::vector<KdaState> kda;  // indexed by layer (null views for MLA layers)
+  std::vector<MlaCache> mla;  // indexed by layer (no pages for KDA layers)
+  int64_t n_tokens = 0;
+  // Owned storage (standalone sequences only).
+  std::vector<float> own_state;
+  std::vector<std::unique_ptr<float[]>> own_pages;
+  bool owns_storage = false;
+
+  SequenceState() = default;
+  SequenceState(SequenceState&&) = default;  // views stay valid: buffers move, not copy
+  SequenceState& operator=(SequenceState&&) = default;
+  SequenceState(const SequenceState&) = delete;
+  SequenceState& operator=(const SequenceState&) = delete;
+};
+
+// One sequence's share of a batched forward.
+struct SeqRun {
+  const int32_t* ids = nullptr;
+  int64_t T = 0;
+  SequenceState* st = nullptr;
+  bool all_logits = false;  // logits for every token of this run (else only its last)
+};
+
+// Sizes the cache pools need.
+struct CacheGeometry {
+  std::vector<int> kda_layers, mla_layers;
+  int64_t kda_conv_floats = 0, kda_recurrent_floats = 0;  // per KDA layer
+  int64_t mla_row_floats = 0;                            // per token per MLA layer
+  int64_t slot_floats() const {
+    return static_cast<int64_t>(kda_layers.size()) * (kda_conv_floats + kda_recurrent_floats);
+  }
+};
+
+struct ForwardOptions {
+  bool all_logits = false;        // logits for every token (else only the last)
+  MlaMode mla_mode = MlaMode::kAuto;
+  bool kda_force_recurrent = false;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  const ModelConfig& config() const { return cfg_; }
+  const CacheGeometry& cache_geometry() const { return geom_; }
+  // Longest sequence (tokens) this model can run exactly; 0 = no model-imposed limit. DeepSeek V3.2
+  // without the DSA indexer: index_topk (up to there sparse attention selects every token = dense).
+  int64_t max_positions() const { return max_positions_; }
+  // A standalone sequence that owns its storage (pages of kOwnPageTokens tokens, grown on demand).
+  SequenceState new_sequence() const;
+  static constexpr int64_t kOwnPageTokens = 256;
+  // Owned sequences: grows pages to hold n_tokens in total (so decode up to there never allocates).
+  void reserve(SequenceState& st, int64_t n_tokens) const;
+  // Runs T tokens of one sequence; logits: [T or 1, vocab].
+  void forward(const int32_t* ids, int64_t T, SequenceState& st, std::vector<float>& logits,
+               const ForwardOptions& opt = {});
+  // Runs several sequences in one step: token-wise work (projections, MoE, norms, lm_head) over the
+  // concatenated tokens so weights are read once; attention per sequence. Logits rows are emitted
+  // run by run (T rows when all_logits, else 1). Pool-backed sequences must already have pages for
+  // their new tokens. Callers keep every sequence within max_positions().
+  virtual void forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits,
+                             const ForwardOptions& opt = {}) = 0;
+
+ protected:
+  Model() = default;
+  // After binding: sizes the per-sequence state from the layer kinds.
+  void set_geometry(const std::vector<bool>& is_kda);
+
+  ModelConfig cfg_;
+  CacheGeometry geom_;
+  size_t num_layers_ = 0;
+  int64_t max_positions_ = 0;
+
+ private:
+  std::vector<SeqRun> one_;
+};
+
+// Reads config.json and loads the matching model; every checkpoint tensor must be bound.
+Result<std::unique_ptr<Model>> load_model(const std::string& dir);
+
+}  // namespace kestrel

@@ -1,0 +1,60 @@
+// `kestrel plan` end to end through the binary: --json output parses and echoes the overrides;
+// bad input is one stderr line and a non-zero exit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+namespace {
+
+struct CliRun {
+  int rc;
+  std::string out;
+};
+
+CliRun run(const std::string& args, bool stderr_only = false) {
+  const std::string cmd = std::string(KESTREL_BINARY) + " plan " + args + (stderr_only ? " 2>&1 >/dev/null" : " 2>/dev/null");
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  return {::pclose(p), out};
+}
+
+const std::string kK3 = std::string(KESTREL_SOURCE_DIR) + "/docs/configs/kimi-k3";
+
+TEST(PlanCli, JsonWithOverrides) {
+  const CliRun r = run("--model " + kK3 + "/config.json --cluster b300 --prefill-nodes 1 --decode-nodes 2 --tp 8 "
+                    "--decode-dcp 8 --context 131072 --kv-dtype fp8 --json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("cluster").at("context"), 131072);
+  EXPECT_EQ(j.at("roles").at("prefill").at("nodes"), 1);
+  EXPECT_EQ(j.at("roles").at("decode").at("dcp"), 8);
+  EXPECT_EQ(j.at("roles").at("prefill").at("dcp"), 1);
+  EXPECT_EQ(j.at("model").at("cache").at("bytes_per_token"), 13824);
+  EXPECT_TRUE(j.at("roles").at("decode").at("fits").get<bool>());
+}
+
+TEST(PlanCli, ClusterFileAndTable) {
+  const CliRun r = run("--model " + kK3 + " --cluster " + std::string(KESTREL_SOURCE_DIR) +
+                    "/docs/configs/cluster-h200-4p4d.json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("decode: 4 nodes = 32 GPUs; instance 16 GPUs (TP 16, EP 16, DCP 16"), std::string::npos) << r.out;
+}
+
+TEST(PlanCli, BadInputIsOneLine) {
+  for (const std::string& args : std::vector<std::string>{"--cluster h200", "--model /nonexistent", "--model " + kK3 + " --cluster tpu9",
+                                  "--model " + kK3 + " --tp 5", "--model " + kK3 + " --context -1",
+                                  "--model " + kK3 + " --kv-dtype int4", "--model " + kK3 + " --bogus 1"}) {
+    const CliRun r = run(args, /*stderr_only=*/true);
+    EXPECT_NE(r.rc, 0) << args;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << args << ": " << r.out;
+    EXPECT_EQ(r.out.rfind("kestrel plan: ", 0), 0u) << r.out;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""Golden logits for the `deepseek-v3-tiny` / `deepseek-v32-tiny` random FP8 checkpoints from the INDEPENDENT
+reference transformers `DeepseekV3ForCausalLM` / `DeepseekV32ForCausalLM` (float32, CPU, eager attention).
+
+Run with the project venv (transformers + torch CPU):
+
+    /work/venv/bin/python tools/gen_deepseek_goldens.py --kestrel build/release/kestrel \
+        --preset deepseek-v3-tiny --out tests/data/models/deepseek_v3_tiny.safetensors
+    /work/venv/bin/python tools/gen_deepseek_goldens.py --kestrel build/release/kestrel \
+        --preset deepseek-v32-tiny --out tests/data/models/deepseek_v32_tiny.safetensors
+    /work/venv/bin/python tools/gen_deepseek_goldens.py --kestrel build/release/kestrel \
+        --preset deepseek-v2style-tiny --out tests/data/models/deepseek_v2style_tiny.safetensors
+
+`deepseek-v2style-tiny` is a deepseek_v3-typed checkpoint with V2-Lite-like choices (no q_lora, softmax
+`group_limited_greedy` routing without a correction bias, norm_topk_prob false, bf16). Its reference is
+transformers `DeepseekV2ForCausalLM` (config = the same JSON with model_type deepseek_v2), whose router
+implements the softmax / group-max path and whose RoPE is a separate implementation of the interleaved
+rotation (complex multiply of adjacent pairs, `view_as_complex`) — a second, independent check of ours.
+
+Steps
+  1. `kestrel make-model --preset P --out TMP` writes the DeepSeek release layout: config.json (rope_scaling yarn,
+     noaux_tc routing with groups, quantization_config fp8 e4m3 [128, 128]), sharded safetensors with FP8
+     (float8_e4m3fn) linears + float32 `weight_scale_inv` [ceil(N/128), ceil(K/128)], bf16 embeddings / lm_head /
+     norms / router, fp32 e_score_correction_bias, and (v3) one MTP layer's tensors.
+  2. The config is parsed by the library (`DeepseekV3Config.from_pretrained`: rope_scaling → rope_parameters,
+     rope_interleave defaults to True). FP8 weights are DEQUANTISED HERE with DeepSeek's documented rule
+     (README_WEIGHTS / kernel.py weight_dequant): W[i, j] = float(e4m3[i, j]) · scale_inv[i // 128, j // 128],
+     using torch's own float8_e4m3fn → float32 conversion. As a cross-check the same directory is also loaded by
+     `from_pretrained` with transformers' FineGrainedFP8 integration in dequantize mode, when that runs on CPU
+     (the script reports whether it did), and must give the same tensors.
+     Tensors are renamed explicitly (experts → stacked gate_up_proj / down_proj) and loaded strictly; every
+     checkpoint tensor is consumed except the MTP layer (transformers does not build it; listed and asserted).
+  3. V3.2: transformers' DSA indexer runs (top-k over min(index_topk, T) keys). With index_topk ≥ every prompt
+     length here it selects every causal key, so the result must equal dense MLA; the script checks this by
+     running DeepseekV3ForCausalLM on the same weights without the indexer (assert max|diff| < 1e-5).
+
+Outputs (safetensors):
+  prompt            I32 [200]        numpy RandomState(0).randint(0, vocab, 200)
+  logits            F32 [200, vocab] one forward over the whole prompt (no cache)
+  greedy_prompt_len I32 [1]          65
+  greedy            I32 [32]         greedy continuation of prompt[:65] (with cache; eos does not stop it)
+  metadata: reference, preset, command, self-consistency numbers.
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import transformers
+from safetensors import safe_open
+from safetensors.numpy import save_file
+from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM,
+                          DeepseekV32Config, DeepseekV32ForCausalLM, DynamicCache)
+
+PROMPT_LEN = 200
+GREEDY_PROMPT_LEN = 65
+GREEDY_NEW = 32
+BLOCK = 128
+
+
+def load_checkpoint(ckpt_dir):
+    with open(os.path.join(ckpt_dir, "model.safetensors.index.json")) as f:
+        weight_map = json.load(f)["weight_map"]
+    tensors = {}
+    for shard in sorted(set(weight_map.values())):
+        with safe_open(os.path.join(ckpt_dir, shard), "pt") as s:
+            for k in s.keys():
+                assert weight_map[k] == shard, k
+                tensors[k] = s.get_tensor(k)
+    assert set(tensors) == set(weight_map), "index and shards disagree"
+    return tensors
+
+
+def dequant_fp8(w, scale_inv):
+    """DeepSeek block FP8: each 128x128 block of W times its scale_inv (edge blocks partial)."""
+    assert w.dtype == torch.float8_e4m3fn and scale_inv.dtype == torch.float32
+    n, k = w.shape
+    assert scale_inv.shape == ((n + BLOCK - 1) // BLOCK, (k + BLOCK - 1) // BLOCK), (w.shape, scale_inv.shape)
+    s = scale_inv.repeat_interleave(BLOCK, 0)[:n].repeat_interleave(BLOCK, 1)[:, :k]
+    return w.to(torch.float32) * s
+
+
+def rename_checkpoint(ckpt, config):
+    """DeepSeek HF checkpoint names -> transformers native names, fp32. Returns (state_dict, used)."""
+    out, used = {}, set()
+    n_fp8 = 0
+
+    def take(name):
+        nonlocal n_fp8
+        assert name in ckpt, f"missing checkpoint tensor {name}"
+        assert name not in used, f"checkpoint tensor used twice: {name}"
+        used.add(name)
+        t = ckpt[name]
+        if t.dtype == torch.float8_e4m3fn:
+            assert name.endswith(".weight")
+            si = name + "_scale_inv"
+            used.add(si)
+            n_fp8 += 1
+            return dequant_fp8(t, ckpt[si])
+        assert not name.endswith(".weight") or name + "_scale_inv" not in ckpt
+        return t.to(torch.float32)
+
+    for n in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
+        out[n] = take(n)
+    E = config.n_routed_experts
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for n in ("input_layernorm.weight", "post_attention_layernorm.weight"):
+            out[p + n] = take(p + n)
+        a = p + "self_attn."
+        q_names = ("q_a_proj", "q_a_layernorm", "q_b_proj") if config.q_lora_rank else ("q_proj",)
+        for n in q_names + ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"):
+            out[a + n + ".weight"] = take(a + n + ".weight")
+        if config.model_type == "deepseek_v32":
+            for n in ("wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight"):
+                out[a + "indexer." + n] = take(a + "indexer." + n)
+        if i < config.first_k_dense_replace:
+            for n in ("gate_proj", "up_proj", "down_proj"):
+                out[p + f"mlp.{n}.weight"] = take(p + f"mlp.{n}.weight")
+        else:
+            m = p + "mlp."
+            out[m + "gate.weight"] = take(m + "gate.weight")
+            if config.model_type != "deepseek_v2":  # V2-style softmax routing has no correction bias
+                out[m + "gate.e_score_correction_bias"] = take(m + "gate.e_score_correction_bias")
+            for n in ("gate_proj", "up_proj", "down_proj"):
+                out[m + f"shared_experts.{n}.weight"] = take(m + f"shared_experts.{n}.weight")
+            out[m + "experts.gate_up_proj"] = torch.stack(
+                [torch.cat([take(m + f"experts.{e}.gate_proj.weight"), take(m + f"experts.{e}.up_proj.weight")], 0)
+                 for e in range(E)])
+            out[m + "experts.down_proj"] = torch.stack([take(m + f"experts.{e}.down_proj.weight") for e in range(E)])
+    unused = set(ckpt) - used
+    mtp = {f"model.layers.{config.num_hidden_layers + k}." for k in range(config.num_nextn_predict_layers)}
+    assert all(any(u.startswith(p) for p in mtp) for u in unused), f"unused non-MTP tensors: {sorted(unused)}"
+    print(f"dequantised {n_fp8} FP8 block weights; {len(unused)} MTP-layer tensors not used: {sorted(unused)}")
+    return out, used
+
+
+def build(cls, config, sd):
+    model = cls(config).to(torch.float32).eval()
+    expected = set(model.state_dict().keys())
+    assert set(sd) == expected, (sorted(set(sd) - expected), sorted(expected - set(sd)))
+    res = model.load_state_dict(sd, strict=True)
+    assert not res.missing_keys and not res.unexpected_keys
+    return model
+
+
+def try_library_fp8(cls, ckpt_dir, sd):
+    """Cross-check of the dequantisation rule with transformers' own FP8 integration (if it runs on CPU)."""
+    try:
+        from transformers import FineGrainedFP8Config
+        ref = cls.from_pretrained(ckpt_dir, dtype=torch.float32, attn_implementation="eager",
+                                  quantization_config=FineGrainedFP8Config(dequantize=True))
+    except Exception as e:  # noqa: BLE001 - report, the golden does not depend on it
+        msg = f"not run ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+        print(f"library FP8 dequantisation cross-check: {msg}")
+        return msg
+    rsd = ref.state_dict()
+    worst = 0.0
+    for k, v in sd.items():
+        if k in rsd and rsd[k].shape == v.shape:
+            worst = max(worst, (rsd[k].float() - v).abs().max().item())
+    missing = [k for k in sd if k not in rsd]
+    msg = f"max|diff| {worst:.3e} over {len(sd) - len(missing)} tensors"
+    print(f"library FP8 dequantisation cross-check (FineGrainedFP8Config(dequantize=True)): {msg}")
+    assert worst < 1e-6, msg
+    return msg
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kestrel", required=True, help="path to the kestrel binary (for make-model)")
+    ap.add_argument("--preset", default="deepseek-v3-tiny", choices=["deepseek-v3-tiny", "deepseek-v32-tiny",
+                                                                 "deepseek-v2style-tiny"])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    command = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
+    v32 = args.preset == "deepseek-v32-tiny"
+    v2 = args.preset == "deepseek-v2style-tiny"
+    cfg_cls, cls = ((DeepseekV32Config, DeepseekV32ForCausalLM) if v32 else
+                    (DeepseekV2Config, DeepseekV2ForCausalLM) if v2 else (DeepseekV3Config, DeepseekV3ForCausalLM))
+    meta = {}
+
+    with tempfile.TemporaryDirectory(prefix="deepseek_tiny_") as tmp:
+        ckpt_dir = os.path.join(tmp, "ckpt")
+        subprocess.run([args.kestrel, "make-model", "--preset", args.preset, "--out", ckpt_dir], check=True)
+        if v2:  # same JSON, read as a DeepSeek-V2 config (the file says deepseek_v3)
+            with open(os.path.join(ckpt_dir, "config.json")) as f:
+                raw = json.load(f)
+            assert raw["scoring_func"] == "softmax" and raw["topk_method"] == "group_limited_greedy"
+            raw["model_type"] = "deepseek_v2"
+            config = DeepseekV2Config(**raw)
+        else:
+            config = cfg_cls.from_pretrained(ckpt_dir)
+        qc = getattr(config, "quantization_config", None)
+        print(f"config quantization_config: {qc}")
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config  # weights are dequantised below; build a plain fp32 model
+        config._attn_implementation = "eager"
+        ckpt = load_checkpoint(ckpt_dir)
+        print(f"checkpoint: {len(ckpt)} tensors, dtypes {sorted({str(t.dtype) for t in ckpt.values()})}")
+        sd, _ = rename_checkpoint(ckpt, config)
+        model = build(cls, config, sd)
+        if not v2:
+            meta["library_fp8_crosscheck"] = try_library_fp8(cls, ckpt_dir, sd)
+
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}")
+    print(f"rope_parameters={config.rope_parameters} rope_interleave={getattr(config, 'rope_interleave', 'n/a (no such key for this class; its MLA rope is interleaved)')}")
+    at = model.model.layers[0].self_attn
+    print(f"MLA scaling={at.scaling:.8f} (qk^-0.5={at.qk_head_dim ** -0.5:.8f}); kv_a_layernorm eps="
+          f"{at.kv_a_layernorm.variance_epsilon}; q_lora={config.q_lora_rank}")
+    print(f"rotary inv_freq[:6]={model.model.rotary_emb.inv_freq[:6].tolist()} "
+          f"attention_scaling={model.model.rotary_emb.attention_scaling}")
+    g = model.model.layers[config.first_k_dense_replace].mlp.gate
+    print(f"router: groups {g.num_group}/{g.topk_group}, top_k {g.top_k}, renorm {getattr(g, 'norm_topk_prob', 'n/a')}, "
+          f"scale {g.routed_scaling_factor}, method {getattr(g, 'topk_method', 'noaux_tc')}")
+    assert getattr(config, "rope_interleave", True) and at.kv_a_layernorm.variance_epsilon == 1e-6
+
+    vocab = config.vocab_size
+    prompt = np.random.RandomState(0).randint(0, vocab, size=PROMPT_LEN).astype(np.int64)
+    with torch.no_grad():
+        ids = torch.from_numpy(prompt)[None]
+        gate = model.model.layers[config.first_k_dense_replace].mlp.gate
+        seen = []
+        hook = gate.register_forward_hook(lambda mod, inp, out: seen.append((inp[0].detach(), out[2].detach())))
+        logits = model(input_ids=ids, use_cache=False).logits[0].float()
+        hook.remove()
+        # Group-limited routing must actually exclude experts for the golden to test it: count tokens whose
+        # top-k over ALL experts (biased scores) differs from the group-limited choice at the first MoE layer.
+        x, idx = seen[0]
+        lg = x.view(-1, config.hidden_size).float() @ gate.weight.float().T
+        biased = lg.softmax(-1) if v2 else torch.sigmoid(lg) + gate.e_score_correction_bias
+        free = torch.topk(biased, gate.top_k, dim=-1).indices
+        changed = sum(set(a.tolist()) != set(b.tolist()) for a, b in zip(free, idx))
+        print(f"group limit changes the expert set of {changed}/{PROMPT_LEN} tokens at layer {config.first_k_dense_replace}")
+        assert changed > 0
+        meta["tokens_changed_by_group_limit"] = str(changed)
+        if v32:
+            assert config.index_topk >= PROMPT_LEN
+            dense = build(DeepseekV3ForCausalLM, DeepseekV3Config(**{
+                k: v for k, v in config.to_dict().items() if not k.startswith("index_")}),
+                {k: v for k, v in sd.items() if ".indexer." not in k})
+            d_dense = (dense(input_ids=ids, use_cache=False).logits[0].float() - logits).abs().max().item()
+            print(f"V3.2 with its indexer (index_topk {config.index_topk} >= {PROMPT_LEN}) vs dense MLA "
+                  f"(DeepseekV3ForCausalLM, same weights): max|diff|={d_dense:.3e}")
+            assert d_dense < 1e-5
+            meta["v32_vs_dense_max_abs_diff"] = f"{d_dense:.6e}"
+        pre = model(input_ids=ids[:, :GREEDY_PROMPT_LEN], use_cache=False).logits[0].float()
+        d_prefix = (pre - logits[:GREEDY_PROMPT_LEN]).abs().max().item()
+        print(f"self-consistency: prefix[{GREEDY_PROMPT_LEN}] alone vs the {PROMPT_LEN} run: max|diff|={d_prefix:.3e} "
+              f"(max|logit|={logits.abs().max().item():.3f})")
+        assert d_prefix < 1e-3
+
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids[:, :GREEDY_PROMPT_LEN], cache=cache, use_cache=True)
+        cache = out.cache
+        step_logits = [out.logits[0, -1].float()]
+        greedy = []
+        for t in range(GREEDY_NEW):
+            nxt = int(torch.argmax(step_logits[-1]))
+            greedy.append(nxt)
+            if t + 1 == GREEDY_NEW:
+                break
+            out = model(input_ids=torch.tensor([[nxt]]), cache=cache, use_cache=True)
+            cache = out.cache
+            step_logits.append(out.logits[0, -1].float())
+        step_logits = torch.stack(step_logits)
+        tf_ids = torch.cat([ids[:, :GREEDY_PROMPT_LEN], torch.tensor([greedy[:-1]])], dim=1)
+        tf = model(input_ids=tf_ids, use_cache=False).logits[0, GREEDY_PROMPT_LEN - 1:].float()
+        d_cache = (tf - step_logits).abs().max().item()
+        assert torch.equal(tf.argmax(-1), torch.tensor(greedy)), "cached greedy != teacher-forced argmax"
+        top2 = torch.topk(step_logits, 2, dim=-1).values
+        margin = (top2[:, 0] - top2[:, 1]).min().item()
+        print(f"self-consistency: cached decode vs teacher-forced: max|diff|={d_cache:.3e}; min greedy margin={margin:.4f}")
+        assert d_cache < 1e-3
+        print(f"greedy continuation: {greedy}")
+
+    meta["reference"] = f"transformers {transformers.__version__} {cls.__name__} float32 eager, FP8 dequantised"
+    meta["preset"] = args.preset
+    meta["command"] = command
+    meta["torch"] = torch.__version__
+    meta["prefix_vs_full_max_abs_diff"] = f"{d_prefix:.6e}"
+    meta["cached_vs_teacher_forced_max_abs_diff"] = f"{d_cache:.6e}"
+    meta["greedy_min_top2_margin"] = f"{margin:.6f}"
+    tensors = {
+        "prompt": prompt.astype(np.int32),
+        "logits": np.ascontiguousarray(logits.numpy().astype(np.float32)),
+        "greedy_prompt_len": np.array([GREEDY_PROMPT_LEN], dtype=np.int32),
+        "greedy": np.array(greedy, dtype=np.int32),
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    save_file(tensors, args.out, metadata=meta)
+    size = os.path.getsize(args.out)
+    print(f"wrote {args.out} ({size} bytes)")
+    assert size < 600 * 1024
+
+
+if __name__ == "__main__":
+    main()

@@ -64,7 +64,9 @@ struct ForwardOptions {
 class KimiModel {
  public:
   // Loads config.json and binds every tensor strictly; unused checkpoint tensors are an error.
+  // A path to a regular file is read as GGUF (llama.cpp's kimi-k3 / kimi-linear layout).
   static Result<std::unique_ptr<KimiModel>> load(const std::string& dir);
+  static Result<std::unique_ptr<KimiModel>> load_gguf(const std::string& path);
 
   const ModelConfig& config() const { return cfg_; }
   const CacheGeometry& cache_geometry() const { return geom_; }
@@ -100,6 +102,7 @@ class KimiModel {
   ModelConfig cfg_;
   CacheGeometry geom_;
   std::unique_ptr<Checkpoint> ckpt_;  // owns the mmaps every WeightMatrix points into
+  std::unique_ptr<GgufWeights> gguf_;  // or this, for a model loaded from GGUF
   kernels::WeightMatrix embed_, lm_head_;
   std::vector<float> final_norm_, out_res_c_;
   std::vector<Layer> layers_;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/cpu/linear_gguf.h"
 #include "kernels/cpu/scratch.h"
 
 namespace kestrel::kernels {
@@ -117,6 +118,11 @@ void decode_row(const WeightMatrix& w, int64_t r, float* dst) {
       decode_mxfp4_row(static_cast<const uint8_t*>(w.data) + r * (n / 2), w.scales + r * (n / 32), n / 32, dst);
       return;
     }
+    case WeightFormat::kGgufQ8_0:
+    case WeightFormat::kGgufQ4_0:
+    case WeightFormat::kGgufMxfp4:
+      decode_gguf_row(w, r, dst);
+      return;
   }
 }
 

@@ -1,6 +1,8 @@
 // Linear layers y = x W^T with weights kept in their checkpoint format (no fp32 copy).
 //   W: [out, in] row-major, dtype F32 / BF16 / F16, or MXFP4 (compressed-tensors packing:
 //      packed U8 [out, in/2], byte j = code(2j) | code(2j+1) << 4; scales E8M0 U8 [out, in/32]).
+//      GGUF block formats (kGgufQ8_0 / kGgufQ4_0 / kGgufMxfp4): `data` is the row-major ggml block
+//      stream, in/32 blocks per row, used in place (see linear_gguf.h); `scales` unused.
 //   x: [T, in] fp32, y: [T, out] fp32. Accumulation fp32.
 // Thread-safety: pure functions; parallel over output rows with OpenMP.
 #pragma once
@@ -11,7 +13,7 @@
 
 namespace kestrel::kernels {
 
-enum class WeightFormat { kF32, kBF16, kF16, kMxfp4 };
+enum class WeightFormat { kF32, kBF16, kF16, kMxfp4, kGgufQ8_0, kGgufQ4_0, kGgufMxfp4 };
 
 struct WeightMatrix {
   WeightFormat format = WeightFormat::kF32;

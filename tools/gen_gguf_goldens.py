@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""GGUF test files and golden logits from an INDEPENDENT reference: llama.cpp's converter and runtime.
+
+Reference: the llama.cpp vendored in llama-cpp-python 0.3.36 (convert_hf_to_gguf.py + conversion/kimi_k3.py,
+conversion/kimi_linear.py; src/models/kimi-k3.cpp, kimi-linear.cpp; gguf-py). Installation as described in
+tools/gen_k3_goldens.py.
+
+Run (from the repository root, with the project venv):
+
+    /work/venv/bin/python tools/gen_gguf_goldens.py --kestrel build/release/kestrel \\
+        --llama-cpp-src <sdist>/vendor/llama.cpp --out-dir tests/data/gguf
+
+For each case below:
+  1. `kestrel make-model --preset P`: random checkpoint in the released HF layout (micro presets, ~1M
+     parameters, so the committed GGUFs stay small).
+  2. llama.cpp's convert_hf_to_gguf.py --outtype T (subprocess; set_vocab monkeypatched to
+     `_set_vocab_none` because the test checkpoints ship no tokenizer), or, for Q4_0,
+     llama_cpp.llama_model_quantize (MOSTLY_Q4_0, output and token-embedding tensors forced to Q4_0 too) on
+     the f32 conversion.
+  3. llama_cpp.Llama on the very same GGUF: f32 KV cache, logits of every position of a fixed 64-token
+     prompt (numpy RandomState(0).randint(0, vocab, 64)), one ubatch, CPU  → `logits`.
+  4. The same GGUF with every tensor decoded to F32 by gguf-py's own gguf.quants.dequantize (metadata copied
+     unchanged) and run through llama.cpp the same way → `logits_exact`.
+Writes <case>.gguf and <case>.logits.safetensors (prompt I32 [64], logits F32 [64, vocab], logits_exact F32
+[64, vocab]; metadata: reference, command, the weight types present, how far `logits` is from
+`logits_exact`). llama.cpp computes BF16/Q8_0/Q4_0/MXFP4 matmuls with the activations rounded to BF16 (bf16
+weights) or quantized to Q8_0 (Q8_0/Q4_0/MXFP4 weights), so `logits` differs from an fp32-activation engine
+on the same weights, and with top-k routing that noise flips expert choices at some tokens; `logits_exact`
+has none of that (f32 weights holding exactly the decoded values, f32 activations), so an engine that decodes
+the file exactly must match it to fp32 rounding. tests/models/gguf_test.cpp states the bounds.
+
+Also writes tests/data/ops/gguf_blocks.safetensors: random Q8_0 / Q4_0 / MXFP4 blocks (raw bytes, U8) and
+their values as decoded by gguf-py's own gguf.quants.dequantize (F32), for the kernel decode test.
+"""
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+GGML_TYPE_F32 = 0
+GGML_TYPE_Q4_0 = 2
+LLAMA_FTYPE_MOSTLY_Q4_0 = 2
+N_PROMPT = 64
+
+CONVERT_SNIPPET = r"""
+import sys
+src, model_dir, out, outtype = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+sys.path.insert(0, src)
+import convert_hf_to_gguf as conv
+from conversion import kimi_k3, kimi_linear
+# tokenizer-less test checkpoints: dummy vocabulary (vocab size still comes from the config)
+kimi_k3.KimiK3Model.set_vocab = lambda self: self._set_vocab_none()
+kimi_linear.KimiLinearModel.set_vocab = lambda self: self._set_vocab_none()
+sys.argv = ["convert_hf_to_gguf.py", "--outtype", outtype, "--outfile", out, model_dir]
+conv.main()
+"""
+
+# name, make-model preset, how: ("convert", outtype) or ("quantize_q4_0", None)
+CASES = [
+    ("k3_micro_bf16", "k3-micro-bf16", "convert", "bf16"),
+    ("k3_micro_q8_0", "k3-micro-bf16", "convert", "q8_0"),
+    ("k3_micro_q4_0", "k3-micro-bf16", "quantize_q4_0", None),
+    ("k3_micro_mxfp4", "k3-micro", "convert", "bf16"),  # experts stay MXFP4 (repacked), the rest BF16
+    ("kimi_linear_micro_bf16", "kimi-linear-micro", "convert", "bf16"),
+]
+
+
+def run(cmd, **kw):
+    print("+ " + " ".join(shlex.quote(str(c)) for c in cmd), file=sys.stderr, flush=True)
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def llama_logits(llama_cpp, path, ids, threads):
+    llm = llama_cpp.Llama(model_path=path, logits_all=True, n_ctx=256, n_batch=256, n_ubatch=256,
+                          type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, n_threads=threads, n_threads_batch=threads,
+                          n_gpu_layers=0, seed=0, flash_attn=False, verbose=False)
+    llm.eval([int(t) for t in ids])
+    out = np.array(llm.scores[: len(ids)], dtype=np.float32, copy=True)
+    llm.close()
+    return out
+
+
+def quantize_q4_0(llama_cpp, src, dst):
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = LLAMA_FTYPE_MOSTLY_Q4_0
+    p.output_tensor_type = GGML_TYPE_Q4_0
+    p.token_embedding_type = GGML_TYPE_Q4_0
+    p.nthread = 2
+    rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), p)
+    if rc != 0:
+        sys.exit(f"llama_model_quantize failed ({rc})")
+
+
+def dequantize_gguf(gguf_mod, src, dst):
+    """Copy of a GGUF with every tensor decoded to F32 by gguf-py (gguf.quants.dequantize); KVs copied."""
+    r = gguf_mod.GGUFReader(src)
+    arch = r.fields["general.architecture"].contents()
+    w = gguf_mod.GGUFWriter(dst, arch)
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        vt = f.types[0]
+        w.add_key_value(k, f.contents(), vt, f.types[-1] if vt == gguf_mod.GGUFValueType.ARRAY else None)
+    for t in r.tensors:
+        data = gguf_mod.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        w.add_tensor(t.name, data.reshape([int(d) for d in reversed(t.shape)]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def nmse_rows(a, b):
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return np.sum((a - b) ** 2, axis=-1) / np.sum(b ** 2, axis=-1)
+
+
+def tensor_types(gguf_mod, path):
+    r = gguf_mod.GGUFReader(path)
+    return sorted({t.tensor_type.name for t in r.tensors})
+
+
+def block_goldens(gguf_mod, out_path):
+    """Random blocks decoded by gguf-py's reference dequantizer (gguf/quants.py)."""
+    from safetensors.numpy import save_file
+    rng = np.random.RandomState(7)
+    Q = gguf_mod.GGMLQuantizationType
+    tensors = {}
+    for name, qt, n_blocks in (("q8_0", Q.Q8_0, 64), ("q4_0", Q.Q4_0, 64), ("mxfp4", Q.MXFP4, 64)):
+        block, size = gguf_mod.GGML_QUANT_SIZES[qt]
+        raw = rng.randint(0, 256, size=(n_blocks, size)).astype(np.uint8)
+        if qt in (Q.Q8_0, Q.Q4_0):  # finite fp16 scales in a sane range (random bytes can be inf/nan)
+            d = (rng.uniform(-2, 2, n_blocks) * 10.0 ** rng.uniform(-4, 1, n_blocks)).astype(np.float16)
+            raw[:, :2] = d.view(np.uint8).reshape(n_blocks, 2)
+        else:  # E8M0 scales over the whole finite range, including the subnormal ones 0 and 1
+            raw[:, 0] = rng.randint(0, 255, n_blocks).astype(np.uint8)
+            raw[:4, 0] = [0, 1, 127, 254]
+        vals = gguf_mod.quants.dequantize(raw.reshape(-1), qt).astype(np.float32)
+        assert vals.size == n_blocks * block
+        tensors[name + "_blocks"] = raw.reshape(-1)
+        tensors[name + "_values"] = vals.reshape(-1)
+    save_file(tensors, out_path, metadata={"reference": "gguf-py gguf.quants.dequantize (llama-cpp-python 0.3.36 "
+                                                        "vendored)", "command": "python tools/gen_gguf_goldens.py"})
+    print(f"wrote {out_path}", file=sys.stderr)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kestrel", required=True)
+    ap.add_argument("--llama-cpp-src", required=True)
+    ap.add_argument("--out-dir", default="tests/data/gguf")
+    ap.add_argument("--blocks-out", default="tests/data/ops/gguf_blocks.safetensors")
+    ap.add_argument("--only", default="", help="comma-separated case names")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+
+    sys.path.insert(0, os.path.join(args.llama_cpp_src, "gguf-py"))
+    import gguf as gguf_mod  # the vendored gguf-py, matching the converter
+    import llama_cpp
+    from safetensors.numpy import save_file
+
+    env = dict(os.environ)
+    env.pop("NO_LOCAL_GGUF", None)
+    os.makedirs(args.out_dir, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="ggufgold_")
+    only = set(filter(None, args.only.split(",")))
+    made = {}
+    for name, preset, how, outtype in CASES:
+        if only and name not in only:
+            continue
+        if preset not in made:
+            d = os.path.join(tmp, preset)
+            run([args.kestrel, "make-model", "--preset", preset, "--out", d], stdout=subprocess.DEVNULL)
+            made[preset] = d
+        model_dir = made[preset]
+        out = os.path.join(args.out_dir, name + ".gguf")
+
+        def convert(outtype_, path):
+            run([sys.executable, "-c", CONVERT_SNIPPET, args.llama_cpp_src, model_dir, path, outtype_], env=env,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        if how == "convert":
+            convert(outtype, out)
+        else:
+            f32 = os.path.join(tmp, name + "-f32.gguf")
+            convert("f32", f32)
+            quantize_q4_0(llama_cpp, f32, out)
+        vocab = int(gguf_mod.GGUFReader(out).fields[next(k for k in gguf_mod.GGUFReader(out).fields
+                                                         if k.endswith(".vocab_size"))].contents())
+        prompt = np.random.RandomState(0).randint(0, vocab, N_PROMPT).astype(np.int32)
+        logits = llama_logits(llama_cpp, out, prompt, args.threads)
+        assert np.all(np.isfinite(logits))
+        exact_path = os.path.join(tmp, name + "-exact-f32.gguf")
+        dequantize_gguf(gguf_mod, out, exact_path)
+        exact = llama_logits(llama_cpp, exact_path, prompt, args.threads)
+        r = nmse_rows(logits, exact)
+        types = tensor_types(gguf_mod, out)
+        meta = {
+            "reference": "llama.cpp (llama-cpp-python 0.3.36 vendored), f32 KV, CPU",
+            "preset": preset,
+            "gguf": name + ".gguf",
+            "made_by": f"convert_hf_to_gguf.py --outtype {outtype}" if how == "convert" else
+                       "convert --outtype f32, then llama_model_quantize MOSTLY_Q4_0 (output, token_embd Q4_0)",
+            "tensor_types": ",".join(types),
+            "prompt": f"numpy RandomState(0).randint(0, {vocab}, {N_PROMPT})",
+            "logits_exact": "llama.cpp on this GGUF with every tensor decoded to F32 by gguf-py (f32 activations)",
+            "native_vs_exact_nmse_median": f"{np.median(r):.3e}",
+            "native_vs_exact_nmse_max": f"{np.max(r):.3e}",
+            "native_vs_exact_rows_nmse_over_1e-2": f"{int(np.sum(r > 1e-2))}/{len(r)}",
+            "native_vs_exact_argmax_mismatch_rows": f"{int(np.sum(logits.argmax(1) != exact.argmax(1)))}/{len(r)}",
+            "command": "python tools/gen_gguf_goldens.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        }
+        save_file({"prompt": prompt, "logits": logits, "logits_exact": exact}, os.path.join(args.out_dir, name + ".logits.safetensors"),
+                  metadata=meta)
+        print(f"[{name}] {os.path.getsize(out)} bytes, types {types}, max|logit| {np.abs(logits).max():.4g}; "
+              f"native vs exact decode: NMSE median {np.median(r):.3e} max {np.max(r):.3e}, "
+              f"rows > 1e-2: {int(np.sum(r > 1e-2))}/{len(r)}", file=sys.stderr)
+    if not only or "blocks" in only:
+        block_goldens(gguf_mod, args.blocks_out)
+    import shutil
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -29,7 +29,9 @@ on the same weights, and with top-k routing that noise flips expert choices at s
 has none of that (f32 weights holding exactly the decoded values, f32 activations), so an engine that decodes
 the file exactly must match it to fp32 rounding. tests/models/gguf_test.cpp states the bounds.
 
-Also writes tests/data/ops/gguf_blocks.safetensors: random Q8_0 / Q4_0 / MXFP4 blocks (raw bytes, U8) and
+Also writes the fuzz_gguf seed corpus (tests/fuzz/corpus/gguf: a tiny file with every value type and
+F32/Q8_0/Q4_0/MXFP4 tensors, and the k3_micro_q4_0 metadata with no tensors) and
+tests/data/ops/gguf_blocks.safetensors: random Q8_0 / Q4_0 / MXFP4 blocks (raw bytes, U8) and
 their values as decoded by gguf-py's own gguf.quants.dequantize (F32), for the kernel decode test.
 """
 import argparse
@@ -148,12 +150,37 @@ def block_goldens(gguf_mod, out_path):
     print(f"wrote {out_path}", file=sys.stderr)
 
 
+def fuzz_seeds(gguf_mod, meta_src, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    Q, V = gguf_mod.GGMLQuantizationType, gguf_mod.GGUFValueType
+    w = gguf_mod.GGUFWriter(os.path.join(out_dir, "seed_types.gguf"), "kimi-k3")
+    w.add_uint8("t.u8", 7), w.add_int8("t.i8", -7), w.add_uint16("t.u16", 700), w.add_int16("t.i16", -700)
+    w.add_uint32("t.u32", 70000), w.add_int32("t.i32", -70000), w.add_float32("t.f32", 0.5)
+    w.add_bool("t.bool", True), w.add_uint64("t.u64", 1 << 40), w.add_int64("t.i64", -(1 << 40))
+    w.add_float64("t.f64", 0.25), w.add_string("t.str", "kestrel")
+    w.add_array("t.arr_i32", [0, 1, 0]), w.add_array("t.arr_str", ["a", "bc"])
+    rng = np.random.RandomState(1)
+    w.add_tensor("f32", rng.randn(2, 4).astype(np.float32))
+    for name, qt in (("q8_0", Q.Q8_0), ("q4_0", Q.Q4_0), ("mxfp4", Q.MXFP4)):
+        block, size = gguf_mod.GGML_QUANT_SIZES[qt]
+        w.add_tensor(name, rng.randint(0, 256, size=(2, size)).astype(np.uint8), raw_dtype=qt)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    r = gguf_mod.GGUFReader(meta_src)
+    w = gguf_mod.GGUFWriter(os.path.join(out_dir, "seed_k3_metadata.gguf"), r.fields["general.architecture"].contents())
+    for k, f in r.fields.items():
+        if not (k.startswith("GGUF.") or k == "general.architecture"):
+            w.add_key_value(k, f.contents(), f.types[0], f.types[-1] if f.types[0] == V.ARRAY else None)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    print(f"wrote fuzz seeds in {out_dir}", file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kestrel", required=True)
     ap.add_argument("--llama-cpp-src", required=True)
     ap.add_argument("--out-dir", default="tests/data/gguf")
     ap.add_argument("--blocks-out", default="tests/data/ops/gguf_blocks.safetensors")
+    ap.add_argument("--fuzz-seeds", default="tests/fuzz/corpus/gguf")
     ap.add_argument("--only", default="", help="comma-separated case names")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -221,6 +248,8 @@ def main():
               f"rows > 1e-2: {int(np.sum(r > 1e-2))}/{len(r)}", file=sys.stderr)
     if not only or "blocks" in only:
         block_goldens(gguf_mod, args.blocks_out)
+    if not only or "seeds" in only:
+        fuzz_seeds(gguf_mod, os.path.join(args.out_dir, "k3_micro_q4_0.gguf"), args.fuzz_seeds)
     import shutil
     shutil.rmtree(tmp, ignore_errors=True)
 

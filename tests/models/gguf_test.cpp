@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 
 #include "common/test_util.h"
@@ -161,6 +162,98 @@ INSTANTIATE_TEST_SUITE_P(
                       RefCase{"k3_mxfp4_experts", "k3_micro_mxfp4", 2e-3, 3.0, 0.75},
                       RefCase{"kimi_linear_bf16", "kimi_linear_micro_bf16", 3e-4, 1.2e-3, 0.9}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// Corrupted converter files: one line naming the file and the tensor, never a crash.
+class GgufCorrupt : public ::testing::Test {
+ protected:
+  // Copies `file` into the temp dir and returns the path and bytes.
+  std::string copy(const std::string& file) {
+    path_ = tmp_.sub(file);
+    bytes_ = testing::read_bytes(data(file));
+    return path_;
+  }
+  // Offset of the tensor-info type field of `name` (name string, n_dims, dims, type).
+  size_t type_field(const std::string& name) {
+    const std::string needle = name;
+    for (size_t i = 8; i + needle.size() < bytes_.size(); ++i) {
+      uint64_t len;
+      std::memcpy(&len, &bytes_[i - 8], 8);
+      if (len == needle.size() && std::memcmp(&bytes_[i], needle.data(), needle.size()) == 0) {
+        uint32_t nd;
+        std::memcpy(&nd, &bytes_[i + needle.size()], 4);
+        return i + needle.size() + 4 + 8 * nd;
+      }
+    }
+    throw std::runtime_error("tensor not found: " + name);
+  }
+  std::string load_error() {
+    testing::write_bytes(path_, bytes_);
+    auto e = Engine::load(path_);
+    return e ? std::string() : e.error().message();
+  }
+  void expect_one_line(const std::string& m, const std::vector<std::string>& parts) {
+    ASSERT_FALSE(m.empty()) << "corrupt file loaded";
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    EXPECT_NE(m.find(path_), std::string::npos) << m;
+    for (const auto& p : parts) EXPECT_NE(m.find(p), std::string::npos) << "'" << p << "' not in: " << m;
+  }
+  testing::TempDir tmp_;
+  std::string path_;
+  std::vector<uint8_t> bytes_;
+};
+
+TEST_F(GgufCorrupt, GoodCopyLoads) {
+  copy("k3_micro_q4_0.gguf");
+  EXPECT_EQ(load_error(), "");
+}
+
+TEST_F(GgufCorrupt, RenamedTensorIsMissingAndUnused) {
+  copy("k3_micro_q8_0.gguf");
+  const size_t t = type_field("blk.0.attn_q.weight");
+  bytes_[t - 4 - 8 * 2 - 8] = 'X';  // "blk.0.attn_q.weight" → "blk.0.attn_X.weight"
+  expect_one_line(load_error(), {"blk.0.attn_q.weight", "not found"});
+}
+
+TEST_F(GgufCorrupt, UnsupportedQuantType) {
+  copy("k3_micro_q4_0.gguf");
+  const size_t t = type_field("blk.0.attn_q.weight");
+  ASSERT_EQ(bytes_[t], 2);  // Q4_0
+  bytes_[t] = 20;           // IQ4_NL: same block geometry, not supported by the engine
+  expect_one_line(load_error(), {"blk.0.attn_q.weight", "IQ4_NL is not supported"});
+}
+
+TEST_F(GgufCorrupt, QuantizedWhereFloatNeeded) {
+  copy("k3_micro_q8_0.gguf");
+  const size_t t = type_field("output_norm.weight");
+  ASSERT_EQ(bytes_[t], 0);  // F32
+  bytes_[t] = 26;           // I32
+  expect_one_line(load_error(), {"output_norm.weight", "I32"});
+}
+
+TEST_F(GgufCorrupt, WrongShape) {
+  copy("k3_micro_q8_0.gguf");
+  const size_t t = type_field("blk.1.ssm_norm.weight");  // ne [64] → [32, 2]: same bytes, wrong shape
+  uint64_t ne0;
+  std::memcpy(&ne0, &bytes_[t - 8], 8);
+  ASSERT_EQ(ne0, 64u);
+  // Rewriting n_dims would shift the header; ne[0] = 32 keeps the file valid (half the bytes: still in
+  // bounds, no overlap), so only the binder's shape check can catch it.
+  ne0 = 32;
+  std::memcpy(&bytes_[t - 8], &ne0, 8);
+  expect_one_line(load_error(), {"blk.1.ssm_norm.weight", "[32]", "[64]"});
+}
+
+TEST_F(GgufCorrupt, Truncated) {
+  copy("kimi_linear_micro_bf16.gguf");
+  bytes_.resize(bytes_.size() / 2);
+  expect_one_line(load_error(), {"past end of file"});
+}
+
+TEST_F(GgufCorrupt, NotGguf) {
+  copy("k3_micro_q4_0.gguf");
+  bytes_[0] = 'X';
+  expect_one_line(load_error(), {"not a GGUF file"});
+}
 
 }  // namespace
 }  // namespace kestrel

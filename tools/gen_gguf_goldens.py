@@ -29,6 +29,13 @@ on the same weights, and with top-k routing that noise flips expert choices at s
 has none of that (f32 weights holding exactly the decoded values, f32 activations), so an engine that decodes
 the file exactly must match it to fp32 rounding. tests/models/gguf_test.cpp states the bounds.
 
+Tokenizer golden (tests/data/gguf/tokenizer_cl100k4k.gguf + .json): a GGUF holding only metadata and a
+tokenizer built exactly as conversion/kimi_linear.py's set_vocab builds Kimi's (GPT-2 byte-level token
+strings via QwenModel.token_bytes_to_string, merges via QwenModel.bpe, CONTROL specials, UNUSED padding,
+pre-tokenizer "kimi-k2") from the first 4096 ranks of the public cl100k_base vocabulary
+(/work/shared/data/tiktoken, --tiktoken-dir) plus six Kimi special tokens; the ids llama.cpp's tokenizer
+(llama_cpp.Llama(vocab_only=True).tokenize, special=False and special=True) gives for a fixed list of texts.
+
 Also writes the fuzz_gguf seed corpus (tests/fuzz/corpus/gguf: a tiny file with every value type and
 F32/Q8_0/Q4_0/MXFP4 tensors, and the k3_micro_q4_0 metadata with no tensors) and
 tests/data/ops/gguf_blocks.safetensors: random Q8_0 / Q4_0 / MXFP4 blocks (raw bytes, U8) and
@@ -174,6 +181,83 @@ def fuzz_seeds(gguf_mod, meta_src, out_dir):
     print(f"wrote fuzz seeds in {out_dir}", file=sys.stderr)
 
 
+TOKENIZER_TEXTS = [
+    "Hello, world!", "The quick brown fox jumps over the lazy dog.", "I'm sure you'll see they've done it, isn't it?",
+    "DON'T SHOUT, We'Re Here", "1234567890 3.14159 -42 1e10 2,000,000", "a   b\n\n\tc  \r\n  d", "    indented",
+    "def f(x):\n    return x * 2  # comment\n", "caf\u00e9 na\u00efve \u00fcber fa\u00e7ade", "\u4f60\u597d\uff0c\u4e16\u754c\uff01",
+    "\u3053\u3093\u306b\u3061\u306f\u4e16\u754c", "\u041f\u0440\u0438\u0432\u0435\u0442 \u043c\u0438\u0440", "emoji \U0001f642\U0001f44d\U0001f680 done",
+    "!!!???...;;;", "<|im_end|>", "[BOS]hello<|im_user|>user<|im_middle|>hi<|im_end|>", "x" * 300,
+    "mixedCASEWords andNumbers123abc ABC123def", "tab\tseparated\tvalues\n", "  leading and trailing  ",
+    "https://example.com/path?query=1&x=y#frag", "\u00a0non-breaking\u2003spaces\u3000here", "",
+    "The year 2024 had 366 days; 12 months.", "e = mc^2 and \u2211_{i=1}^{n} i = n(n+1)/2",
+]
+TOKENIZER_SPECIALS = ["[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>"]
+
+
+def tokenizer_golden(gguf_mod, llama_cpp, llama_cpp_src, meta_src, tiktoken_dir, out_dir, n_ranks=4096):
+    import base64
+    import json
+    sys.path.insert(0, llama_cpp_src)
+    from conversion.qwen import QwenModel  # the converter's own helpers
+    T = gguf_mod.TokenType
+    ranks = {}
+    with open(os.path.join(tiktoken_dir, "cl100k_base.tiktoken"), "rb") as f:
+        for line in f:
+            if line.strip():
+                tok, r = line.split()
+                if int(r) < n_ranks:
+                    ranks[base64.b64decode(tok)] = int(r)
+    specials = {s: n_ranks + i for i, s in enumerate(TOKENIZER_SPECIALS)}
+    # as conversion/kimi_linear.py KimiLinearModel.set_vocab (tokpre == "kimi-k2")
+    merges, vocab = [], {}
+    for token, rank in ranks.items():
+        vocab[QwenModel.token_bytes_to_string(token)] = rank
+        if len(token) == 1:
+            continue
+        merged = QwenModel.bpe(ranks, token, max_rank=rank)
+        if len(merged) == 2:
+            merges.append(" ".join(map(QwenModel.token_bytes_to_string, merged)))
+    vocab_size = n_ranks + len(specials) + 2  # two padding slots, as the release pads its table
+    reverse = {i: t for t, i in {**vocab, **specials}.items()}
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            types.append(T.UNUSED)
+        else:
+            tokens.append(reverse[i])
+            types.append(T.CONTROL if i in specials.values() else T.NORMAL)
+    path = os.path.join(out_dir, "tokenizer_cl100k4k.gguf")
+    r = gguf_mod.GGUFReader(meta_src)
+    arch = r.fields["general.architecture"].contents()
+    w = gguf_mod.GGUFWriter(path, arch)
+    for k, f in r.fields.items():
+        if k.startswith(("GGUF.", "tokenizer.")) or k in ("general.architecture", f"{arch}.vocab_size"):
+            continue
+        w.add_key_value(k, f.contents(), f.types[0], f.types[-1] if f.types[0] == gguf_mod.GGUFValueType.ARRAY else None)
+    w.add_vocab_size(vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("kimi-k2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(specials["[BOS]"])
+    w.add_eos_token_id(specials["<|im_end|>"])
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    cases = []
+    for text in TOKENIZER_TEXTS:
+        b = text.encode("utf-8")
+        cases.append({"text": text, "ids_as_text": llm.tokenize(b, add_bos=False, special=False),
+                      "ids_allow_special": llm.tokenize(b, add_bos=False, special=True)})
+    llm.close()
+    with open(os.path.join(out_dir, "tokenizer_cl100k4k.json"), "w") as f:
+        json.dump({"reference": "llama.cpp tokenizer (llama-cpp-python 0.3.36), vocab_only, add_bos=False",
+                   "gguf": "tokenizer_cl100k4k.gguf", "command": "python tools/gen_gguf_goldens.py --only tokenizer",
+                   "cases": cases}, f, ensure_ascii=False, indent=0)
+    print(f"wrote {path} ({os.path.getsize(path)} bytes) and its golden", file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kestrel", required=True)
@@ -181,6 +265,7 @@ def main():
     ap.add_argument("--out-dir", default="tests/data/gguf")
     ap.add_argument("--blocks-out", default="tests/data/ops/gguf_blocks.safetensors")
     ap.add_argument("--fuzz-seeds", default="tests/fuzz/corpus/gguf")
+    ap.add_argument("--tiktoken-dir", default="/work/shared/data/tiktoken")
     ap.add_argument("--only", default="", help="comma-separated case names")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -248,6 +333,9 @@ def main():
               f"rows > 1e-2: {int(np.sum(r > 1e-2))}/{len(r)}", file=sys.stderr)
     if not only or "blocks" in only:
         block_goldens(gguf_mod, args.blocks_out)
+    if not only or "tokenizer" in only:
+        tokenizer_golden(gguf_mod, llama_cpp, args.llama_cpp_src, os.path.join(args.out_dir, "k3_micro_q4_0.gguf"),
+                         args.tiktoken_dir, args.out_dir)
     if not only or "seeds" in only:
         fuzz_seeds(gguf_mod, os.path.join(args.out_dir, "k3_micro_q4_0.gguf"), args.fuzz_seeds)
     import shutil

@@ -70,7 +70,7 @@ conv.main()
 
 # name, make-model preset, how: ("convert", outtype) or ("quantize_q4_0", None)
 CASES = [
-    ("k3_micro_bf16", "k3-micro-bf16", "convert", "bf16"),
+    ("k3_micro_f16", "k3-micro-bf16", "convert", "f16"),
     ("k3_micro_q8_0", "k3-micro-bf16", "convert", "q8_0"),
     ("k3_micro_q4_0", "k3-micro-bf16", "quantize_q4_0", None),
     ("k3_micro_mxfp4", "k3-micro", "convert", "bf16"),  # experts stay MXFP4 (repacked), the rest BF16

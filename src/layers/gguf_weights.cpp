@@ -172,6 +172,14 @@ Result<kernels::WeightMatrix> GgufWeights::merged_kv_b(const std::string& blk, i
     return error(kb->name, ne_str(kb->ne) + " / " + ne_str(vb->ne) + " do not split kv_b_proj [" + std::to_string(out) +
                                ", " + std::to_string(in) + "]");
   const int64_t H = kb->ne[2], dn = kb->ne[0], dv = vb->ne[1], lora = in;
+  // The split point must be the config's (key_length_mla − rope = qk_nope): equal sums could hide a swap.
+  const GgufHeader& h = file_.header();
+  const GgufValue* arch = h.find("general.architecture");
+  const std::string a = arch && arch->as_string() ? *arch->as_string() : "";
+  const GgufValue* kl = h.find(a + ".attention.key_length_mla");
+  const GgufValue* rd = h.find(a + ".rope.dimension_count");
+  if (!kl || !rd || !kl->as_int() || !rd->as_int() || *kl->as_int() - *rd->as_int() != dn)
+    return error(kb->name, ne_str(kb->ne) + ": ne[0] is not qk_nope_head_dim (key_length_mla − rope.dimension_count)");
   auto k = matrix(*kb, H * lora, dn, 0);
   if (!k) return k.error();
   auto v = matrix(*vb, H * dv, lora, 0);

@@ -1,12 +1,15 @@
 // Models loaded from GGUF files written by llama.cpp's converter (tests/data/gguf, made by
 // tools/gen_gguf_goldens.py from `kestrel make-model` micro checkpoints):
 //   (a) GGUF vs the very same checkpoint loaded from safetensors (generated here). Kimi Linear BF16
-//       file and K3 MXFP4-expert file (rest BF16): the weights are the same bits, so the logits must agree to fp32
-//       rounding. The only value the round trip changes is A_log (the file holds −exp(A_log); we take
-//       log(−x), then exp again: ≤ 2 ulp on the decay rate), so the bound is max |Δlogit| ≤ 1e-5 on
-//       logits of magnitude ~4 (measured: 0, bit-identical; a wrong mapping or transpose is ≥ 1e-2).
-//       F16 file (converted from the BF16 checkpoint): BF16 weights below 2^-14 become F16 subnormals
-//       and lose bits, so the bound is 1e-4 (measured 6.4e-6).
+//       file and K3 MXFP4-expert file (rest BF16): the weights are the same bits. Differences can only
+//       come from A_log (the file holds −exp(A_log); we take log(−x), then exp again: ≤ 2 ulp on the
+//       decay rate) and, for MXFP4, from the kernel path (compressed-tensors MXFP4 takes the fused
+//       decode+dot for ≤ 4 tokens per expert, GGUF MXFP4 the decode-then-dot path: same summation order,
+//       bit-identical when both are compiled with FMA contraction). Measured: 0 (release build), ≤ 1.2e-5
+//       (debug ASan build: no FMA, other rounding). F16 file (converted from the BF16 checkpoint): BF16
+//       weights below 2^-14 become F16 subnormals and lose bits: measured 6.4e-6 (release), 1.7e-5
+//       (debug). Bound for all: max |Δlogit| ≤ 1e-4 on logits of magnitude ~4, same argmax everywhere
+//       (a wrong mapping, transpose or expert slice is ≥ 1e-2).
 //   (b) every GGUF vs llama.cpp on the same file (f32 KV), two ways:
 //       - vs llama.cpp on the file with every tensor decoded to F32 by gguf-py (`logits_exact`): the
 //         weights are then exactly the values we decode, both sides compute in fp32, so the bounds
@@ -123,8 +126,8 @@ TEST_P(GgufVsSafetensors, SameLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Micro, GgufVsSafetensors,
                          ::testing::Values(SameModelCase{"k3_f16", "k3-micro-bf16", "k3_micro_f16", 1e-4},
-                                           SameModelCase{"k3_mxfp4_experts", "k3-micro", "k3_micro_mxfp4", 1e-5},
-                                           SameModelCase{"kimi_linear_bf16", "kimi-linear-micro", "kimi_linear_micro_bf16", 1e-5}),
+                                           SameModelCase{"k3_mxfp4_experts", "k3-micro", "k3_micro_mxfp4", 1e-4},
+                                           SameModelCase{"kimi_linear_bf16", "kimi-linear-micro", "kimi_linear_micro_bf16", 1e-4}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 struct RefCase {

@@ -1,7 +1,5 @@
 #include "layers/binder.h"
 
-#include "kernels/cpu/linear_gguf.h"
-
 namespace kestrel {
 
 namespace {
@@ -22,10 +20,8 @@ kernels::WeightMatrix Binder::linear(const std::string& name, int64_t out, int64
   w.in = in;
   if (!ok()) return w;
   if (gguf_ != nullptr) {
-    auto g = gguf_->linear(name, out, in);
+    auto g = gguf_->linear(name, out, in);  // block formats: in % 32 == 0 holds (parser checks ne[0])
     if (!g) return fail(g.error()), w;
-    if (kernels::gguf_block_bytes(g->format) > 0 && in % kernels::kGgufBlock != 0)
-      return fail(corrupt(gguf_->path() + ": '" + name + "': block-quantized input dim not a multiple of 32")), w;
     return *g;
   }
   Checkpoint& ck = *ckpt_;

@@ -1,5 +1,6 @@
-// Strict, by-name weight binding from a Checkpoint or a GGUF file (GgufWeights maps the HF names). The first failure is kept (with the file and
-// tensor named) and later calls become no-ops, so layer bind() code reads straight through.
+// Strict, by-name weight binding from a Checkpoint or a GGUF file (GgufWeights answers the HF names).
+// The first failure is kept (with the file and tensor named) and later calls become no-ops, so layer
+// bind() code reads straight through.
 #pragma once
 
 #include <string>

@@ -194,21 +194,13 @@ TOKENIZER_TEXTS = [
 TOKENIZER_SPECIALS = ["[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>"]
 
 
-def tokenizer_golden(gguf_mod, llama_cpp, llama_cpp_src, meta_src, tiktoken_dir, out_dir, n_ranks=4096):
-    import base64
-    import json
+def write_tokenizer_gguf(gguf_mod, llama_cpp_src, meta_src, ranks, specials, path, bos=None, eos=None):
+    """A metadata-only GGUF (hparams copied from meta_src) with a tokenizer built exactly as
+    conversion/kimi_linear.py KimiLinearModel.set_vocab builds Kimi's (tokpre == "kimi-k2").
+    ranks: {token bytes: rank}; specials: {text: id} (ids after the ranks)."""
     sys.path.insert(0, llama_cpp_src)
     from conversion.qwen import QwenModel  # the converter's own helpers
     T = gguf_mod.TokenType
-    ranks = {}
-    with open(os.path.join(tiktoken_dir, "cl100k_base.tiktoken"), "rb") as f:
-        for line in f:
-            if line.strip():
-                tok, r = line.split()
-                if int(r) < n_ranks:
-                    ranks[base64.b64decode(tok)] = int(r)
-    specials = {s: n_ranks + i for i, s in enumerate(TOKENIZER_SPECIALS)}
-    # as conversion/kimi_linear.py KimiLinearModel.set_vocab (tokpre == "kimi-k2")
     merges, vocab = [], {}
     for token, rank in ranks.items():
         vocab[QwenModel.token_bytes_to_string(token)] = rank
@@ -217,7 +209,7 @@ def tokenizer_golden(gguf_mod, llama_cpp, llama_cpp_src, meta_src, tiktoken_dir,
         merged = QwenModel.bpe(ranks, token, max_rank=rank)
         if len(merged) == 2:
             merges.append(" ".join(map(QwenModel.token_bytes_to_string, merged)))
-    vocab_size = n_ranks + len(specials) + 2  # two padding slots, as the release pads its table
+    vocab_size = max(specials.values()) + 3  # two padding slots, as the release pads its table
     reverse = {i: t for t, i in {**vocab, **specials}.items()}
     tokens, types = [], []
     for i in range(vocab_size):
@@ -227,7 +219,6 @@ def tokenizer_golden(gguf_mod, llama_cpp, llama_cpp_src, meta_src, tiktoken_dir,
         else:
             tokens.append(reverse[i])
             types.append(T.CONTROL if i in specials.values() else T.NORMAL)
-    path = os.path.join(out_dir, "tokenizer_cl100k4k.gguf")
     r = gguf_mod.GGUFReader(meta_src)
     arch = r.fields["general.architecture"].contents()
     w = gguf_mod.GGUFWriter(path, arch)
@@ -241,9 +232,32 @@ def tokenizer_golden(gguf_mod, llama_cpp, llama_cpp_src, meta_src, tiktoken_dir,
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
-    w.add_bos_token_id(specials["[BOS]"])
-    w.add_eos_token_id(specials["<|im_end|>"])
+    if bos is not None:
+        w.add_bos_token_id(bos)
+    if eos is not None:
+        w.add_eos_token_id(eos)
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+
+
+def read_tiktoken(path, limit=None):
+    import base64
+    ranks = {}
+    with open(path, "rb") as f:
+        for line in f:
+            if line.strip():
+                tok, r = line.split()
+                if limit is None or int(r) < limit:
+                    ranks[base64.b64decode(tok)] = int(r)
+    return ranks
+
+
+def tokenizer_golden(gguf_mod, llama_cpp, llama_cpp_src, meta_src, tiktoken_dir, out_dir, n_ranks=4096):
+    import json
+    ranks = read_tiktoken(os.path.join(tiktoken_dir, "cl100k_base.tiktoken"), n_ranks)
+    specials = {s: n_ranks + i for i, s in enumerate(TOKENIZER_SPECIALS)}
+    path = os.path.join(out_dir, "tokenizer_cl100k4k.gguf")
+    write_tokenizer_gguf(gguf_mod, llama_cpp_src, meta_src, ranks, specials, path, specials["[BOS]"],
+                         specials["<|im_end|>"])
     llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
     cases = []
     for text in TOKENIZER_TEXTS:

@@ -1,5 +1,6 @@
-// Strict, by-name weight binding from a Checkpoint. The first failure is kept (with the file and
-// tensor named) and later calls become no-ops, so layer bind() code reads straight through.
+// Strict, by-name weight binding from a Checkpoint or a GGUF file (GgufWeights answers the HF names).
+// The first failure is kept (with the file and tensor named) and later calls become no-ops, so layer
+// bind() code reads straight through.
 #pragma once
 
 #include <string>
@@ -7,13 +8,15 @@
 
 #include "base/result.h"
 #include "kernels/cpu/linear.h"
+#include "layers/gguf_weights.h"
 #include "loader/checkpoint.h"
 
 namespace kestrel {
 
 class Binder {
  public:
-  explicit Binder(Checkpoint& ckpt) : ckpt_(ckpt) {}
+  explicit Binder(Checkpoint& ckpt) : ckpt_(&ckpt) {}
+  explicit Binder(GgufWeights& gguf) : gguf_(&gguf) {}
   const Status& status() const { return st_; }
   bool ok() const { return st_.is_ok(); }
 
@@ -30,7 +33,11 @@ class Binder {
   }
 
  private:
-  Checkpoint& ckpt_;
+  Result<TensorView> get(const std::string& name, const std::vector<int64_t>& shape);
+  std::string file_of(const std::string& name) const;
+
+  Checkpoint* ckpt_ = nullptr;  // exactly one source is set
+  GgufWeights* gguf_ = nullptr;
   Status st_;
 };
 

@@ -10,6 +10,7 @@
 
 #include "base/check.h"
 #include "kernels/cpu/linear_fp8.h"
+#include "kernels/cpu/linear_gguf.h"
 #include "kernels/cpu/scratch.h"
 
 namespace kestrel::kernels {
@@ -118,6 +119,11 @@ void decode_row(const WeightMatrix& w, int64_t r, float* dst) {
       decode_fp8_block_row(w, r, dst);
       return;
     }
+    case WeightFormat::kGgufQ8_0:
+    case WeightFormat::kGgufQ4_0:
+    case WeightFormat::kGgufMxfp4:
+      decode_gguf_row(w, r, dst);
+      return;
   }
 }
 

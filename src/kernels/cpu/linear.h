@@ -2,6 +2,8 @@
 //   W: [out, in] row-major, dtype F32 / BF16 / F16, or MXFP4 (compressed-tensors packing:
 //      packed U8 [out, in/2], byte j = code(2j) | code(2j+1) << 4; scales E8M0 U8 [out, in/32]),
 //      or FP8 E4M3 with one fp32 scale_inv per 128×128 block (DeepSeek; see linear_fp8.h).
+//      GGUF block formats (kGgufQ8_0 / kGgufQ4_0 / kGgufMxfp4): `data` is the row-major ggml block
+//      stream, in/32 blocks per row, used in place (see linear_gguf.h); `scales` unused.
 //   x: [T, in] fp32, y: [T, out] fp32. Accumulation fp32.
 // Thread-safety: pure functions; parallel over output rows with OpenMP.
 #pragma once
@@ -13,7 +15,7 @@
 
 namespace kestrel::kernels {
 
-enum class WeightFormat { kF32, kBF16, kF16, kMxfp4, kFp8Block };
+enum class WeightFormat { kF32, kBF16, kF16, kMxfp4, kFp8Block, kGgufQ8_0, kGgufQ4_0, kGgufMxfp4 };
 
 struct WeightMatrix {
   WeightFormat format = WeightFormat::kF32;

@@ -1,103 +1,71 @@
-// Linear-kernel microbenchmark: y[T, out] = x[T, in] W^T for each weight format, the shapes of
-// decode (T = 1), batched decode (T = 16) and prefill (T = 128). Reports wall and CPU time per
-// call, GFLOP/s (2·T·out·in) and weight GB/s (bytes of W in its format per call). Weights are
-// several times the last-level cache unless --in/--out say otherwise, so decode rows measure DRAM.
-//   linear_bench [format=bf16|f16|f32|mxfp4|all] [out=8192] [in=2048] [iters=20] [T list=1,4,16,128]
-#include <omp.h>
-#include <time.h>
-
+// Linear kernel microbenchmark: y[T, out] = x[T, in] W^T for every weight format, best of N calls.
+//   linear_bench [out=4096] [in=4096] [T=1] [reps=20]
+// Reports ms per call and weight bytes read per second (the decode-time limit: T = 1 reads every
+// weight byte once). Formats: BF16, MXFP4 (compressed-tensors: packed + separate E8M0 scales, fused
+// decode+dot for T ≤ 4), GGUF Q8_0 / Q4_0 / MXFP4 blocks (decode row → fp32 dot).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
-#include <sstream>
-#include <string>
 #include <vector>
 
-#include "kernels/cpu/linear.h"
-#include "tensor/dtype.h"
+#include "kernels/cpu/linear_gguf.h"
 
 namespace {
 
 using kestrel::kernels::WeightFormat;
 using kestrel::kernels::WeightMatrix;
 
-double wall_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-double cpu_s() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-struct Weights {
-  std::vector<uint16_t> half;
-  std::vector<float> f32;
-  std::vector<uint8_t> packed, scales;
-  WeightMatrix m;
-  double bytes = 0;
+struct Fmt {
+  const char* name;
+  WeightFormat f;
 };
-
-// Several copies so that consecutive calls stream from DRAM, not from the cache.
-Weights make(const std::string& fmt, int64_t out, int64_t in, std::mt19937& rng) {
-  Weights w;
-  std::normal_distribution<float> nd(0.0f, 0.05f);
-  w.m.out = out, w.m.in = in;
-  const size_t n = static_cast<size_t>(out * in);
-  if (fmt == "f32") {
-    w.f32.resize(n);
-    for (auto& v : w.f32) v = nd(rng);
-    w.m.format = WeightFormat::kF32, w.m.data = w.f32.data(), w.bytes = 4.0 * static_cast<double>(n);
-  } else if (fmt == "bf16" || fmt == "f16") {
-    w.half.resize(n);
-    for (auto& v : w.half)  // f16: random sign and mantissa, exponent for |v| in [2^-5, 1)
-      v = fmt == "bf16" ? kestrel::f32_to_bf16(nd(rng)) : static_cast<uint16_t>((rng() & 0x83ff) | ((10 + rng() % 5) << 10));
-    w.m.format = fmt == "bf16" ? WeightFormat::kBF16 : WeightFormat::kF16, w.m.data = w.half.data();
-    w.bytes = 2.0 * static_cast<double>(n);
-  } else {
-    w.packed.resize(n / 2);
-    w.scales.resize(n / 32);
-    for (auto& v : w.packed) v = static_cast<uint8_t>(rng());
-    for (auto& v : w.scales) v = static_cast<uint8_t>(120 + rng() % 8);
-    w.m.format = WeightFormat::kMxfp4, w.m.data = w.packed.data(), w.m.scales = w.scales.data();
-    w.bytes = static_cast<double>(n / 2 + n / 32);
-  }
-  return w;
-}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string fmt_arg = argc > 1 ? argv[1] : "all";
-  const int64_t out = argc > 2 ? std::atoll(argv[2]) : 8192;
-  const int64_t in = argc > 3 ? std::atoll(argv[3]) : 2048;
-  const int iters = argc > 4 ? std::atoi(argv[4]) : 20;
-  std::vector<int64_t> Ts;
-  {
-    std::stringstream ss(argc > 5 ? argv[5] : "1,4,16,128");
-    std::string tok;
-    while (std::getline(ss, tok, ',')) Ts.push_back(std::atoll(tok.c_str()));
-  }
-  std::vector<std::string> fmts = fmt_arg == "all" ? std::vector<std::string>{"bf16", "mxfp4", "f16", "f32"}
-                                                   : std::vector<std::string>{fmt_arg};
-  std::mt19937 rng(7);
-  std::printf("threads %d, W [%lld x %lld]\n%-6s %5s %10s %10s %9s %8s\n", omp_get_max_threads(), static_cast<long long>(out),
-              static_cast<long long>(in), "format", "T", "wall ms", "cpu ms", "GFLOP/s", "W GB/s");
-  for (const auto& fmt : fmts) {
-    constexpr int kCopies = 4;  // 4 × (16..64 MiB): beyond the effective cache
-    std::vector<Weights> ws;
-    for (int c = 0; c < kCopies; ++c) ws.push_back(make(fmt, out, in, rng));
-    for (int64_t T : Ts) {
-      std::vector<float> x(static_cast<size_t>(T * in)), y(static_cast<size_t>(T * out));
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      for (auto& v : x) v = nd(rng);
-      kestrel::kernels::matmul(ws[0].m, x.data(), T, y.data());  // warm-up
-      const double w0 = wall_s(), c0 = cpu_s();
-      for (int i = 0; i < iters; ++i) kestrel::kernels::matmul(ws[static_cast<size_t>(i % kCopies)].m, x.data(), T, y.data());
-      const double wall = (wall_s() - w0) / iters, cpu = (cpu_s() - c0) / iters;
-      const double flops = 2.0 * static_cast<double>(T * out * in);
-      std::printf("%-6s %5lld %10.3f %10.3f %9.1f %8.1f\n", fmt.c_str(), static_cast<long long>(T), 1e3 * wall, 1e3 * cpu,
-                  flops / wall * 1e-9, ws[0].bytes / wall * 1e-9);
+  const int64_t out = argc > 1 ? std::atoll(argv[1]) : 4096;
+  const int64_t in = argc > 2 ? std::atoll(argv[2]) : 4096;
+  const int64_t T = argc > 3 ? std::atoll(argv[3]) : 1;
+  const int reps = argc > 4 ? std::atoi(argv[4]) : 20;
+  if (in % 32 != 0) return std::fprintf(stderr, "in must be a multiple of 32\n"), 2;
+  std::mt19937 rng(1);
+  std::vector<float> x(static_cast<size_t>(T * in)), y(static_cast<size_t>(T * out));
+  std::uniform_real_distribution<float> d(-1, 1);
+  for (auto& v : x) v = d(rng);
+  std::printf("linear_bench out %ld in %ld T %ld (best of %d)\n", static_cast<long>(out), static_cast<long>(in),
+              static_cast<long>(T), reps);
+  for (const Fmt& f : {Fmt{"BF16", WeightFormat::kBF16}, Fmt{"MXFP4 (compressed-tensors)", WeightFormat::kMxfp4},
+                       Fmt{"GGUF Q8_0", WeightFormat::kGgufQ8_0}, Fmt{"GGUF Q4_0", WeightFormat::kGgufQ4_0},
+                       Fmt{"GGUF MXFP4", WeightFormat::kGgufMxfp4}}) {
+    const int64_t bb = kestrel::kernels::gguf_block_bytes(f.f);
+    const int64_t bytes = f.f == WeightFormat::kBF16 ? out * in * 2 : f.f == WeightFormat::kMxfp4 ? out * in / 2 : out * in / 32 * bb;
+    std::vector<uint8_t> data(static_cast<size_t>(bytes)), scales(static_cast<size_t>(out * in / 32));
+    for (auto& b : data) b = static_cast<uint8_t>(rng());
+    for (auto& s : scales) s = static_cast<uint8_t>(120 + rng() % 8);
+    if (f.f == WeightFormat::kBF16)
+      for (int64_t i = 0; i < out * in; ++i) data[static_cast<size_t>(2 * i + 1)] = static_cast<uint8_t>(0x3c + rng() % 2);
+    for (int64_t b = 0; bb > 0 && b < out * in / 32; ++b) {  // finite fp16 scales / E8M0 near 2^0
+      uint8_t* p = data.data() + b * bb;
+      if (f.f == WeightFormat::kGgufMxfp4) p[0] = static_cast<uint8_t>(120 + rng() % 8);
+      else p[1] = static_cast<uint8_t>(0x1c + rng() % 4);
     }
+    WeightMatrix w;
+    w.format = f.f, w.out = out, w.in = in, w.data = data.data();
+    if (f.f == WeightFormat::kMxfp4) w.scales = scales.data();
+    double best = 1e30;
+    for (int r = 0; r < reps + 1; ++r) {
+      const double t0 = now_s();
+      kestrel::kernels::matmul(w, x.data(), T, y.data());
+      if (r > 0) best = std::min(best, now_s() - t0);  // first call warms caches / thread pool
+    }
+    const double total = static_cast<double>(bytes + (f.f == WeightFormat::kMxfp4 ? out * in / 32 : 0));
+    std::printf("  %-28s %8.3f ms   %6.2f GB/s of weights\n", f.name, best * 1e3, total / best / 1e9);
   }
   return 0;
 }

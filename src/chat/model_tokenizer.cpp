@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "loader/gguf.h"
+
 namespace kestrel::chat {
 namespace fs = std::filesystem;
 
@@ -28,7 +30,54 @@ std::string base64(const std::string& in) {
 }
 }  // namespace
 
+Result<Tokenizer> load_gguf_tokenizer(const std::string& path) {
+  auto f = GgufFile::open(path);
+  if (!f) return f.error();
+  const GgufHeader& h = f->header();
+  auto str = [&](const char* key) -> std::string {
+    const GgufValue* v = h.find(key);
+    return v && !v->is_array() && v->as_string() ? *v->as_string() : std::string();
+  };
+  const std::string model = str("tokenizer.ggml.model"), pre = str("tokenizer.ggml.pre");
+  if (model != "gpt2")
+    return unsupported(path + ": key 'tokenizer.ggml.model' is '" + model +
+                       "': this GGUF has no usable tokenizer (pass token ids with --prompt-ids)");
+  if (pre != "kimi-k2")
+    return unsupported(path + ": key 'tokenizer.ggml.pre' is '" + pre + "': only the Kimi pre-tokenizer (kimi-k2) is supported");
+  const GgufValue* tokens = h.find("tokenizer.ggml.tokens");
+  if (tokens == nullptr || !tokens->is_array() || tokens->elem != GgufType::kString || tokens->size() == 0)
+    return invalid_argument(path + ": key 'tokenizer.ggml.tokens': missing or not an array of strings");
+  const GgufValue* types = h.find("tokenizer.ggml.token_type");
+  if (types != nullptr && (!types->is_array() || types->size() != tokens->size()))
+    return invalid_argument(path + ": key 'tokenizer.ggml.token_type': not an array as long as the token list");
+  constexpr int64_t kNormal = 1, kControl = 3, kUserDefined = 4, kUnused = 5;
+  std::string ranks;  // tiktoken text form: base64(byte-level string) SP rank, parsed below
+  std::vector<SpecialToken> specials;
+  int32_t n_ranks = 0;
+  for (size_t id = 0; id < tokens->size(); ++id) {
+    const int64_t type = types ? types->as_int(id).value_or(-1) : kNormal;
+    const std::string& text = tokens->str[id];
+    if (type == kNormal) {
+      if (static_cast<int32_t>(id) != n_ranks)
+        return unsupported(path + ": token " + std::to_string(id) + " is a normal token after a special one: ranks must be ids 0..N-1");
+      ranks += base64(text) + " " + std::to_string(n_ranks++) + "\n";
+    } else if (type == kControl || type == kUserDefined) {
+      specials.push_back({text, static_cast<int32_t>(id)});
+    } else if (type != kUnused) {
+      return unsupported(path + ": token " + std::to_string(id) + " has token type " + std::to_string(type) +
+                         " (normal, control, user-defined and unused are supported)");
+    }
+  }
+  auto vocab = Vocab::parse(ranks, path + " tokenizer.ggml.tokens", VocabFormat::kGpt2ByteLevel);
+  if (!vocab) return vocab.error();
+  auto pretok = PreTokenizer::create(Pattern::kKimi);
+  if (!pretok) return pretok.error();
+  return Tokenizer::create(std::move(*vocab), std::move(*pretok), std::move(specials), ChunkCaps{});
+}
+
 Result<Tokenizer> load_model_tokenizer(const std::string& dir) {
+  std::error_code ec;
+  if (fs::is_regular_file(dir, ec)) return load_gguf_tokenizer(dir);
   const std::string vocab = (fs::path(dir) / "tiktoken.model").string();
   if (!fs::exists(vocab)) return not_found(dir + ": no tiktoken.model (the tokenizer ships with the checkpoint)");
   TokenizerConfig cfg = kimi_k3_config(vocab);

@@ -11,8 +11,17 @@
 namespace kestrel::chat {
 
 // Loads DIR/tiktoken.model and the specials from DIR/tokenizer_config.json (when the file lacks an
-// added_tokens_decoder, the K3 table right after the ranks is used).
+// added_tokens_decoder, the K3 table right after the ranks is used). A path to a regular file is read
+// as GGUF (load_gguf_tokenizer).
 Result<Tokenizer> load_model_tokenizer(const std::string& dir);
+
+// The tokenizer inside a GGUF written by llama.cpp's converter for Kimi models: tokenizer.ggml.model
+// "gpt2", tokenizer.ggml.pre "kimi-k2", tokenizer.ggml.tokens as GPT-2 byte-level strings (rank = id),
+// tokenizer.ggml.token_type NORMAL (1) for ranks, CONTROL (3) / USER_DEFINED (4) for specials, UNUSED
+// (5) padding skipped. Ranks must be ids 0..N-1. Merges are not needed (tiktoken BPE by rank gives
+// the same merges the converter derived from the ranks). Kimi pattern and caps. Anything else (no
+// tokenizer: model "none"; another pre-tokenizer) is an error naming the file and key.
+Result<Tokenizer> load_gguf_tokenizer(const std::string& path);
 
 // Writes a synthetic tokenizer in the K3 file format for a generated model of `vocab` ids (≥ 512):
 // 256 single-byte ranks, then (vocab − 512) two-byte ranks (byte pairs in order), then K3's 256

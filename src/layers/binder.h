@@ -1,5 +1,6 @@
-// Strict, by-name weight binding from a Checkpoint. The first failure is kept (with the file and
-// tensor named) and later calls become no-ops, so layer bind() code reads straight through.
+// Strict, by-name weight binding from a Checkpoint or a GGUF file (GgufWeights answers the HF names).
+// The first failure is kept (with the file and tensor named) and later calls become no-ops, so layer
+// bind() code reads straight through.
 #pragma once
 
 #include <string>
@@ -7,13 +8,15 @@
 
 #include "base/result.h"
 #include "kernels/cpu/linear.h"
+#include "layers/gguf_weights.h"
 #include "loader/checkpoint.h"
 
 namespace kestrel {
 
 class Binder {
  public:
-  explicit Binder(Checkpoint& ckpt) : ckpt_(ckpt) {}
+  explicit Binder(Checkpoint& ckpt) : ckpt_(&ckpt) {}
+  explicit Binder(GgufWeights& gguf) : gguf_(&gguf) {}
   const Status& status() const { return st_; }
   bool ok() const { return st_.is_ok(); }
 
@@ -36,9 +39,12 @@ class Binder {
   }
 
  private:
-  kernels::WeightMatrix int4_linear(const std::string& name, int64_t out, int64_t in);
+  kernels::WeightMatrix int4_linear(Checkpoint& ck, const std::string& name, int64_t out, int64_t in);
+  Result<TensorView> get(const std::string& name, const std::vector<int64_t>& shape);
+  std::string file_of(const std::string& name) const;
 
-  Checkpoint& ckpt_;
+  Checkpoint* ckpt_ = nullptr;  // exactly one source is set
+  GgufWeights* gguf_ = nullptr;
   Status st_;
   int64_t int4_group_ = 0;
 };

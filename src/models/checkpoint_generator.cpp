@@ -147,7 +147,8 @@ json text_config(const GenSpec& s) {
 
 std::vector<std::string> gen_preset_names() {
   return {"k3-tiny",  "k3-tiny-bf16", "k3-tiny-allexp",   "kimi-linear-tiny",
-          "k3-bench", "k3-default",   "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v2style-tiny", "deepseek-bench"};
+          "k3-bench", "k3-default",   "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v2style-tiny", "deepseek-bench",
+          "k3-micro", "k3-micro-bf16", "kimi-linear-micro"};
 }
 
 Result<GenSpec> gen_preset(const std::string& name) {
@@ -164,6 +165,25 @@ Result<GenSpec> gen_preset(const std::string& name) {
     s.mxfp4_experts = false;
     s.routed_scaling = 2.446f;
     s.pad_a_log = false;
+    return s;
+  }
+  // Micro presets (about 1M parameters) for the committed GGUF test files: every matrix input width a
+  // multiple of 32 so llama.cpp's converter can write Q8_0 / Q4_0 / MXFP4 for every 2-D weight.
+  if (name == "k3-micro" || name == "k3-micro-bf16" || name == "kimi-linear-micro") {
+    s.hidden = 64, s.layers = 5, s.intermediate = 128;
+    s.head_dim = 64;
+    s.full_attn_layers = {3, 5};
+    s.attn_res_block = 2;
+    s.experts = 8, s.top_k = 2, s.shared = 1, s.moe_inter = 32, s.latent = 32;
+    s.q_lora = 32, s.kv_lora = 64, s.nope = 64, s.rope = 32, s.v_dim = 64;
+    s.shards = 1;
+    s.mxfp4_experts = name == "k3-micro";
+    if (name == "kimi-linear-micro") {
+      s.arch = "kimi_linear";
+      s.q_lora = 0;
+      s.routed_scaling = 2.446f;
+      s.pad_a_log = false;
+    }
     return s;
   }
   if (name == "k3-bench") {  // K3 per-layer structure, widths cut to fit a 24 GiB / 2-core box

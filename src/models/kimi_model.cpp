@@ -1,10 +1,12 @@
 #include "models/kimi_model.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include "base/check.h"
 #include "kernels/cpu/elementwise.h"
 #include "layers/attn_res.h"
+#include "loader/gguf_config.h"
 
 namespace kestrel {
 
@@ -17,6 +19,8 @@ std::vector<float> fold(const std::vector<float>& norm_w, const std::vector<floa
 }  // namespace
 
 Result<std::unique_ptr<KimiModel>> KimiModel::load(const std::string& dir) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(dir, ec)) return load_gguf(dir);
   auto cfg = load_model_config(dir);
   if (!cfg) return cfg.error();
   if (cfg->arch != Arch::kKimiK3 && cfg->arch != Arch::kKimiLinear)
@@ -33,6 +37,23 @@ Result<std::unique_ptr<KimiModel>> KimiModel::load(const std::string& dir) {
   if (!unused.empty())
     return corrupt(m->ckpt_->file_of(unused.front()) + ": unexpected tensor '" + unused.front() + "' (" +
                    std::to_string(unused.size()) + " tensor(s) not used by " + m->cfg_.model_type + ")");
+  return m;
+}
+
+Result<std::unique_ptr<KimiModel>> KimiModel::load_gguf(const std::string& path) {
+  auto g = GgufWeights::open(path);
+  if (!g) return g.error();
+  auto cfg = model_config_from_gguf((*g)->file().header(), path);
+  if (!cfg) return cfg.error();
+  auto m = std::unique_ptr<KimiModel>(new KimiModel());
+  m->cfg_ = std::move(*cfg);
+  m->gguf_ = std::move(*g);
+  Binder b(*m->gguf_);
+  KESTREL_RETURN_IF_ERROR(m->bind(b));
+  const auto unused = m->gguf_->unused();
+  if (!unused.empty())
+    return corrupt(path + ": unexpected tensor '" + unused.front() + "' (" + std::to_string(unused.size()) +
+                   " tensor(s) not used by " + m->cfg_.model_type + ")");
   return m;
 }
 

@@ -22,7 +22,9 @@ namespace kestrel {
 class KimiModel final : public Model {
  public:
   // Loads config.json and binds every tensor strictly; unused checkpoint tensors are an error.
+  // A path to a regular file is read as GGUF (llama.cpp's kimi-k3 / kimi-linear layout).
   static Result<std::unique_ptr<KimiModel>> load(const std::string& dir);
+  static Result<std::unique_ptr<KimiModel>> load_gguf(const std::string& path);
 
   void forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions& opt = {}) override;
 
@@ -42,6 +44,7 @@ class KimiModel final : public Model {
   void forward_linear(int64_t T, const ForwardOptions& o);
 
   std::unique_ptr<Checkpoint> ckpt_;  // owns the mmaps every WeightMatrix points into
+  std::unique_ptr<GgufWeights> gguf_;  // or this, for a model loaded from GGUF
   kernels::WeightMatrix embed_, lm_head_;
   std::vector<float> final_norm_, out_res_c_;
   std::vector<Layer> layers_;

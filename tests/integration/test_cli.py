@@ -41,3 +41,21 @@ def test_bad_model_dir_is_one_line_error():
         p = run(["generate", "--model", d, "--prompt-ids", "1,2", "--quiet"])
         assert p.returncode != 0
         assert p.stderr.count(b"\n") == 1 and d.encode() in p.stderr
+
+
+GGUF_DIR = os.path.join(os.path.dirname(__file__), "..", "data", "gguf")
+
+
+def test_generate_from_gguf_with_prompt_ids():
+    # llama.cpp-converted Q4_0 K3 file without a tokenizer: ids in, ids out.
+    p = run(["generate", "--model", os.path.join(GGUF_DIR, "k3_micro_q4_0.gguf"), "--prompt-ids", "1,2,3",
+             "--max-tokens", "4", "--json", "--quiet"])
+    assert p.returncode == 0, p.stderr
+    assert len(json.loads(p.stdout)["tokens"]) == 4
+
+
+def test_generate_from_gguf_without_tokenizer_rejects_text_prompt():
+    path = os.path.join(GGUF_DIR, "k3_micro_q8_0.gguf")
+    p = run(["generate", "--model", path, "--prompt", "hello", "--quiet"])
+    assert p.returncode != 0
+    assert p.stderr.count(b"\n") == 1 and b"--prompt-ids" in p.stderr and b"tokenizer.ggml.model" in p.stderr

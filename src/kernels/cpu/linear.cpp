@@ -10,6 +10,7 @@
 
 #include "base/check.h"
 #include "kernels/cpu/linear_fp8.h"
+#include "kernels/cpu/linear_gguf.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/w4a8_format.h"
 #include "kernels/cpu/w4a8_gemm.h"
@@ -125,6 +126,11 @@ void decode_row(const WeightMatrix& w, int64_t r, float* dst) {
                           reinterpret_cast<const uint16_t*>(w.scales) + r * (n / w.group), n, w.group, dst);
       return;
     }
+    case WeightFormat::kGgufQ8_0:
+    case WeightFormat::kGgufQ4_0:
+    case WeightFormat::kGgufMxfp4:
+      decode_gguf_row(w, r, dst);
+      return;
   }
 }
 

@@ -2,6 +2,8 @@
 //   W: [out, in] row-major, dtype F32 / BF16 / F16, or MXFP4 (compressed-tensors packing:
 //      packed U8 [out, in/2], byte j = code(2j) | code(2j+1) << 4; scales E8M0 U8 [out, in/32]),
 //      or FP8 E4M3 with one fp32 scale_inv per 128×128 block (DeepSeek; see linear_fp8.h).
+//      GGUF block formats (kGgufQ8_0 / kGgufQ4_0 / kGgufMxfp4): `data` is the row-major ggml block
+//      stream, in/32 blocks per row, used in place (see linear_gguf.h); `scales` unused.
 //   kW4A8: int4 pack-quantized (compressed-tensors): packed I32 [out, in/8] (element k at bit 4·(k%8)
 //      of word k/8, stored as q+8), scales BF16 [out, in/group]; matmul quantizes x to int8 per token
 //      (kernels/cpu/w4a8_gemm.h).
@@ -16,7 +18,7 @@
 
 namespace kestrel::kernels {
 
-enum class WeightFormat { kF32, kBF16, kF16, kMxfp4, kFp8Block, kW4A8 };
+enum class WeightFormat { kF32, kBF16, kF16, kMxfp4, kFp8Block, kGgufQ8_0, kGgufQ4_0, kGgufMxfp4, kW4A8 };
 
 struct WeightMatrix {
   WeightFormat format = WeightFormat::kF32;

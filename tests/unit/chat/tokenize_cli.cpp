@@ -1,5 +1,6 @@
 // tokenize_cli: test driver for tools/tokenizer_parity.py and tools/tokenizer_bench.py.
 //
+//   tokenize_cli --gguf FILE (tokenizer.ggml.* of a GGUF, see load_gguf_tokenizer) [--mode ...] --input ... --output ...
 //   tokenize_cli --vocab FILE [--preset kimi|cl100k|o200k|llama3|deepseek_v3] [--pattern NAME]
 //                [--byte-level] [--kimi-caps] [--specials FILE] [--mode allow|text] [--bytes]
 //                --input DOCS --output IDS [--roundtrip] [--repeat N]
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "chat/model_tokenizer.h"
 #include "chat/tokenizer.h"
 #include "chat/utf8.h"
 
@@ -41,13 +43,14 @@ bool read_file(const std::string& path, std::string* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string vocab, preset = "cl100k", pattern, specials_path, mode = "allow", input, output;
+  std::string gguf, vocab, preset = "cl100k", pattern, specials_path, mode = "allow", input, output;
   bool byte_level = false, kimi_caps = false, use_bytes = false, roundtrip = false;
   int repeat = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
     if (a == "--vocab") vocab = next();
+    else if (a == "--gguf") gguf = next();
     else if (a == "--preset") preset = next();
     else if (a == "--pattern") pattern = next();
     else if (a == "--specials") specials_path = next();
@@ -61,7 +64,7 @@ int main(int argc, char** argv) {
     else if (a == "--repeat") repeat = std::max(1, std::atoi(next().c_str()));
     else return fail("unknown argument " + a);
   }
-  if (vocab.empty() || input.empty()) return fail("need --vocab and --input");
+  if ((vocab.empty() && gguf.empty()) || input.empty()) return fail("need --vocab (or --gguf) and --input");
 
   TokenizerConfig config;
   if (preset == "kimi") config = kimi_k3_config(vocab);
@@ -92,7 +95,7 @@ int main(int argc, char** argv) {
   if (mode != "allow" && mode != "text") return fail("--mode must be allow or text");
   const SpecialMode smode = mode == "allow" ? SpecialMode::kAllow : SpecialMode::kAsText;
 
-  auto tok = Tokenizer::create(config);
+  auto tok = gguf.empty() ? Tokenizer::create(config) : load_gguf_tokenizer(gguf);
   if (!tok) return fail(tok.error().message());
 
   std::string blob;

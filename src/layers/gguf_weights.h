@@ -1,0 +1,60 @@
+// GGUF tensors presented under the Hugging Face names the Binder asks for (K3 with or without the
+// `language_model.` prefix; Kimi Linear). This inverts what llama.cpp's converter does
+// (conversion/kimi_k3.py, conversion/kimi_linear.py, gguf-py tensor_mapping.py):
+//   renames                      model.layers.L.self_attn.q_proj → blk.L.attn_q, … (table in the .cpp)
+//   experts stacked to 3-D       experts.E.w1/w3/w2 → ffn_{gate,up,down}_exps ne [in, out, n_expert]:
+//                                expert E is rows [E·out, (E+1)·out) — a zero-copy view (any type)
+//   conv1d reshaped              [P, 1, W] ↔ ne [W, 1, P, 1]: same bytes, zero-copy
+//   A_log → −exp(A_log) (f32)    inverted as log(−x) into an owned copy (≤ 1 ulp from the original
+//                                after our exp; K3's head_dim padding was sliced off, so shape [H])
+//   dt_bias → ssm_dt.bias        rename
+//   <x>_res_norm ⊙ <x>_res_proj  fused into <x>_res_score; presented as norm = score, proj = ones
+//                                (the model multiplies them back: score · 1 is exact)
+//   kv_b_proj split              attn_k_b ne [dn, lora, H] (transposed) + attn_v_b ne [lora, dv, H]:
+//                                re-merged into an owned F32 [H·(dn+dv), lora] copy (the transpose
+//                                forces a copy; quantized halves are decoded exactly first)
+// Weights in F32/F16/BF16/Q8_0/Q4_0/MXFP4 are used in place from the mmap; other ggml types fail with
+// a one-line error naming the tensor. Every GGUF tensor must be consumed (like Checkpoint::unused).
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "kernels/cpu/linear.h"
+#include "loader/gguf.h"
+#include "tensor/tensor.h"
+
+namespace kestrel {
+
+class GgufWeights {
+ public:
+  static Result<std::unique_ptr<GgufWeights>> open(const std::string& path);
+  explicit GgufWeights(GgufFile file) : file_(std::move(file)) {}
+
+  const GgufFile& file() const { return file_; }
+  const std::string& path() const { return file_.path(); }
+  // Linear weight [out, in] named by its HF prefix (no ".weight").
+  Result<kernels::WeightMatrix> linear(const std::string& hf_name, int64_t out, int64_t in);
+  // Float tensor (F32/F16/BF16) by HF name; shape must match when non-empty.
+  Result<TensorView> get(const std::string& hf_name, const std::vector<int64_t>& shape);
+  // GGUF tensors never consumed.
+  std::vector<std::string> unused() const;
+
+ private:
+  const GgufTensorInfo* find(const std::string& gguf_name);
+  Status error(const std::string& gguf_name, const std::string& what) const;
+  Result<kernels::WeightMatrix> matrix(const GgufTensorInfo& t, int64_t out, int64_t in, int64_t row0);
+  Result<kernels::WeightMatrix> merged_kv_b(const std::string& layer, int64_t out, int64_t in);
+  Result<TensorView> float_view(const GgufTensorInfo& t, std::vector<int64_t> shape);
+
+  GgufFile file_;
+  std::set<std::string> used_;
+  std::deque<std::vector<float>> owned_;  // transformed copies (stable addresses)
+};
+
+}  // namespace kestrel

@@ -1,0 +1,152 @@
+#include "loader/gguf_config.h"
+
+#include <nlohmann/json.hpp>
+
+namespace kestrel {
+namespace {
+
+using nlohmann::json;
+
+bool any_layer_tensor(const GgufHeader& h, const std::string& suffix) {
+  for (const auto& t : h.tensors)
+    if (t.name.rfind("blk.", 0) == 0 && t.name.size() > suffix.size() &&
+        t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return true;
+  return false;
+}
+
+// Reads `<arch>.<key>` values, keeping the first error (file and key named).
+class Keys {
+ public:
+  Keys(const GgufHeader& h, std::string arch, std::string label) : h_(h), arch_(std::move(arch)), label_(std::move(label)) {}
+  const Status& status() const { return st_; }
+  const GgufValue* find(const std::string& key) const { return h_.find(arch_ + "." + key); }
+  int64_t req_int(const std::string& key) {
+    const GgufValue* v = find(key);
+    if (v == nullptr) return fail(key, "missing required key"), 0;
+    auto i = v->is_array() ? std::nullopt : v->as_int();
+    if (!i) return fail(key, "must be an integer scalar"), 0;
+    return *i;
+  }
+  std::optional<int64_t> opt_int(const std::string& key) { return find(key) ? std::optional(req_int(key)) : std::nullopt; }
+  double req_num(const std::string& key) {
+    const GgufValue* v = find(key);
+    if (v == nullptr) return fail(key, "missing required key"), 0.0;
+    auto d = v->is_array() ? std::nullopt : v->as_double();
+    if (!d) return fail(key, "must be a number"), 0.0;
+    return *d;
+  }
+  std::optional<double> opt_num(const std::string& key) { return find(key) ? std::optional(req_num(key)) : std::nullopt; }
+  void fail(const std::string& key, const std::string& what) {
+    if (st_.is_ok()) st_ = invalid_argument(label_ + ": key '" + arch_ + "." + key + "': " + what);
+  }
+
+ private:
+  const GgufHeader& h_;
+  std::string arch_, label_;
+  Status st_;
+};
+
+}  // namespace
+
+Result<std::string> gguf_to_hf_config_json(const GgufHeader& h, const std::string& label) {
+  const GgufValue* archv = h.find("general.architecture");
+  const auto arch = archv ? archv->as_string() : std::nullopt;
+  if (!arch) return invalid_argument(label + ": key 'general.architecture': missing or not a string");
+  if (*arch != "kimi-k3" && *arch != "kimi-linear")
+    return unsupported(label + ": GGUF architecture '" + *arch + "' is not supported (kimi-k3, kimi-linear are)");
+  const bool k3 = *arch == "kimi-k3";
+  Keys k(h, *arch, label);
+  json t;
+  t["model_type"] = "kimi_linear";
+  const int64_t layers = k.req_int("block_count");
+  t["num_hidden_layers"] = layers;
+  t["hidden_size"] = k.req_int("embedding_length");
+  t["num_attention_heads"] = k.req_int("attention.head_count");
+  t["intermediate_size"] = k.req_int("feed_forward_length");
+  t["rms_norm_eps"] = k.req_num("attention.layer_norm_rms_epsilon");
+  if (auto v = k.opt_int("vocab_size")) {
+    t["vocab_size"] = *v;
+  } else if (const GgufTensorInfo* e = h.tensor("token_embd.weight"); e && e->ne.size() == 2) {
+    t["vocab_size"] = e->ne[1];
+  } else {
+    k.fail("vocab_size", "missing, and no 2-D token_embd.weight to read it from");
+  }
+  if (k3) {
+    t["hidden_act"] = "situ";
+    t["activation_situ_beta"] = k.req_num("activation.situ_beta");
+    t["activation_situ_linear_beta"] = k.req_num("activation.situ_linear_beta");
+    t["attn_res_block_size"] = k.req_int("attn_res.block_size");
+  } else {
+    t["hidden_act"] = "silu";
+  }
+  t["first_k_dense_replace"] = k.req_int("leading_dense_block_count");
+  t["num_experts"] = k.req_int("expert_count");
+  t["num_experts_per_token"] = k.req_int("expert_used_count");
+  t["num_shared_experts"] = k.req_int("expert_shared_count");
+  t["moe_intermediate_size"] = k.req_int("expert_feed_forward_length");
+  if (auto v = k.opt_int("expert_latent_length")) t["routed_expert_hidden_size"] = *v;
+  t["latent_moe_use_norm"] = any_layer_tensor(h, ".ffn_routed_norm.weight");
+  if (const GgufValue* v = k.find("expert_weights_norm")) {
+    auto b = v->is_array() ? std::nullopt : v->as_int();
+    if (!b) k.fail("expert_weights_norm", "must be a bool");
+    t["moe_renormalize"] = b.value_or(0) != 0;
+  }
+  if (auto v = k.opt_num("expert_weights_scale")) t["routed_scaling_factor"] = *v;
+  if (auto v = k.opt_int("expert_gating_func"); v && *v != 2)  // 2 = LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+    k.fail("expert_gating_func", "only sigmoid routing (2) is supported");
+  t["num_expert_group"] = k.opt_int("expert_group_count").value_or(1);
+  t["topk_group"] = k.opt_int("expert_group_used_count").value_or(1);
+  if (auto v = k.opt_int("attention.q_lora_rank")) t["q_lora_rank"] = *v;
+  t["kv_lora_rank"] = k.req_int("attention.kv_lora_rank");
+  const int64_t rope = k.req_int("rope.dimension_count");
+  t["qk_rope_head_dim"] = rope;
+  t["qk_nope_head_dim"] = k.req_int("attention.key_length_mla") - rope;
+  t["v_head_dim"] = k.req_int("attention.value_length_mla");
+  t["mla_use_nope"] = true;  // llama.cpp's kimi-k3 / kimi-linear graphs never rotate (NoPE MLA)
+  t["mla_use_output_gate"] = any_layer_tensor(h, ".attn_gate.weight");
+  t["tie_word_embeddings"] = h.tensor("output.weight") == nullptr;
+  for (const auto& [hf, key] : {std::pair{"bos_token_id", "tokenizer.ggml.bos_token_id"},
+                                std::pair{"eos_token_id", "tokenizer.ggml.eos_token_id"},
+                                std::pair{"pad_token_id", "tokenizer.ggml.padding_token_id"}})
+    if (const GgufValue* v = h.find(key); v && !v->is_array() && v->as_int()) t[hf] = *v->as_int();
+
+  json la;
+  la["num_heads"] = k.req_int("attention.head_count");
+  la["head_dim"] = k.req_int("kda.head_dim");
+  la["short_conv_kernel_size"] = k.req_int("ssm.conv_kernel");
+  la["use_full_rank_gate"] = any_layer_tensor(h, ".ssm_g.weight");
+  if (auto v = k.opt_num("kda.gate_lower_bound")) la["gate_lower_bound"] = *v;
+  json kda = json::array(), full = json::array();
+  if (const GgufValue* kv = k.find("attention.head_count_kv"); kv && kv->is_array()) {
+    if (static_cast<int64_t>(kv->size()) != layers) k.fail("attention.head_count_kv", "needs one entry per layer");
+    for (size_t l = 0; l < kv->size(); ++l) {
+      auto n = kv->as_int(l);
+      if (!n) {
+        k.fail("attention.head_count_kv", "entries must be integers");
+        break;
+      }
+      (*n == 0 ? kda : full).push_back(static_cast<int64_t>(l) + 1);  // one-based, as in config.json
+    }
+  } else {
+    k.fail("attention.head_count_kv", "missing, or not a per-layer array (it marks KDA layers with 0)");
+  }
+  la["kda_layers"] = kda;
+  la["full_attn_layers"] = full;
+  t["linear_attn_config"] = la;
+  if (!k.status().is_ok()) return k.status();
+  json top = k3 ? json{{"model_type", "kimi_k3"}, {"text_config", t}} : t;
+  return top.dump();
+}
+
+Result<ModelConfig> model_config_from_gguf(const GgufHeader& h, const std::string& label) {
+  auto text = gguf_to_hf_config_json(h, label);
+  if (!text) return text.error();
+  auto c = parse_model_config(*text, label + " (metadata)");
+  if (!c) return c.error();
+  const GgufTensorInfo* e = h.tensor("blk." + std::to_string(c->text.num_hidden_layers - 1) + ".ffn_gate_exps.weight");
+  c->text.experts_mxfp4 = e != nullptr && e->type == GgmlType::kMXFP4;
+  return c;
+}
+
+}  // namespace kestrel

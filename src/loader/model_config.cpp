@@ -42,6 +42,9 @@ class Reader {
     if (!j_[key].is_string()) return fail(key, "must be a string"), "";
     return j_[key].get<std::string>();
   }
+  std::vector<int> opt_layer_list(const char* key, int num_layers) {
+    return has(key) ? req_layer_list(key, num_layers) : std::vector<int>{};
+  }
   std::vector<int> req_layer_list(const char* key, int num_layers) {
     std::vector<int> out;
     if (!has(key)) return fail(key, "missing required key"), out;
@@ -78,6 +81,43 @@ Status parse_linear_attn(const json& j, const std::string& where, int layers, Li
     return invalid_argument(where + ": linear_attn_config sizes out of range (heads, head_dim ≤ 4096; conv 1..64)");
   if (la.gate_lower_bound && !(*la.gate_lower_bound < 0.0f))
     return invalid_argument(where + ": gate_lower_bound must be negative");
+  return Status::ok();
+}
+
+// DSA keys (ours; see model_config.h). Absent `sparse_attn_layers` (or an empty list) = all dense.
+Status parse_dsa(const json& j, const std::string& where, TextConfig& t) {
+  Reader r(j, where);
+  t.sparse_attn_layers = r.opt_layer_list("sparse_attn_layers", t.num_hidden_layers);
+  t.attn_sparse.assign(static_cast<size_t>(t.num_hidden_layers), false);
+  if (!r.status().is_ok()) return r.status();
+  if (t.sparse_attn_layers.empty()) return Status::ok();
+  t.index_n_heads = r.req_int("index_n_heads");
+  t.index_head_dim = r.req_int("index_head_dim");
+  t.index_topk = r.req_int("index_topk");
+  t.index_rope_head_dim = r.opt_int("index_rope_head_dim", t.qk_rope_head_dim);
+  t.index_rope_theta = r.opt_float("index_rope_theta", 10000.0f);
+  if (!r.status().is_ok()) return r.status();
+  if (t.index_n_heads < 1 || t.index_n_heads > 1024)
+    return invalid_argument(where + ": key 'index_n_heads': " + std::to_string(t.index_n_heads) + " is outside 1..1024");
+  if (t.index_head_dim != 128)
+    return unsupported(where + ": key 'index_head_dim': only 128 is supported (one FP8 scale per indexer vector, as "
+                       "DeepSeek-V3.2)");
+  if (t.index_topk < 1 || t.index_topk > (1 << 20))
+    return invalid_argument(where + ": key 'index_topk': " + std::to_string(t.index_topk) + " is outside 1..1048576");
+  if (t.index_rope_head_dim < 0 || t.index_rope_head_dim > t.index_head_dim || t.index_rope_head_dim % 2 != 0)
+    return invalid_argument(where + ": key 'index_rope_head_dim': must be even and in 0..index_head_dim");
+  if (!(t.index_rope_theta > 1.0f) || !(t.index_rope_theta < 1e12f))
+    return invalid_argument(where + ": key 'index_rope_theta': must be in (1, 1e12)");
+  if (t.q_lora_rank <= 0)
+    return unsupported(where + ": sparse_attn_layers need q_lora_rank > 0 (the indexer reads the MLA query latent)");
+  for (int l : t.sparse_attn_layers) {
+    if (t.attn_kind[static_cast<size_t>(l)] != AttnKind::kMla)
+      return invalid_argument(where + ": key 'sparse_attn_layers': layer " + std::to_string(l + 1) +
+                              " is not in linear_attn_config.full_attn_layers");
+    if (t.attn_sparse[static_cast<size_t>(l)])
+      return invalid_argument(where + ": key 'sparse_attn_layers': layer " + std::to_string(l + 1) + " is listed twice");
+    t.attn_sparse[static_cast<size_t>(l)] = true;
+  }
   return Status::ok();
 }
 
@@ -171,6 +211,7 @@ Status parse_text(const json& j, const std::string& where, Arch arch, TextConfig
     if (seen[static_cast<size_t>(l)] != 1)
       return invalid_argument(where + ": layer " + std::to_string(l + 1) +
                               " must appear in exactly one of kda_layers / full_attn_layers");
+  KESTREL_RETURN_IF_ERROR(parse_dsa(j, where, t));
   t.ffn_kind.assign(static_cast<size_t>(t.num_hidden_layers), FfnKind::kDense);
   for (int l = 0; l < t.num_hidden_layers; ++l)
     if (t.num_experts > 0 && l >= t.first_k_dense_replace && l % t.moe_layer_freq == 0)

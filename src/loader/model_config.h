@@ -13,7 +13,7 @@ namespace kestrel {
 
 enum class Arch { kKimiK3, kKimiLinear };
 enum class Activation { kSiLU, kSiTU };
-enum class AttnKind { kKda, kMla };
+enum class AttnKind { kKda, kMla };  // kMla layers listed in sparse_attn_layers also run the DSA indexer
 enum class FfnKind { kDense, kMoe };
 
 struct LinearAttnConfig {
@@ -59,6 +59,19 @@ struct TextConfig {
   bool mla_use_output_gate = false;
   float mla_q_norm_eps = 1e-5f;
   float mla_kv_norm_eps = 1e-5f;  // Kimi Linear's reference uses the RMSNorm class default 1e-6
+
+  // DSA (DeepSeek-V3.2 lightning indexer) on some full-attention layers. These keys are OURS until a
+  // K3.1 config is public (kimi_k3_spec.md §2.4, §4.9): `sparse_attn_layers` (one-based, each must be a
+  // full_attn layer), `index_n_heads`, `index_head_dim` (128: one FP8 scale per vector, as V3.2),
+  // `index_topk`, plus `index_rope_head_dim` (default qk_rope_head_dim; 0 = no RoPE) and
+  // `index_rope_theta` (default 10000, plain frequencies — K3 has no rope block). Scales are ue8m0.
+  std::vector<int> sparse_attn_layers;  // zero-based
+  int index_n_heads = 0;
+  int index_head_dim = 0;
+  int index_topk = 0;
+  int index_rope_head_dim = 0;
+  float index_rope_theta = 10000.0f;
+  std::vector<bool> attn_sparse;  // per layer: MLA layer with an indexer
 
   bool tie_word_embeddings = false;
   int bos_token_id = -1;

@@ -1,0 +1,268 @@
+#include "kernels/cpu/dsa_indexer.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "tensor/dtype.h"
+
+namespace kestrel::kernels {
+
+void hadamard_rotate(float* x, int64_t n) {
+  for (int64_t h = 1; h < n; h *= 2)
+    for (int64_t i = 0; i < n; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+  const float s = 1.0f / std::sqrt(static_cast<float>(n));
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+void rope_neox(float* x, int64_t rope, int64_t pos, const float* inv_freq) {
+  const int64_t half = rope / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float ang = static_cast<float>(pos) * inv_freq[i];
+    const float c = std::cos(ang), s = std::sin(ang);
+    const float a = x[i], b = x[i + half];
+    x[i] = a * c - b * s;
+    x[i + half] = a * s + b * c;
+  }
+}
+
+uint8_t f32_to_e4m3(float x) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  float a = std::fabs(x);
+  if (std::isnan(x)) return 0x7f;
+  if (a >= 448.0f) return sign | 0x7e;  // saturate (act_quant clamps before the cast anyway)
+  if (a < 0.015625f) {                  // below 2^-6: subnormal grid of 2^-9 (8 → the first normal)
+    const int m = static_cast<int>(std::nearbyint(a * 512.0f));  // default rounding mode: to nearest even
+    return sign | static_cast<uint8_t>(m);
+  }
+  // Normal: round the fp32 mantissa to 3 bits, nearest-even; a carry bumps the exponent.
+  uint32_t u = std::bit_cast<uint32_t>(a);
+  u += 0x7ffffu + ((u >> 20) & 1u);
+  const int e = static_cast<int>(u >> 23) - 127 + 7;
+  const int m = static_cast<int>((u >> 20) & 7u);
+  if (e > 15 || (e == 15 && m == 7)) return sign | 0x7e;
+  return sign | static_cast<uint8_t>((e << 3) | m);
+}
+
+const float* e4m3_table() {
+  static const std::array<float, 256> t = [] {
+    std::array<float, 256> v{};
+    for (int i = 0; i < 256; ++i) v[static_cast<size_t>(i)] = f8e4m3_to_f32(static_cast<uint8_t>(i));
+    return v;
+  }();
+  return t.data();
+}
+
+float quantize_e4m3_block(const float* x, int64_t n, bool ue8m0, uint8_t* codes) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  amax = std::max(amax, 1e-4f);
+  float s = amax * (1.0f / 448.0f);  // the reference multiplies by fp8_max_inv
+  if (ue8m0) {
+    // fast_round_scale: 2^(exponent + (mantissa != 0)), from the fp32 bits of amax / 448.
+    const uint32_t b = std::bit_cast<uint32_t>(s);
+    const int e = static_cast<int>((b >> 23) & 0xff) - 127 + ((b & 0x7fffffu) != 0 ? 1 : 0);
+    s = std::ldexp(1.0f, e);
+  }
+  for (int64_t i = 0; i < n; ++i) codes[i] = f32_to_e4m3(std::clamp(x[i] / s, -448.0f, 448.0f));
+  return s;
+}
+
+namespace {
+
+struct Cand {
+  float s;
+  int32_t pos;
+};
+// a ranks before b: higher score, then lower position.
+inline bool better(const Cand& a, const Cand& b) { return a.s > b.s || (a.s == b.s && a.pos < b.pos); }
+
+inline const uint8_t* key_row(const IndexerTopkArgs& a, int64_t j) {
+  return a.pages[j / a.page_tokens] + (j % a.page_tokens) * indexer_row_bytes(a.D);
+}
+inline float key_scale(const IndexerTopkArgs& a, const uint8_t* row) {
+  float s;
+  std::memcpy(&s, row + a.D, 4);
+  return s;
+}
+
+// Σ_h w_h · ReLU(q_h · k) for one decoded query [H, D] and one decoded key [D].
+inline float head_sum(const float* q, const float* w, const float* k, int64_t H, int64_t D) {
+  float acc = 0.0f;
+  for (int64_t h = 0; h < H; ++h) {
+    const float* qh = q + h * D;
+    float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+    for (int64_t i = 0; i < D; ++i) d += qh[i] * k[i];
+    if (d > 0.0f) acc += w[h] * d;
+  }
+  return acc;
+}
+
+constexpr int64_t kKeyTile = 128;   // keys decoded to fp32 at once (64 KiB for D = 128)
+constexpr int64_t kQueryBlock = 8;  // queries sharing one decoded key tile
+
+}  // namespace
+
+void indexer_scores_reference(const IndexerTopkArgs& a, int64_t t, int64_t n, float* scores) {
+  const float* lut = e4m3_table();
+  std::vector<float> q(static_cast<size_t>(a.H * a.D)), k(static_cast<size_t>(a.D));
+  for (int64_t i = 0; i < a.H * a.D; ++i) q[static_cast<size_t>(i)] = lut[a.q[t * a.H * a.D + i]];
+  for (int64_t j = 0; j < n; ++j) {
+    const uint8_t* r = key_row(a, j);
+    for (int64_t i = 0; i < a.D; ++i) k[static_cast<size_t>(i)] = lut[r[i]];
+    double acc = 0;
+    for (int64_t h = 0; h < a.H; ++h) {
+      double d = 0;
+      for (int64_t i = 0; i < a.D; ++i) d += static_cast<double>(q[static_cast<size_t>(h * a.D + i)]) * k[static_cast<size_t>(i)];
+      acc += static_cast<double>(a.w[t * a.H + h]) * std::max(d, 0.0);
+    }
+    scores[j] = static_cast<float>(acc * key_scale(a, r));
+  }
+}
+
+void indexer_topk(const IndexerTopkArgs& a) {
+  const int64_t T = a.T, H = a.H, D = a.D, K = a.topk, off = a.L - a.T;
+  const float* lut = e4m3_table();
+  // Rows that see ≤ topk keys select all of them (the reference's top-k then only adds masked
+  // slots, which its causal mask removes again) — no scoring needed.
+  int64_t first_scored = std::clamp<int64_t>(K - off, 0, T);  // query t is scored iff off + t + 1 > K
+  for (int64_t t = 0; t < first_scored; ++t) {
+    int32_t* o = a.out + t * K;
+    const int64_t n = off + t + 1;
+    for (int64_t j = 0; j < K; ++j) o[j] = j < n ? static_cast<int32_t>(j) : -1;
+  }
+  const int64_t Ts = T - first_scored;
+  if (Ts == 0) return;
+
+  // Decoded queries [T, H, D] (raw e4m3 values; the scale is folded into w).
+  thread_local std::vector<float> qf;
+  thread_local std::vector<Cand> heaps;
+  thread_local std::vector<int32_t> heap_n;
+  qf.resize(static_cast<size_t>(T * H * D));
+  for (int64_t i = 0; i < T * H * D; ++i) qf[static_cast<size_t>(i)] = lut[a.q[i]];
+
+  // Work split: blocks of queries × ranges of keys. Few queries (decode) → split the keys so every
+  // thread has work; each split keeps its own heaps, merged below.
+  const int threads = omp_get_max_threads();
+  const int64_t qblocks = (Ts + kQueryBlock - 1) / kQueryBlock;
+  const int64_t L_needed = a.L;
+  int64_t splits = 1;
+  if (qblocks < threads) splits = std::clamp<int64_t>(L_needed / (4 * kKeyTile), 1, 4 * threads);
+  const int64_t split_len = ((L_needed + splits - 1) / splits + kKeyTile - 1) / kKeyTile * kKeyTile;
+  heaps.resize(static_cast<size_t>(splits * Ts * K));
+  heap_n.assign(static_cast<size_t>(splits * Ts), 0);
+  // The thread_local buffers above belong to the calling thread: workers use these pointers.
+  const float* qfp = qf.data();
+  Cand* heapp = heaps.data();
+  int32_t* hnp = heap_n.data();
+
+#pragma omp parallel
+  {
+    thread_local std::vector<float> kf, ks;
+    kf.resize(static_cast<size_t>(kKeyTile * D));
+    ks.resize(static_cast<size_t>(kKeyTile));
+#pragma omp for schedule(dynamic, 1) collapse(2)
+    for (int64_t sp = 0; sp < splits; ++sp)
+      for (int64_t qb = 0; qb < qblocks; ++qb) {
+        const int64_t t0 = first_scored + qb * kQueryBlock, t1 = std::min(T, t0 + kQueryBlock);
+        const int64_t k_begin = sp * split_len;
+        const int64_t k_end = std::min(off + t1, (sp + 1) * split_len);  // last query sees keys < off + t1
+        for (int64_t j0 = k_begin; j0 < k_end; j0 += kKeyTile) {
+          const int64_t nk = std::min(kKeyTile, k_end - j0);
+          for (int64_t j = 0; j < nk; ++j) {
+            const uint8_t* r = key_row(a, j0 + j);
+            float* dst = kf.data() + j * D;
+            for (int64_t i = 0; i < D; ++i) dst[i] = lut[r[i]];
+            ks[static_cast<size_t>(j)] = key_scale(a, r);
+          }
+          for (int64_t t = t0; t < t1; ++t) {
+            const int64_t visible = std::min(nk, off + t + 1 - j0);  // causal: keys ≤ off + t
+            if (visible <= 0) continue;
+            const float* q = qfp + t * H * D;
+            const float* w = a.w + t * H;
+            Cand* heap = heapp + (sp * Ts + (t - first_scored)) * K;
+            int32_t& hn = hnp[sp * Ts + (t - first_scored)];
+            for (int64_t j = 0; j < visible; ++j) {
+              const Cand c{head_sum(q, w, kf.data() + j * D, H, D) * ks[static_cast<size_t>(j)],
+                           static_cast<int32_t>(j0 + j)};
+              if (hn < K) {
+                heap[hn++] = c;
+                std::push_heap(heap, heap + hn, better);  // top = the worst kept candidate
+              } else if (better(c, heap[0])) {
+                std::pop_heap(heap, heap + K, better);
+                heap[K - 1] = c;
+                std::push_heap(heap, heap + K, better);
+              }
+            }
+          }
+        }
+      }
+  }
+
+  // Merge the splits per query; positions ascending.
+#pragma omp parallel
+  {
+    thread_local std::vector<Cand> all;
+#pragma omp for schedule(static)
+    for (int64_t ti = 0; ti < Ts; ++ti) {
+      all.clear();
+      for (int64_t sp = 0; sp < splits; ++sp) {
+        const Cand* heap = heapp + (sp * Ts + ti) * K;
+        all.insert(all.end(), heap, heap + hnp[sp * Ts + ti]);
+      }
+      const int64_t keep = std::min<int64_t>(K, static_cast<int64_t>(all.size()));
+      if (static_cast<int64_t>(all.size()) > keep) std::nth_element(all.begin(), all.begin() + keep - 1, all.end(), better);
+      int32_t* o = a.out + (first_scored + ti) * K;
+      for (int64_t j = 0; j < keep; ++j) o[j] = all[static_cast<size_t>(j)].pos;
+      std::sort(o, o + keep);
+      for (int64_t j = keep; j < K; ++j) o[j] = -1;
+    }
+  }
+}
+
+// Online softmax over the gathered rows (running max and sum), like causal_attention.
+void sparse_mla_attention(const SparseMlaArgs& a) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t t = 0; t < a.T; ++t) {
+    for (int64_t h = 0; h < a.H; ++h) {
+      const float* q = a.q + (t * a.H + h) * a.Dk;
+      float* o = a.out + (t * a.H + h) * a.Dv;
+      std::fill(o, o + a.Dv, 0.0f);
+      const int32_t* idx = a.idx + t * a.topk;
+      float m = -INFINITY, l = 0.0f;
+      for (int64_t i = 0; i < a.topk; ++i) {
+        const int32_t j = idx[i];
+        if (j < 0) continue;
+        const float* row = a.pages[j / a.page_tokens] + (j % a.page_tokens) * a.row;
+        float s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t d = 0; d < a.Dk; ++d) s += q[d] * row[d];
+        s *= a.scale;
+        if (s > m) {
+          const float r = std::exp(m - s);  // 0 on the first key
+          l *= r;
+          for (int64_t d = 0; d < a.Dv; ++d) o[d] *= r;
+          m = s;
+        }
+        const float w = std::exp(s - m);
+        l += w;
+        for (int64_t d = 0; d < a.Dv; ++d) o[d] += w * row[d];
+      }
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      for (int64_t d = 0; d < a.Dv; ++d) o[d] *= inv;
+    }
+  }
+}
+
+}  // namespace kestrel::kernels

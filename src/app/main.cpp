@@ -14,7 +14,7 @@ void usage() {
                "  generate   --model DIR --prompt-ids 1,2,3 --max-tokens N [--json] [--top-logits K]\n"
                "             [--temperature T --top-k K --top-p P --min-p M --seed S --chunk C]\n"
                "  chat       [--model DIR] [--system TEXT] [--hide-thinking] [--no-thinking] [--effort low|high|max]\n"
-               "  bench      [--preset k3-bench | --model DIR] [--prompt N --gen M --chunk C] [--json]\n"
+               "  bench      [--preset k3-bench | --model DIR] [--prompt N --gen M --chunk C --context N] [--json]\n"
                "  make-model --preset NAME --out DIR [--seed S --shards N --bf16-experts ...]\n"
                "With no command, kestrel runs `generate` on the embedded default model (random weights).\n");
 }

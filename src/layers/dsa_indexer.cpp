@@ -1,5 +1,6 @@
 #include "layers/dsa_indexer.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -38,6 +39,7 @@ int64_t DsaIndexer::row_bytes() const { return kernels::indexer_row_bytes(d_.D);
 
 void DsaIndexer::forward(const float* x, const float* qr, int64_t T, std::span<const Segment<IndexerCache>> segs,
                          int32_t* idx) {
+  const auto t_start = std::chrono::steady_clock::now();
   const int64_t H = d_.H, D = d_.D;
   q_.resize(static_cast<size_t>(T * H * D));
   k_.resize(static_cast<size_t>(T * D));
@@ -89,6 +91,7 @@ void DsaIndexer::forward(const float* x, const float* qr, int64_t T, std::span<c
     a.out = idx + sg.offset * d_.topk;
     kernels::indexer_topk(a);
   }
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 }
 
 }  // namespace kestrel

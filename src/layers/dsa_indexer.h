@@ -57,6 +57,8 @@ class DsaIndexer {
   const std::vector<float>& k_pre() const { return k_; }
   const std::vector<uint8_t>& q_codes() const { return q8_; }
   const std::vector<float>& head_weights() const { return w_; }
+  // Wall time spent in forward() since construction (for `kestrel bench`).
+  double seconds() const { return seconds_; }
 
  private:
   DsaIndexerDims d_;
@@ -65,6 +67,7 @@ class DsaIndexer {
   // Scratch (not reentrant).
   std::vector<float> q_, k_, w_;
   std::vector<uint8_t> q8_;
+  double seconds_ = 0;
 };
 
 }  // namespace kestrel

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/dsa_indexer.h"
 #include "base/check.h"
 #include "kernels/cpu/elementwise.h"
 
@@ -11,7 +12,7 @@ namespace kestrel {
 
 using kernels::matmul;
 
-Status MlaLayer::bind(Binder& b, const std::string& p, const TextConfig& c) {
+Status MlaLayer::bind(Binder& b, const std::string& p, const TextConfig& c, bool sparse) {
   c_ = &c;
   nh_ = c.num_attention_heads;
   dn_ = c.qk_nope_head_dim;
@@ -32,6 +33,11 @@ Status MlaLayer::bind(Binder& b, const std::string& p, const TextConfig& c) {
   wkvb_ = b.linear(p + "kv_b_proj", nh_ * (dn_ + dv_), lora_);
   if (c.mla_use_output_gate) wg_ = b.linear(p + "g_proj", nh_ * dv_, hid);
   wo_ = b.linear(p + "o_proj", hid, nh_ * dv_);
+  if (sparse) {
+    if (c.q_lora_rank <= 0) return unsupported(p + "indexer: DSA needs the q latent (q_lora_rank > 0)");
+    indexer_ = std::make_unique<DsaIndexer>();
+    KESTREL_RETURN_IF_ERROR(indexer_->bind(b, p + "indexer.", c));
+  }
   return b.status();
 }
 
@@ -54,6 +60,14 @@ void MlaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCac
   for (int64_t t = 0; t < T; ++t)
     kernels::rms_norm(ckv_.data() + t * row, kv_norm_.data(), 1, lora_, c_->mla_kv_norm_eps, ckv_.data() + t * row);
 
+  // DSA: every segment's queries pick their top-k cached positions (keys appended first).
+  if (indexer_) {
+    idx_segs_.clear();
+    for (const auto& sg : segs) idx_segs_.push_back({sg.offset, sg.T, &sg.state->indexer});
+    idx_.resize(static_cast<size_t>(T * indexer_->dims().topk));
+    indexer_->forward(x, qa_.data(), T, idx_segs_, idx_.data());
+  }
+
   attn_.resize(static_cast<size_t>(T * nh_ * dv_));
   for (const auto& sg : segs) {
     MlaCache& cache = *sg.state;
@@ -61,6 +75,10 @@ void MlaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCac
     for (int64_t t = 0; t < sg.T; ++t)
       std::copy_n(ckv_.data() + (sg.offset + t) * row, row, cache.row_ptr(cache.n_tokens + t, row));
     cache.n_tokens += sg.T;
+    if (indexer_) {  // sparse MLA runs in the absorbed (MQA) form only, gathering the selected rows
+      attend_absorbed(sg.offset, sg.T, cache, idx_.data() + sg.offset * indexer_->dims().topk);
+      continue;
+    }
     const MlaMode m = mode != MlaMode::kAuto ? mode : (sg.T <= 16 ? MlaMode::kAbsorbed : MlaMode::kExpanded);
     if (m == MlaMode::kExpanded) attend_expanded(sg.offset, sg.T, cache);
     else attend_absorbed(sg.offset, sg.T, cache);
@@ -106,7 +124,7 @@ void MlaLayer::attend_expanded(int64_t off, int64_t T, const MlaCache& cache) {
 
 // Weight absorption: q_lat = W_UK^T q_nope ‖ q_r; MQA over the 576-wide latent rows with values
 // = the first kv_lora entries; out_h = W_UV o_lat.
-void MlaLayer::attend_absorbed(int64_t off, int64_t T, const MlaCache& cache) {
+void MlaLayer::attend_absorbed(int64_t off, int64_t T, const MlaCache& cache, const int32_t* idx) {
   const int64_t L = cache.n_tokens, row = lora_ + dr_, per_head = dn_ + dv_;
   qlat_.resize(static_cast<size_t>(T * nh_ * row));
   wblk_.resize(static_cast<size_t>(per_head * lora_));
@@ -125,15 +143,26 @@ void MlaLayer::attend_absorbed(int64_t off, int64_t T, const MlaCache& cache) {
     }
   }
   olat_.resize(static_cast<size_t>(T * nh_ * lora_));
-  kernels::AttentionArgs a;
-  a.T = T, a.L = L, a.H = nh_, a.Dk = row, a.Dv = lora_;
-  a.q = qlat_.data();
-  a.pages = cache.pages.data(), a.page_tokens = cache.page_tokens;
-  a.k_offset = 0, a.k_token_stride = row, a.k_head_stride = 0;
-  a.v_offset = 0, a.v_token_stride = row, a.v_head_stride = 0;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(qk_));
-  a.out = olat_.data();
-  kernels::causal_attention(a);
+  if (idx) {
+    kernels::SparseMlaArgs a;
+    a.T = T, a.H = nh_, a.Dk = row, a.Dv = lora_, a.topk = indexer_->dims().topk;
+    a.q = qlat_.data();
+    a.pages = cache.pages.data(), a.page_tokens = cache.page_tokens, a.row = row;
+    a.idx = idx;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(qk_));
+    a.out = olat_.data();
+    kernels::sparse_mla_attention(a);
+  } else {
+    kernels::AttentionArgs a;
+    a.T = T, a.L = L, a.H = nh_, a.Dk = row, a.Dv = lora_;
+    a.q = qlat_.data();
+    a.pages = cache.pages.data(), a.page_tokens = cache.page_tokens;
+    a.k_offset = 0, a.k_token_stride = row, a.k_head_stride = 0;
+    a.v_offset = 0, a.v_token_stride = row, a.v_head_stride = 0;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(qk_));
+    a.out = olat_.data();
+    kernels::causal_attention(a);
+  }
   for (int64_t h = 0; h < nh_; ++h) {
     for (int64_t r = 0; r < dv_; ++r) kernels::decode_row(wkvb_, h * per_head + dn_ + r, wblk_.data() + r * lora_);
     for (int64_t t = 0; t < T; ++t) {

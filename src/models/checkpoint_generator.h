@@ -20,6 +20,10 @@ struct GenSpec {
   int experts = 16, top_k = 4, shared = 2, moe_inter = 64, latent = 128;
   int q_lora = 64, kv_lora = 512, nope = 128, rope = 64, v_dim = 128;
   bool mxfp4_experts = true;
+  // DSA (ours, see model_config.h): one-based full-attention layers that get an indexer.
+  std::vector<int> sparse_attn_layers;
+  int index_heads = 4, index_dim = 128, index_topk = 16;
+  int index_rope = -1;  // index_rope_head_dim written to config.json when ≥ 0 (else the default)
   float routed_scaling = 1.0f;
   int shards = 2;
   uint64_t seed = 1;
@@ -27,7 +31,9 @@ struct GenSpec {
   bool pad_a_log = true;
 };
 
-// Named presets: "k3-tiny", "k3-tiny-bf16", "kimi-linear-tiny", "k3-bench", "k3-default".
+// Named presets: "k3-tiny", "k3-tiny-bf16", "kimi-linear-tiny", "k3-bench", "k3-default",
+// "k3-tiny-dsa" (layers 4 and 8 sparse, top-16), "k3-bench-dsa" (k3-bench with both MLA layers sparse,
+// top-2048; every tensor shared with k3-bench is identical).
 Result<GenSpec> gen_preset(const std::string& name);
 std::vector<std::string> gen_preset_names();
 

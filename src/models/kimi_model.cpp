@@ -1,8 +1,10 @@
 #include "models/kimi_model.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "base/check.h"
+#include "kernels/cpu/dsa_indexer.h"
 #include "kernels/cpu/elementwise.h"
 #include "layers/attn_res.h"
 
@@ -11,7 +13,11 @@ namespace kestrel {
 namespace {
 CacheGeometry make_geometry(const TextConfig& c, const std::vector<bool>& is_kda) {
   CacheGeometry g;
-  for (size_t l = 0; l < is_kda.size(); ++l) (is_kda[l] ? g.kda_layers : g.mla_layers).push_back(static_cast<int>(l));
+  for (size_t l = 0; l < is_kda.size(); ++l) {
+    (is_kda[l] ? g.kda_layers : g.mla_layers).push_back(static_cast<int>(l));
+    if (!is_kda[l] && c.attn_sparse[l]) g.sparse_layers.push_back(static_cast<int>(l));
+  }
+  g.index_row_bytes = g.sparse_layers.empty() ? 0 : kernels::indexer_row_bytes(c.index_head_dim);
   g.kda_conv_floats = KdaState::conv_floats(c);
   g.kda_recurrent_floats = KdaState::recurrent_floats(c);
   g.mla_row_floats = c.kv_lora_rank + c.qk_rope_head_dim;
@@ -69,7 +75,7 @@ Status KimiModel::bind(Binder& b) {
       KESTREL_RETURN_IF_ERROR(L.kda->bind(b, p + "self_attn.", c));
     } else {
       L.mla = std::make_unique<MlaLayer>();
-      KESTREL_RETURN_IF_ERROR(L.mla->bind(b, p + "self_attn.", c));
+      KESTREL_RETURN_IF_ERROR(L.mla->bind(b, p + "self_attn.", c, c.attn_sparse[static_cast<size_t>(l)]));
     }
     if (c.ffn_kind[static_cast<size_t>(l)] == FfnKind::kDense) {
       L.dense = std::make_unique<GatedMlp>();
@@ -100,6 +106,7 @@ SequenceState KimiModel::new_sequence() const {
     p += g.kda_recurrent_floats;
   }
   for (int l : g.mla_layers) s.mla[static_cast<size_t>(l)].page_tokens = kOwnPageTokens;
+  for (int l : g.sparse_layers) s.mla[static_cast<size_t>(l)].indexer.page_tokens = kOwnPageTokens;
   return s;
 }
 
@@ -114,6 +121,53 @@ void KimiModel::reserve(SequenceState& st, int64_t n_tokens) const {
       m.pages.push_back(st.own_pages.back().get());
     }
   }
+  for (int l : g.sparse_layers) {
+    IndexerCache& ic = st.mla[static_cast<size_t>(l)].indexer;
+    while (ic.capacity() < n_tokens) {
+      st.own_index_pages.push_back(std::make_unique<uint8_t[]>(static_cast<size_t>(kOwnPageTokens * g.index_row_bytes)));
+      ic.pages.push_back(st.own_index_pages.back().get());
+    }
+  }
+}
+
+void KimiModel::fill_synthetic_context(SequenceState& st, int64_t n, uint64_t seed) const {
+  KCHECK(st.owns_storage && st.n_tokens == 0, "synthetic context needs a fresh standalone sequence");
+  reserve(st, n);
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  auto uni = [&x] {  // xorshift64*: uniform in [-1, 1)
+    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+    return static_cast<float>(static_cast<double>((x * 0x2545f4914f6cdd1dull) >> 11) * 0x1p-52 - 1.0);
+  };
+  const CacheGeometry& g = geom_;
+  for (int l : g.mla_layers) {
+    MlaCache& m = st.mla[static_cast<size_t>(l)];
+    for (int64_t j = 0; j < n; ++j) {
+      float* r = m.row_ptr(j, g.mla_row_floats);
+      for (int64_t i = 0; i < g.mla_row_floats; ++i) r[i] = uni();
+    }
+    m.n_tokens = n;
+  }
+  std::vector<float> k;
+  for (int l : g.sparse_layers) {
+    IndexerCache& ic = st.mla[static_cast<size_t>(l)].indexer;
+    const int64_t D = cfg_.text.index_head_dim;
+    k.resize(static_cast<size_t>(D));
+    for (int64_t j = 0; j < n; ++j) {
+      for (auto& v : k) v = uni();
+      uint8_t* r = ic.pages[static_cast<size_t>(j / ic.page_tokens)] + (j % ic.page_tokens) * g.index_row_bytes;
+      const float s = kernels::quantize_e4m3_block(k.data(), D, true, r);
+      std::memcpy(r + D, &s, 4);
+    }
+    ic.n_tokens = n;
+  }
+  st.n_tokens = n;
+}
+
+double KimiModel::indexer_seconds() const {
+  double s = 0;
+  for (const Layer& L : layers_)
+    if (L.mla && L.mla->indexer()) s += L.mla->indexer()->seconds();
+  return s;
 }
 
 void KimiModel::run_attn(size_t l, const float* x, int64_t T, float* out, const ForwardOptions& o) {

@@ -1,5 +1,6 @@
 #include "kernels/cpu/dsa_indexer.h"
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "base/check.h"
 #include "tensor/dtype.h"
 
 namespace kestrel::kernels {
@@ -96,17 +98,72 @@ inline float key_scale(const IndexerTopkArgs& a, const uint8_t* row) {
   return s;
 }
 
-// Σ_h w_h · ReLU(q_h · k) for one decoded query [H, D] and one decoded key [D].
-inline float head_sum(const float* q, const float* w, const float* k, int64_t H, int64_t D) {
-  float acc = 0.0f;
-  for (int64_t h = 0; h < H; ++h) {
-    const float* qh = q + h * D;
-    float d = 0.0f;
-#pragma omp simd reduction(+ : d)
-    for (int64_t i = 0; i < D; ++i) d += qh[i] * k[i];
-    if (d > 0.0f) acc += w[h] * d;
+// e4m3fn codes → fp32, branch-free so it vectorizes (NaN codes are never produced by the quantizer
+// and decode as ±480 here; the scalar table keeps them NaN).
+inline void decode_e4m3(const uint8_t* __restrict in, float* __restrict out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = in[i];
+    const uint32_t sign = (b & 0x80u) << 24;
+    const uint32_t e = (b >> 3) & 0xfu, m = b & 7u;
+    const uint32_t normal = sign | ((e + 120u) << 23) | (m << 20);
+    // Subnormal m·2^-9 = (1.m' …) built by the FPU: float(m) · 2^-9, sign OR-ed in.
+    const uint32_t sub = std::bit_cast<uint32_t>(static_cast<float>(static_cast<int32_t>(m)) * 0x1p-9f) | sign;
+    const uint32_t keep_normal = 0u - static_cast<uint32_t>(e != 0);  // all ones when normal
+    out[i] = std::bit_cast<float>((normal & keep_normal) | (sub & ~keep_normal));
   }
-  return acc;
+}
+
+// Four dot products q·k0..k3 (keys consecutive, stride D; D a multiple of 16): four independent
+// accumulator chains, one horizontal sum each.
+// GCC 12 reports a false -Wmaybe-uninitialized inside its own AVX-512 intrinsic headers here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+inline void dot4(const float* q, const float* k0, int64_t D, float* out) {
+#if defined(__AVX512F__)
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i < D; i += 16) {
+    const __m512 qv = _mm512_loadu_ps(q + i);
+    a0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + i), a0);
+    a1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + D + i), a1);
+    a2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + 2 * D + i), a2);
+    a3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + 3 * D + i), a3);
+  }
+  // Fold 512 → 256 (high half added onto the low half), then one 4-way horizontal reduction.
+  auto fold = [](__m512 v) { return _mm512_castps512_ps256(_mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xEE))); };
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(fold(a0), fold(a1)), _mm256_hadd_ps(fold(a2), fold(a3)));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t i = 0; i < D; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+    for (int r = 0; r < 4; ++r) a[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + r * D + i), a[r]);
+  }
+  for (int r = 0; r < 4; ++r) {
+    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(a[r]), _mm256_extractf128_ps(a[r], 1));
+    const __m128 s2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    out[r] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+  }
+#else
+  for (int r = 0; r < 4; ++r) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < D; ++i) acc += q[i] * k0[r * D + i];
+    out[r] = acc;
+  }
+#endif
+}
+#pragma GCC diagnostic pop
+
+// Scores of one decoded query [H, D] against n (a multiple of 4) consecutive decoded keys [n, D]:
+// sc[j] = Σ_h w_h · ReLU(q_h · k_j) (the key scale is applied by the caller).
+inline void head_sums(const float* q, const float* w, const float* k, int64_t n, int64_t H, int64_t D, float* sc) {
+  for (int64_t j = 0; j < n; ++j) sc[j] = 0.0f;
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t j = 0; j < n; j += 4) {
+      float d[4];
+      dot4(q + h * D, k + j * D, D, d);
+      for (int r = 0; r < 4; ++r)
+        if (d[r] > 0.0f) sc[j + r] += w[h] * d[r];
+    }
 }
 
 constexpr int64_t kKeyTile = 128;   // keys decoded to fp32 at once (64 KiB for D = 128)
@@ -133,7 +190,7 @@ void indexer_scores_reference(const IndexerTopkArgs& a, int64_t t, int64_t n, fl
 
 void indexer_topk(const IndexerTopkArgs& a) {
   const int64_t T = a.T, H = a.H, D = a.D, K = a.topk, off = a.L - a.T;
-  const float* lut = e4m3_table();
+  KCHECK(D % 16 == 0, "indexer head dim must be a multiple of 16");
   // Rows that see ≤ topk keys select all of them (the reference's top-k then only adds masked
   // slots, which its causal mask removes again) — no scoring needed.
   int64_t first_scored = std::clamp<int64_t>(K - off, 0, T);  // query t is scored iff off + t + 1 > K
@@ -150,7 +207,7 @@ void indexer_topk(const IndexerTopkArgs& a) {
   thread_local std::vector<Cand> heaps;
   thread_local std::vector<int32_t> heap_n;
   qf.resize(static_cast<size_t>(T * H * D));
-  for (int64_t i = 0; i < T * H * D; ++i) qf[static_cast<size_t>(i)] = lut[a.q[i]];
+  decode_e4m3(a.q, qf.data(), T * H * D);
 
   // Work split: blocks of queries × ranges of keys. Few queries (decode) → split the keys so every
   // thread has work; each split keeps its own heaps, merged below.
@@ -160,7 +217,8 @@ void indexer_topk(const IndexerTopkArgs& a) {
   int64_t splits = 1;
   if (qblocks < threads) splits = std::clamp<int64_t>(L_needed / (4 * kKeyTile), 1, 4 * threads);
   const int64_t split_len = ((L_needed + splits - 1) / splits + kKeyTile - 1) / kKeyTile * kKeyTile;
-  heaps.resize(static_cast<size_t>(splits * Ts * K));
+  // Sized by T (not Ts) so a chunk whose first rows took the shortcut does not regrow it later.
+  if (heaps.size() < static_cast<size_t>(splits * T * K)) heaps.resize(static_cast<size_t>(splits * T * K));
   heap_n.assign(static_cast<size_t>(splits * Ts), 0);
   // The thread_local buffers above belong to the calling thread: workers use these pointers.
   const float* qfp = qf.data();
@@ -169,9 +227,10 @@ void indexer_topk(const IndexerTopkArgs& a) {
 
 #pragma omp parallel
   {
-    thread_local std::vector<float> kf, ks;
+    thread_local std::vector<float> kf, ks, sc;
     kf.resize(static_cast<size_t>(kKeyTile * D));
     ks.resize(static_cast<size_t>(kKeyTile));
+    sc.resize(static_cast<size_t>(kKeyTile));
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (int64_t sp = 0; sp < splits; ++sp)
       for (int64_t qb = 0; qb < qblocks; ++qb) {
@@ -180,12 +239,13 @@ void indexer_topk(const IndexerTopkArgs& a) {
         const int64_t k_end = std::min(off + t1, (sp + 1) * split_len);  // last query sees keys < off + t1
         for (int64_t j0 = k_begin; j0 < k_end; j0 += kKeyTile) {
           const int64_t nk = std::min(kKeyTile, k_end - j0);
+          const int64_t nk4 = (nk + 3) / 4 * 4;  // padded to whole dot4 groups (pad rows are zero)
           for (int64_t j = 0; j < nk; ++j) {
             const uint8_t* r = key_row(a, j0 + j);
-            float* dst = kf.data() + j * D;
-            for (int64_t i = 0; i < D; ++i) dst[i] = lut[r[i]];
+            decode_e4m3(r, kf.data() + j * D, D);
             ks[static_cast<size_t>(j)] = key_scale(a, r);
           }
+          std::fill(kf.begin() + nk * D, kf.begin() + nk4 * D, 0.0f);
           for (int64_t t = t0; t < t1; ++t) {
             const int64_t visible = std::min(nk, off + t + 1 - j0);  // causal: keys ≤ off + t
             if (visible <= 0) continue;
@@ -193,9 +253,9 @@ void indexer_topk(const IndexerTopkArgs& a) {
             const float* w = a.w + t * H;
             Cand* heap = heapp + (sp * Ts + (t - first_scored)) * K;
             int32_t& hn = hnp[sp * Ts + (t - first_scored)];
+            head_sums(q, w, kf.data(), (visible + 3) / 4 * 4, H, D, sc.data());
             for (int64_t j = 0; j < visible; ++j) {
-              const Cand c{head_sum(q, w, kf.data() + j * D, H, D) * ks[static_cast<size_t>(j)],
-                           static_cast<int32_t>(j0 + j)};
+              const Cand c{sc[static_cast<size_t>(j)] * ks[static_cast<size_t>(j)], static_cast<int32_t>(j0 + j)};
               if (hn < K) {
                 heap[hn++] = c;
                 std::push_heap(heap, heap + hn, better);  // top = the worst kept candidate

@@ -16,6 +16,7 @@
 #include <numeric>
 
 #include "common/test_util.h"
+#include "cache/cache_pools.h"
 #include "runtime/engine.h"
 
 namespace kestrel {
@@ -187,6 +188,57 @@ TEST(DsaModel, TopkAtLeastLengthEqualsDenseModel) {
   double diff = 0;
   for (size_t i = 16 * static_cast<size_t>(vocab); i < ref.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(small[i] - ref[i])));
   EXPECT_GT(diff, 1e-2) << "top-16 sparse attention did not change the logits";
+}
+
+// Server-style sequences: latents and indexer keys in CachePools blocks (page 16, so a 150-token
+// prompt spans 10 blocks), two sequences batched in one forward_batch per chunk — must equal owned
+// single-sequence runs (same KDA path on both sides; see the DSA note at the top).
+TEST(DsaModel, PoolBackedBatchEqualsOwned) {
+  testing::TempDir tmp;
+  testing::make_checkpoint("k3-tiny-dsa", tmp.path(), nullptr);
+  auto e = Engine::load(tmp.path());
+  ASSERT_TRUE(e);
+  KimiModel& m = (*e)->model();
+  const int vocab = m.config().text.vocab_size;
+  ForwardOptions o;
+  o.kda_force_recurrent = true;
+  const auto a = prompt(150, vocab, 3), b = prompt(90, vocab, 4);
+  auto owned = [&](const std::vector<int32_t>& ids) {
+    SequenceState s = m.new_sequence();
+    auto r = (*e)->prefill(s, ids, 0, true, o);
+    EXPECT_TRUE(r);
+    return r ? *r : std::vector<float>{};
+  };
+  const auto ra = owned(a), rb = owned(b);
+  CachePoolConfig pc;
+  pc.page_tokens = 16, pc.max_slots = 2, pc.max_seq_tokens = 256, pc.budget_bytes = 64 << 20;
+  auto pools = CachePools::create(m.cache_geometry(), pc);
+  ASSERT_TRUE(pools) << pools.error().message();
+  EXPECT_GT((*pools)->index_block_bytes(), 0);
+  SequenceState sa, sb;
+  const auto slot_a = (*pools)->acquire_slot(sa), slot_b = (*pools)->acquire_slot(sb);
+  ASSERT_TRUE(slot_a && slot_b);
+  std::vector<int32_t> ba, bb;
+  std::vector<float> la, lb, logits;
+  const int64_t chunk = 37;
+  for (int64_t s = 0; s < 150; s += chunk) {
+    std::vector<SeqRun> runs;
+    const int64_t ta = std::min<int64_t>(chunk, 150 - s), tb = std::max<int64_t>(0, std::min<int64_t>(chunk, 90 - s));
+    ASSERT_TRUE((*pools)->grow(sa, ba, s + ta));
+    runs.push_back(SeqRun{a.data() + s, ta, &sa, true});
+    if (tb > 0) {
+      ASSERT_TRUE((*pools)->grow(sb, bb, s + tb));
+      runs.push_back(SeqRun{b.data() + s, tb, &sb, true});
+    }
+    m.forward_batch(runs, logits, o);
+    la.insert(la.end(), logits.begin(), logits.begin() + ta * vocab);
+    if (tb > 0) lb.insert(lb.end(), logits.begin() + ta * vocab, logits.begin() + (ta + tb) * vocab);
+  }
+  expect_close(la, ra, 1e-4, "pooled sequence a");
+  expect_close(lb, rb, 1e-4, "pooled sequence b");
+  EXPECT_EQ(sa.mla[3].indexer.n_tokens, 150);
+  (*pools)->release(sa, *slot_a, ba);
+  (*pools)->release(sb, *slot_b, bb);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, ModelConsistency, ::testing::ValuesIn(variants()),

@@ -151,20 +151,33 @@ inline void dot4(const float* q, const float* k0, int64_t D, float* out) {
   }
 #endif
 }
-#pragma GCC diagnostic pop
 
-// Scores of one decoded query [H, D] against n (a multiple of 4) consecutive decoded keys [n, D]:
-// sc[j] = Σ_h w_h · ReLU(q_h · k_j) (the key scale is applied by the caller).
-inline void head_sums(const float* q, const float* w, const float* k, int64_t n, int64_t H, int64_t D, float* sc) {
-  for (int64_t j = 0; j < n; ++j) sc[j] = 0.0f;
-  for (int64_t h = 0; h < H; ++h)
-    for (int64_t j = 0; j < n; j += 4) {
-      float d[4];
-      dot4(q + h * D, k + j * D, D, d);
-      for (int r = 0; r < 4; ++r)
-        if (d[r] > 0.0f) sc[j + r] += w[h] * d[r];
+// 4 queries (q + r·qs) × 4 consecutive keys (stride D): out[r][c] = q_r · k_c. Every key vector load
+// feeds four FMAs and every query load four: half the loads of four dot4 calls.
+inline void dot4x4(const float* q, int64_t qs, const float* k, int64_t D, float out[4][4]) {
+#if defined(__AVX512F__)
+  __m512 acc[4][4];
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < D; i += 16) {
+    __m512 kv[4];
+    for (int c = 0; c < 4; ++c) kv[c] = _mm512_loadu_ps(k + c * D + i);
+    for (int r = 0; r < 4; ++r) {
+      const __m512 qv = _mm512_loadu_ps(q + r * qs + i);
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(qv, kv[c], acc[r][c]);
     }
+  }
+  auto fold = [](__m512 v) { return _mm512_castps512_ps256(_mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xEE))); };
+  for (int r = 0; r < 4; ++r) {
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(fold(acc[r][0]), fold(acc[r][1])),
+                                    _mm256_hadd_ps(fold(acc[r][2]), fold(acc[r][3])));
+    _mm_storeu_ps(out[r], _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+  }
+#else
+  for (int r = 0; r < 4; ++r) dot4(q + r * qs, k, D, out[r]);
+#endif
 }
+#pragma GCC diagnostic pop
 
 constexpr int64_t kKeyTile = 128;   // keys decoded to fp32 at once (64 KiB for D = 128)
 constexpr int64_t kQueryBlock = 8;  // queries sharing one decoded key tile
@@ -230,7 +243,7 @@ void indexer_topk(const IndexerTopkArgs& a) {
     thread_local std::vector<float> kf, ks, sc;
     kf.resize(static_cast<size_t>(kKeyTile * D));
     ks.resize(static_cast<size_t>(kKeyTile));
-    sc.resize(static_cast<size_t>(kKeyTile));
+    sc.resize(static_cast<size_t>(4 * kKeyTile));
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (int64_t sp = 0; sp < splits; ++sp)
       for (int64_t qb = 0; qb < qblocks; ++qb) {
@@ -246,23 +259,41 @@ void indexer_topk(const IndexerTopkArgs& a) {
             ks[static_cast<size_t>(j)] = key_scale(a, r);
           }
           std::fill(kf.begin() + nk * D, kf.begin() + nk4 * D, 0.0f);
-          for (int64_t t = t0; t < t1; ++t) {
-            const int64_t visible = std::min(nk, off + t + 1 - j0);  // causal: keys ≤ off + t
-            if (visible <= 0) continue;
-            const float* q = qfp + t * H * D;
-            const float* w = a.w + t * H;
-            Cand* heap = heapp + (sp * Ts + (t - first_scored)) * K;
-            int32_t& hn = hnp[sp * Ts + (t - first_scored)];
-            head_sums(q, w, kf.data(), (visible + 3) / 4 * 4, H, D, sc.data());
-            for (int64_t j = 0; j < visible; ++j) {
-              const Cand c{sc[static_cast<size_t>(j)] * ks[static_cast<size_t>(j)], static_cast<int32_t>(j0 + j)};
-              if (hn < K) {
-                heap[hn++] = c;
-                std::push_heap(heap, heap + hn, better);  // top = the worst kept candidate
-              } else if (better(c, heap[0])) {
-                std::pop_heap(heap, heap + K, better);
-                heap[K - 1] = c;
-                std::push_heap(heap, heap + K, better);
+          // Scores of the block's queries against the tile, 4 queries × 4 keys at a time.
+          for (int64_t tq = t0; tq < t1; tq += 4) {
+            const int64_t nq = std::min<int64_t>(4, t1 - tq);
+            const int64_t upto = std::min(nk, off + tq + nq - j0);  // keys the last of these queries sees
+            if (upto <= 0) continue;
+            const int64_t nj = (upto + 3) / 4 * 4;
+            std::fill(sc.begin(), sc.begin() + 4 * kKeyTile, 0.0f);
+            for (int64_t h = 0; h < H; ++h)
+              for (int64_t j = 0; j < nj; j += 4) {
+                float d[4][4];
+                if (nq == 4) dot4x4(qfp + (tq * H + h) * D, H * D, kf.data() + j * D, D, d);
+                else
+                  for (int64_t r = 0; r < nq; ++r) dot4(qfp + ((tq + r) * H + h) * D, kf.data() + j * D, D, d[r]);
+                for (int64_t r = 0; r < nq; ++r) {
+                  const float wh = a.w[(tq + r) * H + h];
+                  for (int c = 0; c < 4; ++c)
+                    if (d[r][c] > 0.0f) sc[static_cast<size_t>(r * kKeyTile + j + c)] += wh * d[r][c];
+                }
+              }
+            for (int64_t r = 0; r < nq; ++r) {
+              const int64_t t = tq + r;
+              const int64_t visible = std::min(nk, off + t + 1 - j0);  // causal: keys ≤ off + t
+              Cand* heap = heapp + (sp * Ts + (t - first_scored)) * K;
+              int32_t& hn = hnp[sp * Ts + (t - first_scored)];
+              const float* srow = sc.data() + r * kKeyTile;
+              for (int64_t j = 0; j < visible; ++j) {
+                const Cand c{srow[j] * ks[static_cast<size_t>(j)], static_cast<int32_t>(j0 + j)};
+                if (hn < K) {
+                  heap[hn++] = c;
+                  std::push_heap(heap, heap + hn, better);  // top = the worst kept candidate
+                } else if (better(c, heap[0])) {
+                  std::pop_heap(heap, heap + K, better);
+                  heap[K - 1] = c;
+                  std::push_heap(heap, heap + K, better);
+                }
               }
             }
           }

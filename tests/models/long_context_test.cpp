@@ -65,7 +65,12 @@ int64_t rss_bytes() {
 
 TEST(LongContext, SparseLayerMemoryIsLinearAndMatchesFormula) {
   const char* env = std::getenv("KESTREL_LONG_CONTEXT_TOKENS");
-  const int64_t N = env ? std::atoll(env) : 16384;
+#if defined(__SANITIZE_ADDRESS__)
+  const int64_t dflt = 4096;  // sanitized builds are ~10× slower; the quadratic indexer work dominates
+#else
+  const int64_t dflt = 16384;
+#endif
+  const int64_t N = env ? std::atoll(env) : dflt;
   ASSERT_GE(N, 4096);
   const int64_t chunk = 1024, page_tokens = 64, topk = 64;
   testing::TempDir tmp;
@@ -136,7 +141,13 @@ TEST(LongContext, SparseLayerMemoryIsLinearAndMatchesFormula) {
               formula / 1048576.0, static_cast<long long>(g.mla_bytes_per_token() + g.index_bytes_per_token()),
               static_cast<long long>(g.mla_bytes_per_token()), static_cast<long long>(g.index_bytes_per_token()),
               static_cast<long long>(heap_peak - heap_peak_warm));
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan's shadow memory and quarantine add resident pages of their own; the heap check below
+  // still holds (it tracks operator new), the RSS comparison does not apply.
+  (void)grown, (void)formula;
+#else
   EXPECT_LE(std::llabs(grown - formula), formula / 20 + (4 << 20)) << "RSS growth " << grown << " vs pages " << formula;
+#endif
   EXPECT_LE(heap_peak - heap_peak_warm, 1 << 20) << "a heap buffer grew with the context length";
   (*pools)->release(st, 0, blocks);
 }

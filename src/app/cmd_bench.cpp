@@ -141,7 +141,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
                 *context, static_cast<long long>(g.mla_bytes_per_token()), static_cast<long long>(g.index_bytes_per_token()),
                 static_cast<double>(g.slot_floats() * 4) / 1024.0);
     if (g.index_bytes_per_token() > 0)
-      std::printf("indexer      %.3f ms/token in prefill, %.3f ms/token in decode\n", 1e3 * idx_prefill / static_cast<double>(*prompt),
+      std::printf("indexer      %.3f CPU ms/token in prefill, %.3f CPU ms/token in decode\n", 1e3 * idx_prefill / static_cast<double>(*prompt),
                   1e3 * idx_decode / static_cast<double>(*gen));
     if (*batch > 1) std::printf("batch decode %lld sequences: %.2f tok/s aggregate (%.2fx single)\n", *batch, tg_batch, tg_batch / tg);
   }

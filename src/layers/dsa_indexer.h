@@ -57,7 +57,8 @@ class DsaIndexer {
   const std::vector<float>& k_pre() const { return k_; }
   const std::vector<uint8_t>& q_codes() const { return q8_; }
   const std::vector<float>& head_weights() const { return w_; }
-  // Wall time spent in forward() since construction (for `kestrel bench`).
+  // Process CPU seconds (all threads) spent in forward() since construction (for `kestrel bench`;
+  // exact with one thread, includes OpenMP spin time with more).
   double seconds() const { return seconds_; }
 
  private:

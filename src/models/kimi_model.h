@@ -84,7 +84,7 @@ class KimiModel {
   // Attention and indexer cost do not depend on the values, so decode/prefill timed on top measures
   // the per-token cost at context n without running an O(n²) prefill first.
   void fill_synthetic_context(SequenceState& st, int64_t n, uint64_t seed) const;
-  // Total wall time spent in DSA indexers (all sparse layers) since load.
+  // Total process CPU seconds spent in DSA indexers (all sparse layers) since load.
   double indexer_seconds() const;
   // Runs T tokens of one sequence; logits: [T or 1, vocab].
   void forward(const int32_t* ids, int64_t T, SequenceState& st, std::vector<float>& logits,

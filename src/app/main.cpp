@@ -15,7 +15,7 @@ void usage() {
                "  generate   --model DIR --prompt-ids 1,2,3 --max-tokens N [--json] [--top-logits K]\n"
                "             [--temperature T --top-k K --top-p P --min-p M --seed S --chunk C]\n"
                "  chat       [--model DIR] [--system TEXT] [--hide-thinking] [--no-thinking] [--effort low|high|max]\n"
-               "  bench      [--preset k3-bench | --model DIR] [--prompt N --gen M --chunk C] [--json]\n"
+               "  bench      [--preset k3-bench | --model DIR] [--prompt N --gen M --chunk C --context N] [--json]\n"
                "  make-model --preset NAME --out DIR [--seed S --shards N --bf16-experts ...]\n"
                "  plan       --model DIR|config.json [--cluster h200|b200|...|SPEC.json] [--json]\n"
                "             [--prefill-nodes 4 --decode-nodes 4 --gpus-per-node 8 --tp 8 --ep 8 --dcp 1]\n"

@@ -11,17 +11,19 @@ Result<std::unique_ptr<CachePools>> CachePools::create(const CacheGeometry& g, c
   auto p = std::unique_ptr<CachePools>(new CachePools(g, c));
   const int64_t slot_bytes = g.slot_floats() * 4;
   p->block_floats_ = std::max<int64_t>(1, static_cast<int64_t>(g.mla_layers.size()) * c.page_tokens * g.mla_row_floats);
+  p->index_block_bytes_ = static_cast<int64_t>(g.sparse_layers.size()) * c.page_tokens * g.index_row_bytes;
   const int64_t slots_bytes = slot_bytes * c.max_slots;
   if (slots_bytes >= c.budget_bytes)
     return invalid_argument("cache: budget " + std::to_string(c.budget_bytes >> 20) + " MiB cannot hold " +
                             std::to_string(c.max_slots) + " KDA state slots (" + std::to_string(slot_bytes >> 10) +
                             " KiB each); raise --cache-mib or lower --max-running");
-  const int64_t blocks = (c.budget_bytes - slots_bytes) / (p->block_floats_ * 4);
+  const int64_t blocks = (c.budget_bytes - slots_bytes) / p->block_bytes();
   if (blocks < 1) return invalid_argument("cache: budget leaves no room for MLA pages");
   // Default-initialised (new float[n], not make_unique): pages are touched only when used, so the
   // resident size follows the load, not the budget. Slots are zeroed on acquire.
   p->slot_mem_.reset(new float[static_cast<size_t>(std::max<int64_t>(1, g.slot_floats() * c.max_slots))]);
   p->block_mem_.reset(new float[static_cast<size_t>(blocks * p->block_floats_)]);
+  if (p->index_block_bytes_ > 0) p->index_mem_.reset(new uint8_t[static_cast<size_t>(blocks * p->index_block_bytes_)]);
   p->slot_used_.assign(static_cast<size_t>(c.max_slots), false);
   for (int i = c.max_slots - 1; i >= 0; --i) p->free_slots_.push_back(i);
   p->block_free_flag_.assign(static_cast<size_t>(blocks), true);
@@ -54,6 +56,11 @@ std::optional<int> CachePools::acquire_slot(SequenceState& s) {
     s.mla[static_cast<size_t>(l)].page_tokens = cfg_.page_tokens;
     s.mla[static_cast<size_t>(l)].pages.reserve(static_cast<size_t>(blocks_for(cfg_.max_seq_tokens)));
   }
+  for (int l : geom_.sparse_layers) {
+    IndexerCache& ic = s.mla[static_cast<size_t>(l)].indexer;
+    ic.page_tokens = cfg_.page_tokens;
+    ic.pages.reserve(static_cast<size_t>(blocks_for(cfg_.max_seq_tokens)));
+  }
   return slot;
 }
 
@@ -70,6 +77,10 @@ bool CachePools::grow(SequenceState& s, std::vector<int32_t>& blocks, int64_t n_
     for (size_t m = 0; m < geom_.mla_layers.size(); ++m)
       s.mla[static_cast<size_t>(geom_.mla_layers[m])].pages.push_back(
           base + static_cast<int64_t>(m) * cfg_.page_tokens * geom_.mla_row_floats);
+    uint8_t* ibase = index_mem_.get() + static_cast<int64_t>(b) * index_block_bytes_;
+    for (size_t m = 0; m < geom_.sparse_layers.size(); ++m)
+      s.mla[static_cast<size_t>(geom_.sparse_layers[m])].indexer.pages.push_back(
+          ibase + static_cast<int64_t>(m) * cfg_.page_tokens * geom_.index_row_bytes);
   }
   return true;
 }
@@ -85,7 +96,7 @@ void CachePools::release(SequenceState& s, int slot, std::vector<int32_t>& block
   }
   blocks.clear();
   for (auto& k : s.kda) k = KdaState{};
-  for (auto& m : s.mla) m.pages.clear();
+  for (auto& m : s.mla) m.pages.clear(), m.indexer.pages.clear();
   s.n_tokens = 0;
 }
 

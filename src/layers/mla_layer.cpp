@@ -5,6 +5,7 @@
 
 #include "base/check.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/dsa_indexer.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/scratch.h"
 
@@ -12,7 +13,7 @@ namespace kestrel {
 
 using kernels::matmul;
 
-Status MlaLayer::bind(Binder& b, const std::string& p, const TextConfig& c) {
+Status MlaLayer::bind(Binder& b, const std::string& p, const TextConfig& c, bool sparse) {
   c_ = &c;
   nh_ = c.num_attention_heads;
   dn_ = c.qk_nope_head_dim;
@@ -36,6 +37,11 @@ Status MlaLayer::bind(Binder& b, const std::string& p, const TextConfig& c) {
   has_rope_ = c.mla_rope.has_value();
   if (has_rope_) rope_ = MlaRope(*c.mla_rope, dr_);
   scale_ = c.mla_softmax_scale > 0.0f ? c.mla_softmax_scale : 1.0f / std::sqrt(static_cast<float>(qk_));
+  if (sparse) {
+    if (c.q_lora_rank <= 0) return unsupported(p + "indexer: DSA needs the q latent (q_lora_rank > 0)");
+    indexer_ = std::make_unique<DsaIndexer>();
+    KESTREL_RETURN_IF_ERROR(indexer_->bind(b, p + "indexer.", c));
+  }
   return b.status();
 }
 
@@ -61,6 +67,14 @@ void MlaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCac
   for (int64_t t = 0; t < T; ++t)
     kernels::rms_norm(ckv_.data() + t * row, kv_norm_.data(), 1, lora_, c_->mla_kv_norm_eps, ckv_.data() + t * row);
 
+  // DSA: every segment's queries pick their top-k cached positions (keys appended first).
+  if (indexer_) {
+    idx_segs_.clear();
+    for (const auto& sg : segs) idx_segs_.push_back({sg.offset, sg.T, &sg.state->indexer});
+    idx_.resize(static_cast<size_t>(T * indexer_->dims().topk));
+    indexer_->forward(x, qa_.data(), T, idx_segs_, idx_.data());
+  }
+
   absorbed_.clear();
   for (const auto& sg : segs) {
     MlaCache& cache = *sg.state;
@@ -69,6 +83,10 @@ void MlaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCac
     for (int64_t t = 0; t < sg.T; ++t)
       std::copy_n(ckv_.data() + (sg.offset + t) * row, row, cache.row_ptr(cache.n_tokens + t, row));
     cache.n_tokens += sg.T;
+    if (indexer_) {  // sparse MLA runs in the absorbed (MQA) form only, gathering the selected rows
+      absorbed_.push_back(sg);
+      continue;
+    }
     const MlaMode m = mode != MlaMode::kAuto ? mode : (sg.T <= 16 ? MlaMode::kAbsorbed : MlaMode::kExpanded);
     if (m == MlaMode::kExpanded) attend_expanded(sg.offset, sg.T, cache);
     else absorbed_.push_back(sg);
@@ -151,9 +169,23 @@ void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> seg
         std::copy_n(qn + dn_, dr_, ql + lora_);
       }
   }
+  if (indexer_) {  // DSA: each query attends to its own top-k positions (−1 slots skipped)
+    for (const auto& sg : segs) {
+      const MlaCache& cache = *sg.state;
+      kernels::SparseMlaArgs a;
+      a.T = sg.T, a.H = nh_, a.Dk = row, a.Dv = lora_, a.topk = indexer_->dims().topk;
+      a.q = qlat_.data() + sg.offset * nh_ * row;
+      a.pages = cache.pages.data(), a.page_tokens = cache.page_tokens, a.row = row;
+      a.idx = idx_.data() + sg.offset * indexer_->dims().topk;
+      a.scale = scale_;
+      a.out = olat_.data() + sg.offset * nh_ * lora_;
+      kernels::sparse_mla_attention(a);
+    }
+  }
   std::vector<kernels::AttentionArgs>& args = attn_args_;
   args.clear();
   for (const auto& sg : segs) {
+    if (indexer_) break;
     const MlaCache& cache = *sg.state;
     kernels::AttentionArgs a;
     a.T = sg.T, a.L = cache.n_tokens, a.H = nh_, a.Dk = row, a.Dv = lora_;

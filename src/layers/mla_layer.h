@@ -6,11 +6,13 @@
 // Cache per token: [c_kv normed (kv_lora) | k_r (rope, post-RoPE)].
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
 #include "layers/binder.h"
+#include "layers/dsa_indexer.h"
 #include "layers/kda_layer.h"
 #include "layers/rope.h"
 #include "loader/model_config.h"
@@ -20,8 +22,10 @@ namespace kestrel {
 // Per-sequence latent cache for one MLA layer: a VIEW of fixed-size pages owned by a SequenceState
 // or the paged pool (cache/). Token j's row [c_kv normed | k_r] is at pages[j / page_tokens] +
 // (j % page_tokens) * row. The owner guarantees pages cover every token before forward() appends.
+// Sparse (DSA) layers also carry their indexer key cache view (empty for dense layers).
 struct MlaCache {
   std::vector<float*> pages;
+  IndexerCache indexer;
   int64_t page_tokens = 0;
   int64_t n_tokens = 0;
   float* row_ptr(int64_t j, int64_t row) const { return pages[static_cast<size_t>(j / page_tokens)] + (j % page_tokens) * row; }
@@ -32,12 +36,15 @@ enum class MlaMode { kAuto, kExpanded, kAbsorbed };
 
 class MlaLayer {
  public:
-  Status bind(Binder& b, const std::string& prefix, const TextConfig& c);
+  // sparse: bind `<prefix>indexer.*` and attend only to each query's top-k positions (DSA).
+  Status bind(Binder& b, const std::string& prefix, const TextConfig& c, bool sparse = false);
   // x: [T_total, hidden] (input-normed); each segment appends its tokens to its cache and attends
   // over it; out: [T_total, hidden]. Projections run once over the batch.
   void forward(const float* x, int64_t T_total, std::span<const Segment<MlaCache>> segs, float* out,
                MlaMode mode = MlaMode::kAuto);
   int64_t row_floats() const { return lora_ + dr_; }
+  bool sparse() const { return indexer_ != nullptr; }
+  const DsaIndexer* indexer() const { return indexer_.get(); }
 
  private:
   void attend_expanded(int64_t off, int64_t T, const MlaCache& cache);
@@ -51,6 +58,9 @@ class MlaLayer {
   bool has_rope_ = false;
   MlaRope rope_;
   float scale_ = 1.0f;
+  std::unique_ptr<DsaIndexer> indexer_;
+  std::vector<Segment<IndexerCache>> idx_segs_;
+  std::vector<int32_t> idx_;
   // Scratch (not reentrant).
   std::vector<float> qa_, q_, ckv_, kv_, k_, v_, attn_, qlat_, olat_, wblk_, gate_, cos_, sin_;
   std::vector<Segment<MlaCache>> absorbed_;

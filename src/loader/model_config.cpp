@@ -138,6 +138,7 @@ Status parse_text(const json& j, const std::string& where, Arch arch, TextConfig
 // index_topk). Either none of them or all four; sparse layers must be full-attention (MLA) layers.
 Status parse_sparse_attn(const json& j, const std::string& where, TextConfig& t) {
   Reader r(j, where);
+  t.attn_sparse.assign(static_cast<size_t>(t.num_hidden_layers), false);
   const bool any = r.has("sparse_attn_layers") || r.has("index_n_heads") || r.has("index_head_dim") ||
                    r.has("index_topk");
   if (!any) return Status::ok();
@@ -145,6 +146,8 @@ Status parse_sparse_attn(const json& j, const std::string& where, TextConfig& t)
   t.index_n_heads = r.req_int("index_n_heads");
   t.index_head_dim = r.req_int("index_head_dim");
   t.index_topk = r.req_int("index_topk");
+  t.index_rope_head_dim = r.opt_int("index_rope_head_dim", t.qk_rope_head_dim);
+  t.index_rope_theta = r.opt_float("index_rope_theta", 10000.0f);
   if (!r.status().is_ok()) return r.status();
   struct Bound {
     const char* key;
@@ -158,15 +161,25 @@ Status parse_sparse_attn(const json& j, const std::string& where, TextConfig& t)
                               std::to_string(b.lo) + ".." + std::to_string(b.hi));
   if (t.sparse_attn_layers.empty())
     return invalid_argument(where + ": key 'sparse_attn_layers': must name at least one layer");
-  std::vector<int> seen(static_cast<size_t>(t.num_hidden_layers), 0);
   for (int l : t.sparse_attn_layers) {
-    if (seen[static_cast<size_t>(l)]++)
+    if (t.attn_sparse[static_cast<size_t>(l)])
       return invalid_argument(where + ": key 'sparse_attn_layers': layer " + std::to_string(l + 1) + " listed twice");
     if (t.attn_kind[static_cast<size_t>(l)] != AttnKind::kMla)
       return invalid_argument(where + ": key 'sparse_attn_layers': layer " + std::to_string(l + 1) +
                               " is not a full-attention layer");
+    t.attn_sparse[static_cast<size_t>(l)] = true;
   }
   std::sort(t.sparse_attn_layers.begin(), t.sparse_attn_layers.end());
+  // What the indexer implementation supports (kernels/cpu/dsa_indexer.h).
+  if (t.index_head_dim != 128)
+    return unsupported(where + ": key 'index_head_dim': only 128 is supported (one FP8 scale per indexer vector, as "
+                       "DeepSeek-V3.2)");
+  if (t.index_rope_head_dim < 0 || t.index_rope_head_dim > t.index_head_dim || t.index_rope_head_dim % 2 != 0)
+    return invalid_argument(where + ": key 'index_rope_head_dim': must be even and in 0..index_head_dim");
+  if (!(t.index_rope_theta > 1.0f) || !(t.index_rope_theta < 1e12f))
+    return invalid_argument(where + ": key 'index_rope_theta': must be in (1, 1e12)");
+  if (t.q_lora_rank <= 0)
+    return unsupported(where + ": sparse_attn_layers need q_lora_rank > 0 (the indexer reads the MLA query latent)");
   return Status::ok();
 }
 

@@ -16,7 +16,7 @@ namespace kestrel {
 
 enum class Arch { kKimiK3, kKimiLinear, kDeepseekV3, kDeepseekV32 };
 enum class Activation { kSiLU, kSiTU };
-enum class AttnKind { kKda, kMla };
+enum class AttnKind { kKda, kMla };  // kMla layers listed in sparse_attn_layers also run the DSA indexer
 enum class FfnKind { kDense, kMoe };
 enum class RouterScoring { kSigmoid, kSoftmax };
 
@@ -89,6 +89,19 @@ struct TextConfig {
   DsaConfig dsa;
   int num_nextn_predict_layers = 0;  // MTP layers stored after the main layers (not run)
 
+  // DSA (DeepSeek-V3.2 lightning indexer) on some full-attention layers. These keys are OURS until a
+  // K3.1 config is public (kimi_k3_spec.md §2.4, §4.9): `sparse_attn_layers` (one-based, each must be a
+  // full_attn layer), `index_n_heads`, `index_head_dim` (128: one FP8 scale per vector, as V3.2),
+  // `index_topk`, plus `index_rope_head_dim` (default qk_rope_head_dim; 0 = no RoPE) and
+  // `index_rope_theta` (default 10000, plain frequencies — K3 has no rope block). Scales are ue8m0.
+  std::vector<int> sparse_attn_layers;  // zero-based
+  int index_n_heads = 0;
+  int index_head_dim = 0;
+  int index_topk = 0;
+  int index_rope_head_dim = 0;
+  float index_rope_theta = 10000.0f;
+  std::vector<bool> attn_sparse;  // per layer: MLA layer with an indexer
+
   bool tie_word_embeddings = false;
   int bos_token_id = -1;
   int eos_token_id = -1;
@@ -97,12 +110,6 @@ struct TextConfig {
   int int4_group_size = 0;     // compressed-tensors pack-quantized int4 (our W4A8) declared: 32, 64 or 128
   bool weights_fp8_block = false;  // DeepSeek fp8: e4m3 weights + weight_scale_inv per 128×128 block
 
-  // DSA (lightning indexer + sparse MLA) on some full-attention layers: K3.1-style fields, ours until a
-  // K3.1 config is public (kimi_k3_spec.md §2.4, §4.9). All optional; present only together.
-  std::vector<int> sparse_attn_layers;  // zero-based; each one is also in linear_attn.full_attn_layers
-  int index_n_heads = 0;                // indexer query heads
-  int index_head_dim = 0;               // indexer q/k width (one shared key per token)
-  int index_topk = 0;                   // cached positions each query attends to
 
   LinearAttnConfig linear_attn;
   std::vector<AttnKind> attn_kind;  // per layer

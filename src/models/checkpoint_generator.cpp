@@ -17,6 +17,12 @@ namespace {
 using gen_detail::Rng;
 using gen_detail::Writer;
 
+bool is_sparse(const GenSpec& s, int l) {
+  for (int f : s.sparse_attn_layers)
+    if (f == l + 1) return true;
+  return false;
+}
+
 bool is_mla(const GenSpec& s, int l) {
   for (int f : s.full_attn_layers)
     if (f == l + 1) return true;
@@ -49,6 +55,15 @@ void write_kda(Writer& w, const GenSpec& s, const std::string& p) {
     w.linear(p + "g_b_proj", P, D);
   }
   w.linear(p + "o_proj", hid, P);
+}
+
+// DeepSeek-V3.2 indexer tensors (dsa_mla_moe_quant.md §2.2), bf16.
+void write_indexer(Writer& w, const GenSpec& s, const std::string& p) {
+  w.linear(p + "wq_b", static_cast<int64_t>(s.index_heads) * s.index_dim, s.q_lora);
+  w.linear(p + "wk", s.index_dim, s.hidden);
+  w.norm(p + "k_norm.weight", s.index_dim);
+  w.bf16(p + "k_norm.bias", {s.index_dim}, 0.1f);
+  w.linear(p + "weights_proj", s.index_heads, s.hidden);
 }
 
 void write_mla(Writer& w, const GenSpec& s, const std::string& p) {
@@ -129,6 +144,13 @@ json text_config(const GenSpec& s) {
     t["mla_use_output_gate"] = true;
     t["topk_method"] = "noaux_tc";
   }
+  if (!s.sparse_attn_layers.empty()) {
+    t["sparse_attn_layers"] = s.sparse_attn_layers;
+    t["index_n_heads"] = s.index_heads;
+    t["index_head_dim"] = s.index_dim;
+    t["index_topk"] = s.index_topk;
+    if (s.index_rope >= 0) t["index_rope_head_dim"] = s.index_rope;
+  }
   if (s.mxfp4_experts) {
     t["quantization_config"] = {
         {"quant_method", "compressed-tensors"}, {"format", "mxfp4-pack-quantized"},
@@ -148,7 +170,7 @@ json text_config(const GenSpec& s) {
 std::vector<std::string> gen_preset_names() {
   return {"k3-tiny",  "k3-tiny-bf16", "k3-tiny-allexp",   "kimi-linear-tiny",
           "k3-bench", "k3-default",   "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v2style-tiny", "deepseek-bench",
-          "k3-micro", "k3-micro-bf16", "kimi-linear-micro"};
+          "k3-micro", "k3-micro-bf16", "kimi-linear-micro", "k3-tiny-dsa", "k3-bench-dsa"};
 }
 
 Result<GenSpec> gen_preset(const std::string& name) {
@@ -186,7 +208,12 @@ Result<GenSpec> gen_preset(const std::string& name) {
     }
     return s;
   }
-  if (name == "k3-bench") {  // K3 per-layer structure, widths cut to fit a 24 GiB / 2-core box
+  if (name == "k3-tiny-dsa") {  // layers 4 and 8 sparse (top-16 of the context), layer 9 dense
+    s.sparse_attn_layers = {4, 8};
+    s.index_heads = 4, s.index_topk = 16;
+    return s;
+  }
+  if (name == "k3-bench" || name == "k3-bench-dsa") {  // K3 per-layer structure, widths cut to fit a 24 GiB / 2-core box
     s.vocab = 32768, s.hidden = 2048, s.layers = 8, s.intermediate = 8192;
     s.mla_heads = 16, s.kda_heads = 16;
     s.full_attn_layers = {4, 8};
@@ -194,6 +221,10 @@ Result<GenSpec> gen_preset(const std::string& name) {
     s.experts = 64, s.top_k = 8, s.shared = 2, s.moe_inter = 1024, s.latent = 1024;
     s.q_lora = 768;
     s.shards = 4;
+    if (name == "k3-bench-dsa") {  // V3.2 ratios: index heads = half the attention heads, top-2048
+      s.sparse_attn_layers = {4, 8};
+      s.index_heads = 8, s.index_topk = 2048;
+    }
     return s;
   }
   if (name == "k3-default") {  // the embedded default: K3 architecture; 256 byte ranks + K3's 256 specials
@@ -223,7 +254,7 @@ Result<GenSpec> gen_preset(const std::string& name) {
     if (name == "deepseek-v32-tiny") {  // different routing shape; index_topk ≥ every test length
       s.arch = "deepseek_v32";
       s.first_k_dense = 1, s.n_group = 8, s.topk_group = 3, s.mtp_layers = 0;
-      s.index_heads = 4, s.index_head_dim = 64, s.index_topk = 256;
+      s.index_heads = 4, s.index_dim = 64, s.index_topk = 256;
     }
     return s;
   }
@@ -263,6 +294,7 @@ Status generate_checkpoint(const GenSpec& s, const std::string& dir) {
     }
     if (is_mla(s, l)) write_mla(w, s, p + "self_attn.");
     else write_kda(w, s, p + "self_attn.");
+    if (is_sparse(s, l)) write_indexer(w, s, p + "self_attn.indexer.");
     if (l == 0) {
       w.linear(p + "mlp.gate_proj", s.intermediate, s.hidden);
       w.linear(p + "mlp.up_proj", s.intermediate, s.hidden);

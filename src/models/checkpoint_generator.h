@@ -20,6 +20,10 @@ struct GenSpec {
   int experts = 16, top_k = 4, shared = 2, moe_inter = 64, latent = 128;
   int q_lora = 64, kv_lora = 512, nope = 128, rope = 64, v_dim = 128;
   bool mxfp4_experts = true;
+  // DSA (ours, see model_config.h): one-based full-attention layers that get an indexer.
+  std::vector<int> sparse_attn_layers;
+  int index_heads = 4, index_dim = 128, index_topk = 16;
+  int index_rope = -1;  // index_rope_head_dim written to config.json when ≥ 0 (else the default)
   float routed_scaling = 1.0f;
   int shards = 2;
   uint64_t seed = 1;
@@ -30,7 +34,6 @@ struct GenSpec {
   bool fp8 = true;  // FP8 128×128 block weights for every linear except embed, lm_head, router
   double rope_theta = 10000.0, yarn_factor = 40.0, yarn_mscale = 1.0, yarn_mscale_all_dim = 1.0;
   int yarn_original_max = 4096;
-  int index_heads = 4, index_head_dim = 64, index_topk = 256;  // deepseek_v32
   int mtp_layers = 0;  // extra MTP layer tensors after the main layers (accepted, not run)
   // Routing: "noaux_tc" (sigmoid + correction bias) or V2-style softmax "greedy" / "group_limited_greedy"
   // (no bias tensor); norm_topk_prob as written to config.json.
@@ -40,6 +43,8 @@ struct GenSpec {
 
 // Named presets: "k3-tiny", "k3-tiny-bf16", "kimi-linear-tiny", "k3-bench", "k3-default",
 // "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v2style-tiny", "deepseek-bench".
+// "k3-tiny-dsa" (layers 4 and 8 sparse, top-16), "k3-bench-dsa" (k3-bench with both MLA layers sparse,
+// top-2048; every tensor shared with k3-bench is identical).
 Result<GenSpec> gen_preset(const std::string& name);
 std::vector<std::string> gen_preset_names();
 

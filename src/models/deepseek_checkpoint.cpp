@@ -40,7 +40,7 @@ struct DsWriter {
     linear(p + "kv_b_proj", nh * (s.nope + s.v_dim), s.kv_lora);
     linear(p + "o_proj", s.hidden, nh * s.v_dim);
     if (s.arch == "deepseek_v32") {  // lightning indexer (weights_proj stays bf16 in the release)
-      const int64_t H = s.index_heads, D = s.index_head_dim;
+      const int64_t H = s.index_heads, D = s.index_dim;
       linear(p + "indexer.wq_b", H * D, s.q_lora);
       linear(p + "indexer.wk", D, s.hidden);
       w.norm(p + "indexer.k_norm.weight", D);
@@ -82,7 +82,7 @@ json deepseek_config(const GenSpec& s) {
   if (s.fp8)
     c["quantization_config"] = {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"},
                                 {"weight_block_size", {128, 128}}};
-  if (v32) c["index_n_heads"] = s.index_heads, c["index_head_dim"] = s.index_head_dim, c["index_topk"] = s.index_topk;
+  if (v32) c["index_n_heads"] = s.index_heads, c["index_head_dim"] = s.index_dim, c["index_topk"] = s.index_topk;
   return c;
 }
 

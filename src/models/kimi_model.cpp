@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <cstring>
 
 #include "base/check.h"
+#include "kernels/cpu/dsa_indexer.h"
 #include "kernels/cpu/elementwise.h"
 #include "layers/attn_res.h"
 #include "loader/gguf_config.h"
@@ -62,8 +64,6 @@ Status KimiModel::bind(Binder& b) {
   const bool k3 = cfg_.arch == Arch::kKimiK3;
   const std::string root = cfg_.weight_prefix + "model.";
   const int64_t D = c.hidden_size, V = c.vocab_size;
-  if (c.has_sparse_attn())  // parsed for `kestrel plan`; the DSA layers are not implemented here yet
-    return unsupported(cfg_.model_type + ": sparse attention layers (sparse_attn_layers) are not supported yet");
   if (k3 && c.num_hidden_layers / c.attn_res_block_size + 2 > 64)
     return unsupported("attn_res_block_size too small: more than 64 residual sources");
   embed_ = b.linear(root + "embed_tokens", V, D);
@@ -86,7 +86,7 @@ Status KimiModel::bind(Binder& b) {
       KESTREL_RETURN_IF_ERROR(L.kda->bind(b, p + "self_attn.", c));
     } else {
       L.mla = std::make_unique<MlaLayer>();
-      KESTREL_RETURN_IF_ERROR(L.mla->bind(b, p + "self_attn.", c));
+      KESTREL_RETURN_IF_ERROR(L.mla->bind(b, p + "self_attn.", c, c.attn_sparse[static_cast<size_t>(l)]));
     }
     if (c.ffn_kind[static_cast<size_t>(l)] == FfnKind::kDense) {
       L.dense = std::make_unique<GatedMlp>();
@@ -100,6 +100,13 @@ Status KimiModel::bind(Binder& b) {
   for (const Layer& L : layers_) is_kda.push_back(L.kda != nullptr);
   set_geometry(is_kda);
   return b.status();
+}
+
+double KimiModel::indexer_seconds() const {
+  double s = 0;
+  for (const Layer& L : layers_)
+    if (L.mla && L.mla->indexer()) s += L.mla->indexer()->seconds();
+  return s;
 }
 
 void KimiModel::run_attn(size_t l, const float* x, int64_t T, float* out, const ForwardOptions& o) {

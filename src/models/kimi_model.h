@@ -27,6 +27,7 @@ class KimiModel final : public Model {
   static Result<std::unique_ptr<KimiModel>> load_gguf(const std::string& path);
 
   void forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions& opt = {}) override;
+  double indexer_seconds() const override;
 
  private:
   struct Layer {

@@ -1,6 +1,10 @@
 #include "models/model.h"
 
+#include <cstring>
+#include <filesystem>
+
 #include "base/check.h"
+#include "kernels/cpu/dsa_indexer.h"
 #include "models/deepseek_model.h"
 #include "models/kimi_model.h"
 
@@ -11,7 +15,11 @@ void Model::set_geometry(const std::vector<bool>& is_kda) {
   num_layers_ = is_kda.size();
   CacheGeometry& g = geom_;
   g = CacheGeometry{};
-  for (size_t l = 0; l < is_kda.size(); ++l) (is_kda[l] ? g.kda_layers : g.mla_layers).push_back(static_cast<int>(l));
+  for (size_t l = 0; l < is_kda.size(); ++l) {
+    (is_kda[l] ? g.kda_layers : g.mla_layers).push_back(static_cast<int>(l));
+    if (!is_kda[l] && l < c.attn_sparse.size() && c.attn_sparse[l]) g.sparse_layers.push_back(static_cast<int>(l));
+  }
+  g.index_row_bytes = g.sparse_layers.empty() ? 0 : kernels::indexer_row_bytes(c.index_head_dim);
   if (!g.kda_layers.empty()) {
     g.kda_conv_floats = KdaState::conv_floats(c);
     g.kda_recurrent_floats = KdaState::recurrent_floats(c);
@@ -34,6 +42,7 @@ SequenceState Model::new_sequence() const {
     p += g.kda_recurrent_floats;
   }
   for (int l : g.mla_layers) s.mla[static_cast<size_t>(l)].page_tokens = kOwnPageTokens;
+  for (int l : g.sparse_layers) s.mla[static_cast<size_t>(l)].indexer.page_tokens = kOwnPageTokens;
   return s;
 }
 
@@ -48,6 +57,46 @@ void Model::reserve(SequenceState& st, int64_t n_tokens) const {
       m.pages.push_back(st.own_pages.back().get());
     }
   }
+  for (int l : g.sparse_layers) {
+    IndexerCache& ic = st.mla[static_cast<size_t>(l)].indexer;
+    while (ic.capacity() < n_tokens) {
+      st.own_index_pages.push_back(std::make_unique<uint8_t[]>(static_cast<size_t>(kOwnPageTokens * g.index_row_bytes)));
+      ic.pages.push_back(st.own_index_pages.back().get());
+    }
+  }
+}
+
+void Model::fill_synthetic_context(SequenceState& st, int64_t n, uint64_t seed) const {
+  KCHECK(st.owns_storage && st.n_tokens == 0, "synthetic context needs a fresh standalone sequence");
+  reserve(st, n);
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  auto uni = [&x] {  // xorshift64*: uniform in [-1, 1)
+    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+    return static_cast<float>(static_cast<double>((x * 0x2545f4914f6cdd1dull) >> 11) * 0x1p-52 - 1.0);
+  };
+  const CacheGeometry& g = geom_;
+  for (int l : g.mla_layers) {
+    MlaCache& m = st.mla[static_cast<size_t>(l)];
+    for (int64_t j = 0; j < n; ++j) {
+      float* r = m.row_ptr(j, g.mla_row_floats);
+      for (int64_t i = 0; i < g.mla_row_floats; ++i) r[i] = uni();
+    }
+    m.n_tokens = n;
+  }
+  std::vector<float> k;
+  for (int l : g.sparse_layers) {
+    IndexerCache& ic = st.mla[static_cast<size_t>(l)].indexer;
+    const int64_t D = cfg_.text.index_head_dim;
+    k.resize(static_cast<size_t>(D));
+    for (int64_t j = 0; j < n; ++j) {
+      for (auto& v : k) v = uni();
+      uint8_t* r = ic.pages[static_cast<size_t>(j / ic.page_tokens)] + (j % ic.page_tokens) * g.index_row_bytes;
+      const float s = kernels::quantize_e4m3_block(k.data(), D, true, r);
+      std::memcpy(r + D, &s, 4);
+    }
+    ic.n_tokens = n;
+  }
+  st.n_tokens = n;
 }
 
 void Model::forward(const int32_t* ids, int64_t T, SequenceState& st, std::vector<float>& logits,
@@ -57,6 +106,12 @@ void Model::forward(const int32_t* ids, int64_t T, SequenceState& st, std::vecto
 }
 
 Result<std::unique_ptr<Model>> load_model(const std::string& dir) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(dir, ec)) {  // a GGUF file (kimi-k3 / kimi-linear)
+    auto m = KimiModel::load(dir);
+    if (!m) return m.error();
+    return std::unique_ptr<Model>(std::move(*m));
+  }
   auto cfg = load_model_config(dir);
   if (!cfg) return cfg.error();
   switch (cfg->arch) {

@@ -26,6 +26,7 @@ struct SequenceState {
   // Owned storage (standalone sequences only).
   std::vector<float> own_state;
   std::vector<std::unique_ptr<float[]>> own_pages;
+  std::vector<std::unique_ptr<uint8_t[]>> own_index_pages;  // DSA indexer key pages
   bool owns_storage = false;
 
   SequenceState() = default;
@@ -48,6 +49,11 @@ struct CacheGeometry {
   std::vector<int> kda_layers, mla_layers;
   int64_t kda_conv_floats = 0, kda_recurrent_floats = 0;  // per KDA layer
   int64_t mla_row_floats = 0;                            // per token per MLA layer
+  std::vector<int> sparse_layers;                        // MLA layers with a DSA indexer (subset)
+  int64_t index_row_bytes = 0;                           // per token per sparse layer
+  // Paged-cache bytes per token of context: MLA latents (fp32) and indexer keys (e4m3 + scale).
+  int64_t mla_bytes_per_token() const { return static_cast<int64_t>(mla_layers.size()) * mla_row_floats * 4; }
+  int64_t index_bytes_per_token() const { return static_cast<int64_t>(sparse_layers.size()) * index_row_bytes; }
   int64_t slot_floats() const {
     return static_cast<int64_t>(kda_layers.size()) * (kda_conv_floats + kda_recurrent_floats);
   }
@@ -72,6 +78,13 @@ class Model {
   static constexpr int64_t kOwnPageTokens = 256;
   // Owned sequences: grows pages to hold n_tokens in total (so decode up to there never allocates).
   void reserve(SequenceState& st, int64_t n_tokens) const;
+  // Benchmarks only: makes an owned sequence look as if n tokens were already cached — random latent
+  // rows in every MLA layer and random quantized keys in every indexer cache (KDA state stays zero).
+  // Attention and indexer cost do not depend on the values, so decode/prefill timed on top measures
+  // the per-token cost at context n without running an O(n²) prefill first.
+  void fill_synthetic_context(SequenceState& st, int64_t n, uint64_t seed) const;
+  // Total process CPU seconds spent in DSA indexers (all sparse layers) since load; 0 without any.
+  virtual double indexer_seconds() const { return 0.0; }
   // Runs T tokens of one sequence; logits: [T or 1, vocab].
   void forward(const int32_t* ids, int64_t T, SequenceState& st, std::vector<float>& logits,
                const ForwardOptions& opt = {});

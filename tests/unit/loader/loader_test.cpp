@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 
 #include "common/test_util.h"
 #include "loader/checkpoint.h"
@@ -207,6 +208,40 @@ TEST_F(LoaderTest, WrongTypesInConfigAreErrorsNotExceptions) {
   cfg["text_config"]["hidden_size"] = int64_t{1} << 40;  // would wrap to a small int if narrowed
   testing::write_json(dir() + "/config.json", cfg);
   expect_one_line_naming(load_error(dir()), {"config.json", "'hidden_size'", "out of range"});
+}
+
+// DSA keys (ours): sparse layers must be full-attention layers; index_* required and range-checked;
+// a sparse layer without its indexer tensors names the missing tensor.
+TEST_F(LoaderTest, DsaConfigErrors) {
+  struct Case {
+    std::function<void(nlohmann::json&)> edit;
+    std::vector<std::string> want;
+  };
+  const std::vector<Case> cases = {
+      {[](nlohmann::json& t) { t["sparse_attn_layers"] = {1}; }, {"'sparse_attn_layers'", "layer 1 is not a full-attention layer"}},
+      {[](nlohmann::json& t) { t["sparse_attn_layers"] = {4, 4}; }, {"'sparse_attn_layers'", "listed twice"}},
+      {[](nlohmann::json& t) { t["sparse_attn_layers"] = {10}; }, {"'sparse_attn_layers'", "1..9"}},
+      {[](nlohmann::json& t) { t.erase("index_topk"); }, {"'index_topk'", "missing required key"}},
+      {[](nlohmann::json& t) { t["index_topk"] = 0; }, {"'index_topk'", "outside"}},
+      {[](nlohmann::json& t) { t["index_head_dim"] = 64; }, {"'index_head_dim'", "only 128"}},
+      {[](nlohmann::json& t) { t["index_n_heads"] = "4"; }, {"'index_n_heads'", "must be an integer"}},
+      {[](nlohmann::json& t) { t["index_rope_head_dim"] = 63; }, {"'index_rope_head_dim'"}},
+  };
+  for (const Case& c : cases) {
+    testing::make_checkpoint("k3-tiny-dsa", dir());
+    auto cfg = testing::read_json(dir() + "/config.json");
+    c.edit(cfg["text_config"]);
+    testing::write_json(dir() + "/config.json", cfg);
+    auto want = c.want;
+    want.insert(want.begin(), "config.json");
+    expect_one_line_naming(load_error(dir()), want);
+  }
+  // Declared sparse but the checkpoint has no indexer for layer 9 → the missing tensor is named.
+  testing::make_checkpoint("k3-tiny-dsa", dir());
+  auto cfg = testing::read_json(dir() + "/config.json");
+  cfg["text_config"]["sparse_attn_layers"] = {4, 8, 9};
+  testing::write_json(dir() + "/config.json", cfg);
+  expect_one_line_naming(load_error(dir()), {"layers.8.self_attn.indexer.wq_b"});
 }
 
 TEST_F(LoaderTest, WrongMxfp4ScaleShape) {

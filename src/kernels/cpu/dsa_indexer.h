@@ -1,0 +1,67 @@
+// DeepSeek Sparse Attention (DSA) kernels: the lightning indexer (DeepSeek-V3.2,
+// dsa_mla_moe_quant.md §2.3) and sparse MLA attention over gathered latent rows (§2.5).
+//
+// Indexer key cache row (one per token per sparse layer), `indexer_row_bytes(D)` bytes:
+//   [ D × e4m3 codes (Hadamard-rotated, quantized key) | fp32 scale ]       (132 B for D = 128)
+// Rows live in fixed-size pages (page j / page_tokens, row j % page_tokens), like the MLA latents.
+//
+// Score of query t against key s (reference fp8_index): I[t,s] = kscale[s] · Σ_h w[t,h] · ReLU(q8[t,h]·k8[s])
+// where q8/k8 are the raw e4m3 values and w already folds weights_proj · H^-0.5 · D^-0.5 · qscale[t,h].
+// Top-k never materialises an L×L (or T×L) score matrix: each query keeps a bounded heap while
+// keys stream through in tiles.
+#pragma once
+
+#include <cstdint>
+
+namespace kestrel::kernels {
+
+inline int64_t indexer_row_bytes(int64_t D) { return D + 4; }
+
+// In-place orthonormal Walsh–Hadamard transform (Sylvester / natural order, like
+// fast_hadamard_transform.hadamard_transform(x, scale = n^-0.5)); n must be a power of two.
+void hadamard_rotate(float* x, int64_t n);
+
+// NeoX ("rotate half") RoPE on x[0:rope): pairs (i, i + rope/2) rotated by pos · inv_freq[i].
+void rope_neox(float* x, int64_t rope, int64_t pos, const float* inv_freq);
+
+// One FP8 block exactly as DeepSeek's act_quant: amax = max(max|x|, 1e-4); scale = amax / 448, or
+// with ue8m0 the power of two 2^ceil(log2(amax / 448)); codes = e4m3fn(clamp(x / scale, ±448)) with
+// round-to-nearest-even. Returns the scale.
+float quantize_e4m3_block(const float* x, int64_t n, bool ue8m0, uint8_t* codes);
+
+// fp32 → OCP e4m3fn code, round-to-nearest-even, |x| saturated at 448.
+uint8_t f32_to_e4m3(float x);
+// The 256 e4m3fn code values as fp32 (NaN codes → NaN).
+const float* e4m3_table();
+
+struct IndexerTopkArgs {
+  int64_t T = 0, L = 0, H = 0, D = 0, topk = 0;
+  const uint8_t* q = nullptr;  // [T, H, D] e4m3 codes
+  const float* w = nullptr;    // [T, H] folded head weights (see above)
+  const uint8_t* const* pages = nullptr;  // key rows (layout above)
+  int64_t page_tokens = 0;
+  // Output [T, topk]: query t (absolute position L-T+t) selects among keys 0..L-T+t; the selected
+  // positions are written in ascending order, then -1 for unused slots (when fewer than topk keys
+  // are visible). Ties in score keep the lower position.
+  int32_t* out = nullptr;
+};
+void indexer_topk(const IndexerTopkArgs& a);
+
+// Scores of one query against keys 0..n-1 (no top-k), for tests: scores[n].
+void indexer_scores_reference(const IndexerTopkArgs& a, int64_t t, int64_t n, float* scores);
+
+// Sparse MLA in MQA form (absorbed): every head of query t attends only to the latent rows listed in
+// idx[t, :] (−1 entries skipped). Rows: [Dk floats] in pages (token j at page j / page_tokens, row
+// j % page_tokens, row stride `row` floats); values are the first Dv floats of each row.
+struct SparseMlaArgs {
+  int64_t T = 0, H = 0, Dk = 0, Dv = 0, topk = 0;
+  const float* q = nullptr;  // [T, H, Dk]
+  const float* const* pages = nullptr;
+  int64_t page_tokens = 0, row = 0;
+  const int32_t* idx = nullptr;  // [T, topk]
+  float scale = 1.0f;
+  float* out = nullptr;  // [T, H, Dv]
+};
+void sparse_mla_attention(const SparseMlaArgs& a);
+
+}  // namespace kestrel::kernels

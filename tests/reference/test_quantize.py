@@ -24,8 +24,8 @@ import tempfile
 
 import pytest
 
-torch = pytest.importorskip("torch")
-ct = pytest.importorskip("compressed_tensors")
+import torch  # noqa: E402  (reference environment: torch + compressed-tensors; see tests/reference/README.md)
+import compressed_tensors as ct  # noqa: E402
 from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor  # noqa: E402
 from compressed_tensors.quantization import QuantizationConfig  # noqa: E402
 from compressed_tensors.quantization.utils.helpers import calculate_qparams  # noqa: E402

@@ -4,7 +4,6 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
 #include <sstream>
 
@@ -25,13 +24,24 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // A compressed-tensors target for a module name: regex-escaped, numeric path components (layer and
 // expert indices) generalised, so one entry covers every layer / expert.
 std::string module_pattern(const std::string& module) {
-  std::string esc;
-  for (char ch : module) {
-    if (std::string(".[]()*+?^$|\\{}").find(ch) != std::string::npos) esc += '\\';
-    esc += ch;
+  std::string out = "re:";
+  size_t start = 0;
+  for (size_t part = 0; start <= module.size(); ++part) {
+    const size_t dot = std::min(module.find('.', start), module.size());
+    const std::string c = module.substr(start, dot - start);
+    if (part > 0) out += "\\.";
+    const bool index = part > 0 && !c.empty() && c.find_first_not_of("0123456789") == std::string::npos;
+    if (index) {
+      out += "\\d+";
+    } else {
+      for (char ch : c) {
+        if (std::string(".[]()*+?^$|\\{}").find(ch) != std::string::npos) out += '\\';
+        out += ch;
+      }
+    }
+    start = dot + 1;
   }
-  static const std::regex kIndex(R"(\\\.[0-9]+(\\\.|$))");
-  return "re:" + std::regex_replace(esc, kIndex, R"(\.\d+$1)") + "$";
+  return out + "$";
 }
 
 std::vector<uint8_t> to_bytes(const void* p, size_t n) {

@@ -116,8 +116,10 @@ inline void decode_e4m3(const uint8_t* __restrict in, float* __restrict out, int
 // Four dot products q·k0..k3 (keys consecutive, stride D; D a multiple of 16): four independent
 // accumulator chains, one horizontal sum each.
 // GCC 12 reports a false -Wmaybe-uninitialized inside its own AVX-512 intrinsic headers here.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 inline void dot4(const float* q, const float* k0, int64_t D, float* out) {
 #if defined(__AVX512F__)
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -177,7 +179,9 @@ inline void dot4x4(const float* q, int64_t qs, const float* k, int64_t D, float 
   for (int r = 0; r < 4; ++r) dot4(q + r * qs, k, D, out[r]);
 #endif
 }
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 constexpr int64_t kKeyTile = 128;   // keys decoded to fp32 at once (64 KiB for D = 128)
 constexpr int64_t kQueryBlock = 8;  // queries sharing one decoded key tile

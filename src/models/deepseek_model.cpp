@@ -111,20 +111,7 @@ void DeepseekModel::forward_batch(std::span<const SeqRun> runs, std::vector<floa
     else L.moe->forward(normed_.data(), T, sub_.data());
     for (int64_t i = 0; i < n; ++i) h_[static_cast<size_t>(i)] += sub_[static_cast<size_t>(i)];
   }
-  logit_rows_.clear();
-  int64_t off = 0;
-  for (const SeqRun& r : runs) {
-    for (int64_t i = r.all_logits ? 0 : r.T - 1; i < r.T; ++i) logit_rows_.push_back(off + i);
-    off += r.T;
-    r.st->n_tokens += r.T;
-  }
-  const int64_t rows = static_cast<int64_t>(logit_rows_.size());
-  normed_.resize(static_cast<size_t>(rows * D));
-  for (int64_t i = 0; i < rows; ++i)
-    kernels::rms_norm(h_.data() + logit_rows_[static_cast<size_t>(i)] * D, final_norm_.data(), 1, D, c.rms_norm_eps,
-                      normed_.data() + i * D);
-  logits.resize(static_cast<size_t>(rows * c.vocab_size));
-  kernels::matmul(lm_head_, normed_.data(), rows, logits.data());
+  emit_logits(runs, h_.data(), final_norm_.data(), lm_head_, logits);
 }
 
 }  // namespace kestrel

@@ -51,7 +51,6 @@ class DeepseekModel final : public Model {
   // Scratch (not reentrant).
   std::vector<float> h_, normed_, sub_;
   std::vector<Segment<MlaCache>> mla_segs_;
-  std::vector<int64_t> logit_rows_;
 };
 
 }  // namespace kestrel

@@ -153,20 +153,7 @@ void KimiModel::forward_batch(std::span<const SeqRun> runs, std::vector<float>& 
   if (cfg_.arch == Arch::kKimiK3) forward_k3(T, o);
   else forward_linear(T, o);
   // h_ now holds the pre-final-norm stream; gather the rows that need logits.
-  logit_rows_.clear();
-  int64_t off = 0;
-  for (const SeqRun& r : runs) {
-    for (int64_t i = r.all_logits ? 0 : r.T - 1; i < r.T; ++i) logit_rows_.push_back(off + i);
-    off += r.T;
-    r.st->n_tokens += r.T;
-  }
-  const int64_t n = static_cast<int64_t>(logit_rows_.size());
-  normed_.resize(static_cast<size_t>(n * D));
-  for (int64_t i = 0; i < n; ++i)
-    kernels::rms_norm(h_.data() + logit_rows_[static_cast<size_t>(i)] * D, final_norm_.data(), 1, D, c.rms_norm_eps,
-                      normed_.data() + i * D);
-  logits.resize(static_cast<size_t>(n * c.vocab_size));
-  kernels::matmul(lm_head_, normed_.data(), n, logits.data());
+  emit_logits(runs, h_.data(), final_norm_.data(), lm_head_, logits);
   runs_ = {};
 }
 

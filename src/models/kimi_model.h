@@ -56,7 +56,6 @@ class KimiModel final : public Model {
   std::vector<Segment<KdaState>> kda_segs_;
   std::vector<Segment<MlaCache>> mla_segs_;
   std::span<const SeqRun> runs_;  // the batch being run (valid during forward_batch)
-  std::vector<int64_t> logit_rows_;
 };
 
 }  // namespace kestrel

@@ -5,6 +5,8 @@
 
 #include "base/check.h"
 #include "kernels/cpu/dsa_indexer.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/linear.h"
 #include "models/deepseek_model.h"
 #include "models/kimi_model.h"
 
@@ -97,6 +99,25 @@ void Model::fill_synthetic_context(SequenceState& st, int64_t n, uint64_t seed) 
     ic.n_tokens = n;
   }
   st.n_tokens = n;
+}
+
+void Model::emit_logits(std::span<const SeqRun> runs, const float* h, const float* final_norm,
+                        const kernels::WeightMatrix& lm_head, std::vector<float>& logits) {
+  const TextConfig& c = cfg_.text;
+  const int64_t D = c.hidden_size;
+  head_rows_.clear();
+  int64_t off = 0;
+  for (const SeqRun& r : runs) {
+    for (int64_t i = r.all_logits ? 0 : r.T - 1; i < r.T; ++i) head_rows_.push_back(off + i);
+    off += r.T;
+    r.st->n_tokens += r.T;
+  }
+  const int64_t n = static_cast<int64_t>(head_rows_.size());
+  head_in_.resize(static_cast<size_t>(n * D));
+  for (int64_t i = 0; i < n; ++i)
+    kernels::rms_norm(h + head_rows_[static_cast<size_t>(i)] * D, final_norm, 1, D, c.rms_norm_eps, head_in_.data() + i * D);
+  logits.resize(static_cast<size_t>(n * c.vocab_size));
+  kernels::matmul(lm_head, head_in_.data(), n, logits.data());
 }
 
 void Model::forward(const int32_t* ids, int64_t T, SequenceState& st, std::vector<float>& logits,

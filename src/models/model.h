@@ -99,6 +99,10 @@ class Model {
   Model() = default;
   // After binding: sizes the per-sequence state from the layer kinds.
   void set_geometry(const std::vector<bool>& is_kda);
+  // End of forward_batch: advances every run's token count and writes logits for the rows that need
+  // them (each run's last token, or all with all_logits): final RMSNorm of h [tokens, hidden], lm_head.
+  void emit_logits(std::span<const SeqRun> runs, const float* h, const float* final_norm,
+                   const kernels::WeightMatrix& lm_head, std::vector<float>& logits);
 
   ModelConfig cfg_;
   CacheGeometry geom_;
@@ -107,6 +111,8 @@ class Model {
 
  private:
   std::vector<SeqRun> one_;
+  std::vector<int64_t> head_rows_;  // scratch of emit_logits
+  std::vector<float> head_in_;
 };
 
 // Reads config.json and loads the matching model; every checkpoint tensor must be bound.

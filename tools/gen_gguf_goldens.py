@@ -152,8 +152,28 @@ def block_goldens(gguf_mod, out_path):
         assert vals.size == n_blocks * block
         tensors[name + "_blocks"] = raw.reshape(-1)
         tensors[name + "_values"] = vals.reshape(-1)
+    # Activations as llama.cpp's CPU backend quantizes them to Q8_0 on x86 (ggml-cpu/arch/x86/quants.c
+    # quantize_row_q8_0, AVX path): per 32-block d = amax/127 stored as fp16, id = 127/amax (0 if amax = 0),
+    # q = round-half-even(x·id), all in fp32. gguf-py's Q8_0 quantizer is ggml's generic reference
+    # (id = 1/d, roundf); its codes are kept too, to show how often the two differ.
+    x = (rng.standard_normal((3, 288)) * rng.uniform(0.01, 3, (3, 1))).astype(np.float32)
+    x[0, 64:96] = 0  # an all-zero block: d = 0, q = 0
+    xb = x.reshape(-1, 32)
+    amax = np.abs(xb).max(axis=1, keepdims=True).astype(np.float32)
+    d16 = (amax / np.float32(127)).astype(np.float16)
+    with np.errstate(divide="ignore"):
+        idv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint((xb * idv).astype(np.float32)).astype(np.int8)
+    tensors["q8acts_x"] = x.reshape(-1)
+    tensors["q8acts_blocks"] = np.concatenate([d16.view(np.uint8), q.view(np.uint8)], axis=1).reshape(-1)
+    ref = gguf_mod.quants.quantize(x, Q.Q8_0).reshape(-1, 34)
+    tensors["q8acts_blocks_gguf_py"] = ref.reshape(-1)
+    print(f"q8 activations: x86 path vs gguf-py reference: {int(np.sum(ref[:, 2:] != q.view(np.uint8)))} codes differ",
+          file=sys.stderr)
     save_file(tensors, out_path, metadata={"reference": "gguf-py gguf.quants.dequantize (llama-cpp-python 0.3.36 "
-                                                        "vendored)", "command": "python tools/gen_gguf_goldens.py"})
+                                                        "vendored); q8acts_*: numpy transcription of ggml-cpu x86 "
+                                                        "quantize_row_q8_0 + gguf-py quantize",
+                                           "command": "python tools/gen_gguf_goldens.py --only blocks"})
     print(f"wrote {out_path}", file=sys.stderr)
 
 

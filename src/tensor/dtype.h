@@ -40,6 +40,23 @@ inline float f16_to_f32(uint16_t h) {
   return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
 }
 
+// IEEE binary16, round to nearest even (what F16C's vcvtps2ph with imm 0 does): overflow → inf,
+// NaN stays NaN (quiet), tiny values → subnormals / ±0.
+inline uint16_t f32_to_f16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // ≥ 65520 rounds to inf
+  if (a < 0x38800000u) {  // below 2^-14: subnormal half (or zero); value = a_real / 2^-24
+    const float v = std::bit_cast<float>(a) * 16777216.0f;  // exact scaling by 2^24
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(v)));
+  }
+  uint32_t r = a - 0x38000000u;  // rebias exponent 127 → 15 (in the fp32 bit position)
+  r += 0xfffu + ((r >> 13) & 1u);
+  return static_cast<uint16_t>(sign | (r >> 13));
+}
+
 // OCP FP8 E4M3 (fn variant: no infinities, 0x7f/0xff are NaN).
 inline float f8e4m3_to_f32(uint8_t b) {
   const bool neg = b & 0x80;

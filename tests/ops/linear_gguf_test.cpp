@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 
+#include "kernels/cpu/gguf_int8.h"
 #include "kernels/cpu/linear_gguf.h"
 #include "loader/safetensors.h"
 
@@ -70,6 +71,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, GgufDecode,
 class GgufMatmul : public ::testing::TestWithParam<WeightFormat> {};
 
 TEST_P(GgufMatmul, PerTokenBitsIndependentOfBatchAndMatchReference) {
+  set_gguf_int8(false);  // the exact path (fp32 activations); the int8 mode is tested in gguf_int8_test
   const int64_t out = 37, in = 96, T = 9;
   const int64_t bb = gguf_block_bytes(GetParam());
   std::mt19937 rng(11);
@@ -99,6 +101,7 @@ TEST_P(GgufMatmul, PerTokenBitsIndependentOfBatchAndMatchReference) {
   }
   for (int64_t i = 0; i < T * out; ++i)
     EXPECT_NEAR(full[static_cast<size_t>(i)], ref[static_cast<size_t>(i)], 1e-5 * (std::fabs(ref[static_cast<size_t>(i)]) + 1.0));
+  set_gguf_int8(true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, GgufMatmul,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/cpu/gguf_int8.h"
 #include "kernels/cpu/linear_fp8.h"
 #include "kernels/cpu/linear_gguf.h"
 #include "kernels/cpu/scratch.h"
@@ -286,25 +287,6 @@ void many_tokens_rows(const WeightMatrix& w, const float* x, int64_t T, float* y
   }
 }
 
-struct Chunk {
-  int32_t task;
-  int64_t r0, r1;
-};
-
-// Rough cost of one output row: weight bytes streamed (~5 FMA-token slots per byte at 16 GB/s per
-// core) plus one FMA per token and input element. Only used to cut chunks of similar size.
-double row_cost(const MatmulTask& t) {
-  double bytes = 4;
-  switch (t.w->format) {
-    case WeightFormat::kF32: bytes = 4; break;
-    case WeightFormat::kBF16:
-    case WeightFormat::kF16: bytes = 2; break;
-    case WeightFormat::kMxfp4: bytes = 17.0 / 32.0; break;
-    default: bytes = 1; break;  // 8-bit and block-quantized formats
-  }
-  return static_cast<double>(t.w->in) * (5.0 * bytes + static_cast<double>(t.T));
-}
-
 }  // namespace
 
 void matmul_rows(const WeightMatrix& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
@@ -318,30 +300,124 @@ void matmul_rows(const WeightMatrix& w, const float* x, int64_t T, float* y, int
   }
 }
 
-// Int8-activation kernels (w4a8_gemm.h): W4A8 unless weight-only mode, MXFP4 when opted in.
-static bool uses_int8(const WeightMatrix& w) {
-  return (w.format == WeightFormat::kW4A8 && !w4a8_weight_only()) || (w.format == WeightFormat::kMxfp4 && mxfp4_int8_enabled());
+namespace {
+
+// Which activation quantization a product runs with (none: fp32 activations, matmul_rows).
+//   kPerToken: W4A8 unless weight-only mode, MXFP4 when opted in (w4a8_gemm.h);
+//   kQ8Blocks: GGUF Q4_0 / Q8_0 / MXFP4 in the default int8 mode (gguf_int8.h).
+enum class Int8Kind : uint8_t { kNone, kPerToken, kQ8Blocks };
+
+Int8Kind int8_kind(const WeightMatrix& w) {
+  if (gguf_int8_applies(w)) return Int8Kind::kQ8Blocks;
+  if ((w.format == WeightFormat::kW4A8 && !w4a8_weight_only()) || (w.format == WeightFormat::kMxfp4 && mxfp4_int8_enabled()))
+    return Int8Kind::kPerToken;
+  return Int8Kind::kNone;
 }
 
-void matmul_many(std::span<const MatmulTask> tasks) {
-  // Int8 products quantize their activations once per task and split rows themselves.
-  if (std::any_of(tasks.begin(), tasks.end(), [](const MatmulTask& t) { return t.w != nullptr && uses_int8(*t.w); })) {
-    for (const MatmulTask& t : tasks) {
-      if (uses_int8(*t.w)) int8_matmul(*t.w, t.x, t.T, t.y, t.ldy ? t.ldy : t.w->out);
-      else matmul_many(std::span<const MatmulTask>(&t, 1));
+// The quantized inputs of one matmul_many call: one entry per distinct (x, T, in, kind), so products
+// sharing an input (q/k/v, gate/up) quantize it once. Per calling thread; buffers only grow.
+struct Int8Inputs {
+  struct Input {
+    const float* x;
+    int64_t T, in;
+    Int8Kind kind;
+    size_t slot;  // index into q8 or tok
+  };
+  std::vector<Input> inputs;
+  std::vector<Q8Acts> q8;
+  std::vector<QuantizedActs> tok;
+  std::vector<int32_t> task_input;  // per task: index into inputs, −1 for fp32 products
+  size_t n_q8 = 0, n_tok = 0;
+
+  void clear() { inputs.clear(), task_input.clear(), n_q8 = n_tok = 0; }
+  int32_t add(const float* x, int64_t T, int64_t in, Int8Kind kind) {
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].x == x && inputs[i].T == T && inputs[i].in == in && inputs[i].kind == kind) return static_cast<int32_t>(i);
+    size_t slot;
+    if (kind == Int8Kind::kQ8Blocks) {
+      if (q8.size() <= n_q8) q8.emplace_back();
+      slot = n_q8++;
+      q8_acts_prepare(q8[slot], T, in);
+    } else {
+      if (tok.size() <= n_tok) tok.emplace_back();
+      slot = n_tok++;
+      quantize_activations(x, T, in, tok[slot]);  // per-token layout: serial (small next to the product)
     }
-    return;
+    inputs.push_back({x, T, in, kind, slot});
+    return static_cast<int32_t>(inputs.size() - 1);
   }
+};
+
+// Token ranges of the Q8 inputs, quantized in parallel before the products run.
+struct QuantPiece {
+  int32_t input;
+  int64_t t0, t1;
+};
+
+struct Chunk {
+  int32_t task;
+  int64_t r0, r1;
+};
+
+// Rough cost of one output row: weight bytes streamed (~5 FMA-token slots per byte at 16 GB/s per
+// core) plus one FMA per token and input element (an int8 MAC counts a quarter). Only used to cut
+// chunks of similar size.
+double row_cost(const MatmulTask& t, bool int8) {
+  double bytes = 4;
+  switch (t.w->format) {
+    case WeightFormat::kF32: bytes = 4; break;
+    case WeightFormat::kBF16:
+    case WeightFormat::kF16: bytes = 2; break;
+    case WeightFormat::kMxfp4: bytes = 17.0 / 32.0; break;
+    case WeightFormat::kGgufQ4_0: bytes = 18.0 / 32.0; break;
+    case WeightFormat::kGgufMxfp4: bytes = 17.0 / 32.0; break;
+    case WeightFormat::kW4A8: bytes = 0.5625; break;
+    default: bytes = 1; break;  // 8-bit formats
+  }
+  return static_cast<double>(t.w->in) * (5.0 * bytes + static_cast<double>(t.T) * (int8 ? 0.25 : 1.0));
+}
+
+void run_chunk(const MatmulTask& t, const Int8Inputs& in8, int32_t input, int64_t r0, int64_t r1) {
+  const int64_t ldy = t.ldy ? t.ldy : t.w->out;
+  if (input < 0) return matmul_rows(*t.w, t.x, t.T, t.y, ldy, r0, r1);
+  const Int8Inputs::Input& q = in8.inputs[static_cast<size_t>(input)];
+  if (q.kind == Int8Kind::kQ8Blocks) return gguf_int8_rows_avx512(*t.w, in8.q8[q.slot], t.y, ldy, r0, r1);
+  int8_matmul_rows(*t.w, in8.tok[q.slot], t.y, ldy, r0, r1);
+}
+
+}  // namespace
+
+void matmul_many(std::span<const MatmulTask> tasks) {
+  // (thread_local: the calling thread's buffers; the parallel region below must use this reference,
+  // not the name, which would resolve to each worker's own empty instance.)
+  thread_local Int8Inputs in8_local;
+  Int8Inputs& in8 = in8_local;
+  in8.clear();
   double total = 0;
   for (const MatmulTask& t : tasks) {
     KCHECK(t.w != nullptr && t.T >= 0 && (t.ldy == 0 || t.ldy >= t.w->out), "bad matmul task");
     KCHECK(t.w->format != WeightFormat::kMxfp4 || (t.w->in % 32 == 0 && t.w->scales != nullptr), "bad MXFP4 matrix");
-    total += row_cost(t) * static_cast<double>(t.w->out);
+    const Int8Kind kind = t.T > 0 ? int8_kind(*t.w) : Int8Kind::kNone;
+    in8.task_input.push_back(kind == Int8Kind::kNone ? -1 : in8.add(t.x, t.T, t.w->in, kind));
+    total += row_cost(t, kind != Int8Kind::kNone) * static_cast<double>(t.w->out);
   }
+  thread_local std::vector<QuantPiece> pieces;
+  pieces.clear();
+  for (size_t i = 0; i < in8.inputs.size(); ++i) {
+    const Int8Inputs::Input& q = in8.inputs[i];
+    if (q.kind != Int8Kind::kQ8Blocks) continue;
+    const int64_t step = std::max<int64_t>(1, 65536 / q.in);  // ~64K elements per piece
+    for (int64_t t0 = 0; t0 < q.T; t0 += step) pieces.push_back({static_cast<int32_t>(i), t0, std::min(q.T, t0 + step)});
+  }
+  auto quantize_piece = [&](const QuantPiece& p) {
+    const Int8Inputs::Input& q = in8.inputs[static_cast<size_t>(p.input)];
+    q8_acts_fill(q.x, p.t0, p.t1, in8.q8[q.slot]);
+  };
   const int threads = omp_get_max_threads();
   // Small products (tiny models, routers) are not worth a fork/join.
   if (threads == 1 || total < 6e4 || omp_in_parallel()) {
-    for (const MatmulTask& t : tasks) matmul_rows(*t.w, t.x, t.T, t.y, t.ldy ? t.ldy : t.w->out, 0, t.w->out);
+    for (const QuantPiece& p : pieces) quantize_piece(p);
+    for (size_t i = 0; i < tasks.size(); ++i) run_chunk(tasks[i], in8, in8.task_input[i], 0, tasks[i].w->out);
     return;
   }
   // ~6 chunks per thread: enough slack for dynamic balancing, few enough to stay cheap.
@@ -351,16 +427,24 @@ void matmul_many(std::span<const MatmulTask> tasks) {
   for (size_t i = 0; i < tasks.size(); ++i) {
     const MatmulTask& t = tasks[i];
     const int64_t out = t.w->out;
-    int64_t rows = static_cast<int64_t>(target / row_cost(t));
+    int64_t rows = static_cast<int64_t>(target / row_cost(t, in8.task_input[i] >= 0));
     rows = std::clamp<int64_t>((rows + 3) / 4 * 4, 4, std::max<int64_t>(4, out));
     for (int64_t r = 0; r < out; r += rows) chunks.push_back({static_cast<int32_t>(i), r, std::min(out, r + rows)});
   }
   const Chunk* c = chunks.data();
-  const int64_t n = static_cast<int64_t>(chunks.size());
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t k = 0; k < n; ++k) {
-    const MatmulTask& t = tasks[static_cast<size_t>(c[k].task)];
-    matmul_rows(*t.w, t.x, t.T, t.y, t.ldy ? t.ldy : t.w->out, c[k].r0, c[k].r1);
+  const QuantPiece* pc = pieces.data();
+  const int64_t n = static_cast<int64_t>(chunks.size()), np = static_cast<int64_t>(pieces.size());
+#pragma omp parallel
+  {
+    if (np > 0) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t k = 0; k < np; ++k) quantize_piece(pc[k]);
+    }  // (implicit barrier: every input is quantized before any product reads it)
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t k = 0; k < n; ++k) {
+      const MatmulTask& t = tasks[static_cast<size_t>(c[k].task)];
+      run_chunk(t, in8, in8.task_input[static_cast<size_t>(c[k].task)], c[k].r0, c[k].r1);
+    }
   }
 }
 

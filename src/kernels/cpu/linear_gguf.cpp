@@ -2,7 +2,6 @@
 
 #include <immintrin.h>
 
-#include <bit>
 #include <cstring>
 
 #include "base/check.h"
@@ -15,15 +14,6 @@ inline float load_f16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return f16_to_f32(h);
-}
-
-// 2·E2M1 as integers (ggml's kvalues_mxfp4); multiplied by 2^(e−128) below.
-alignas(16) constexpr int8_t kE2M1Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-
-// 2^(e−128) as ggml computes it (e < 2 gives the fp32 subnormals 2^-128, 2^-127; e = 255 gives 2^127).
-inline float e8m0_half(uint8_t e) {
-  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
-  return std::bit_cast<float>(bits);
 }
 
 }  // namespace
@@ -73,12 +63,12 @@ void decode_q4_0_row(const uint8_t* blocks, int64_t n_blocks, float* dst) {
 // 16..31, so no interleave is needed. int8 → int32 → float (GCC scalarises int8 → float directly).
 void decode_gguf_mxfp4_row(const uint8_t* blocks, int64_t n_blocks, float* dst) {
   for (int64_t b = 0; b < n_blocks; ++b, blocks += 17, dst += 32) {
-    const float s = e8m0_half(blocks[0]);
+    const float s = gguf_e8m0_half(blocks[0]);
     const uint8_t* qs = blocks + 1;
 #if defined(__SSSE3__)
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
     const __m128i nib = _mm_set1_epi8(15);
-    const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kE2M1Doubled));
+    const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kGgufE2M1Doubled));
     const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(bytes, nib));
     const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), nib));
     v16i8 a, c;
@@ -90,8 +80,8 @@ void decode_gguf_mxfp4_row(const uint8_t* blocks, int64_t n_blocks, float* dst) 
     std::memcpy(dst + 16, &f2, 64);
 #else
     for (int j = 0; j < 16; ++j) {
-      dst[j] = static_cast<float>(kE2M1Doubled[qs[j] & 15]) * s;
-      dst[j + 16] = static_cast<float>(kE2M1Doubled[qs[j] >> 4]) * s;
+      dst[j] = static_cast<float>(kGgufE2M1Doubled[qs[j] & 15]) * s;
+      dst[j + 16] = static_cast<float>(kGgufE2M1Doubled[qs[j] >> 4]) * s;
     }
 #endif
   }

@@ -7,6 +7,7 @@
 // dequantize_row_* bit for bit. fp16 scales are read with memcpy (blocks are not 2-byte aligned).
 #pragma once
 
+#include <bit>
 #include <cstdint>
 
 #include "kernels/cpu/linear.h"
@@ -14,6 +15,15 @@
 namespace kestrel::kernels {
 
 inline constexpr int64_t kGgufBlock = 32;
+
+// 2·E2M1 as integers (ggml's kvalues_mxfp4); a GGUF MXFP4 value is this × 2^(e−128).
+alignas(16) inline constexpr int8_t kGgufE2M1Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// 2^(e−128) as ggml computes it (e < 2 gives the fp32 subnormals 2^-128, 2^-127; e = 255 gives 2^127).
+inline float gguf_e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
+  return std::bit_cast<float>(bits);
+}
 // Bytes per 32-element block of a GGUF weight format (0 for non-GGUF formats).
 int64_t gguf_block_bytes(WeightFormat f);
 

@@ -70,6 +70,12 @@ void int8_matmul_quantized(const WeightMatrix& w, const QuantizedActs& a, float*
   run_rows(make_task(w, a, y), rows_fn(isa));
 }
 
+void int8_matmul_rows(const WeightMatrix& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const Int8GemmTask t = make_task(w, a, y, ldy);
+  const RowsFn fn = rows_fn(active_isa());
+  for (int64_t r = r0; r < r1; r += kRowBlock) fn(t, r, std::min(r1, r + kRowBlock));  // AMX: ≤ 16 rows per call
+}
+
 void int8_matmul_amx_emulated(const WeightMatrix& w, const QuantizedActs& a, float* y) {
   run_rows(make_task(w, a, y), int8_rows_amx_emulated);
 }

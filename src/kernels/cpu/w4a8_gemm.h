@@ -19,6 +19,9 @@ namespace kestrel::kernels {
 // y rows have stride ldy (0: w.out); columns [0, w.out) are written.
 void int8_matmul(const WeightMatrix& w, const float* x, int64_t T, float* y, int64_t ldy = 0);
 void int8_matmul(const WeightMatrix& w, const float* x, int64_t T, float* y, Isa isa, int64_t ldy = 0);
+// Rows [r0, r1) of y (stride ldy) on activations already quantized, on the active ISA; serial (the
+// caller splits rows across threads: linear.cpp's matmul_many).
+void int8_matmul_rows(const WeightMatrix& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 // On activations already quantized (tests, benchmarks). Panics on an unsupported ISA.
 void int8_matmul_quantized(const WeightMatrix& w, const QuantizedActs& a, float* y, Isa isa);
 // Test hook: the AMX kernel with its tile instructions emulated in C++ (runs on any CPU).

@@ -1,0 +1,133 @@
+#include "kernels/cpu/gguf_int8.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "base/check.h"
+#include "kernels/cpu/linear_gguf.h"
+#include "kernels/cpu/w4a8_isa.h"
+#include "tensor/dtype.h"
+
+namespace kestrel::kernels {
+namespace {
+
+inline float load_f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+// -1: read KESTREL_GGUF_INT8 once (default on; "0" turns it off).
+std::atomic<int> g_enabled{-1};
+
+}  // namespace
+
+void q8_acts_prepare(Q8Acts& a, int64_t T, int64_t in) {
+  KCHECK(in % 32 == 0, "quantize_q8_0_acts: in must be a multiple of 32");
+  a.T = T, a.in = in, a.nb = in / 32, a.nc = (a.nb + 3) / 4;
+  const size_t n = static_cast<size_t>(T * a.nc * 128);
+  if (a.q.size() < n) a.q.resize(n), a.qg.resize(n);
+  if (a.comp.size() < n / 8) a.comp.resize(n / 8);
+  if (a.d.size() < n / 32) a.d.resize(n / 32);
+}
+
+void quantize_q8_0_acts(const float* x, int64_t T, int64_t in, Q8Acts& a) {
+  q8_acts_prepare(a, T, in);
+  q8_acts_fill(x, 0, T, a);
+}
+
+void q8_acts_fill(const float* x, int64_t t0, int64_t t1, Q8Acts& a) {
+  const int64_t in = a.in, P = a.nc * 128;
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* xr = x + t * in;
+    int8_t* q = a.q.data() + t * P;
+    int8_t* qg = a.qg.data() + t * P;
+    int32_t* comp = a.comp.data() + t * (P / 8);
+    float* d = a.d.data() + t * (P / 32);
+    for (int64_t b = 0; b < a.nc * 4; ++b) {
+      int8_t* qb = q + b * 32;
+      const int64_t c = b / 4, k = b % 4;
+      if (b >= a.nb) {
+        std::memset(qb, 0, 32);
+        d[b] = 0;
+      } else {
+        const float* v = xr + b * 32;
+        float amax = 0;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
+        d[b] = f16_to_f32(f32_to_f16(amax / 127.0f));
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        for (int j = 0; j < 32; ++j) qb[j] = static_cast<int8_t>(std::nearbyint(v[j] * id));
+      }
+      int32_t s = 0;
+      for (int j = 0; j < 32; ++j) s += qb[j];
+      std::memcpy(qg + c * 128 + k * 16, qb, 16);
+      std::memcpy(qg + c * 128 + 64 + k * 16, qb + 16, 16);
+      for (int i = 0; i < 4; ++i) comp[c * 16 + k * 4 + i] = i == 0 ? s : 0;
+    }
+  }
+}
+
+bool is_gguf_int8_format(WeightFormat f) {
+  return f == WeightFormat::kGgufQ4_0 || f == WeightFormat::kGgufQ8_0 || f == WeightFormat::kGgufMxfp4;
+}
+
+bool gguf_int8_enabled() {
+  int v = g_enabled.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("KESTREL_GGUF_INT8");
+    v = e != nullptr && std::strcmp(e, "0") == 0 ? 0 : 1;
+    g_enabled.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+void set_gguf_int8(bool on) { g_enabled.store(on ? 1 : 0, std::memory_order_relaxed); }
+
+bool gguf_int8_applies(const WeightMatrix& w) {
+  if (!is_gguf_int8_format(w.format) || !gguf_int8_enabled()) return false;
+  // AMX machines have AVX-512 VNNI too; a forced scalar/AVX2 ISA turns the int8 mode off.
+  const Isa isa = active_isa();
+  return isa == Isa::kAvx512Vnni || isa == Isa::kAmx;
+}
+
+void gguf_int8_rows_scalar(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  KCHECK(is_gguf_int8_format(w.format) && w.in == a.in, "gguf_int8: format or shape mismatch");
+  const int64_t bb = gguf_block_bytes(w.format), nb = a.nb, P = a.nc * 128;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * nb * bb;
+    for (int64_t t = 0; t < a.T; ++t) {
+      const int8_t* q = a.q.data() + t * P;
+      float sum = 0;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = row + b * bb;
+        const int8_t* qb = q + b * 32;
+        int32_t isum = 0;
+        float dw = 0;
+        switch (w.format) {
+          case WeightFormat::kGgufQ8_0: {
+            dw = load_f16(blk);
+            const int8_t* wq = reinterpret_cast<const int8_t*>(blk + 2);
+            for (int j = 0; j < 32; ++j) isum += wq[j] * qb[j];
+            break;
+          }
+          case WeightFormat::kGgufQ4_0:
+            dw = load_f16(blk);
+            for (int j = 0; j < 16; ++j) isum += ((blk[2 + j] & 15) - 8) * qb[j] + ((blk[2 + j] >> 4) - 8) * qb[j + 16];
+            break;
+          default:  // MXFP4
+            dw = gguf_e8m0_half(blk[0]);
+            for (int j = 0; j < 16; ++j)
+              isum += kGgufE2M1Doubled[blk[1 + j] & 15] * qb[j] + kGgufE2M1Doubled[blk[1 + j] >> 4] * qb[j + 16];
+            break;
+        }
+        sum += static_cast<float>(isum) * (dw * a.d[static_cast<size_t>(t * (P / 32) + b)]);
+      }
+      y[t * ldy + r] = sum;
+    }
+  }
+}
+
+}  // namespace kestrel::kernels

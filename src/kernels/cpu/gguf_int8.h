@@ -1,0 +1,55 @@
+// GGUF block weights (Q4_0, Q8_0, MXFP4) × int8 activations, the way ggml defines these formats
+// to run: the activations are quantized per 32-element block to Q8_0 (ggml's x86 quantize_row_q8_0:
+// d = amax/127 stored as fp16, q = round_half_even(x · 127/amax)), and each block contributes
+//   float(Σ_j w_j · q_j) · d_w · d_x          (int32 inside the block, exact)
+// with w_j the block's small integers (Q4_0: nibble − 8; Q8_0: int8; MXFP4: 2·E2M1) and d_w its
+// scale (fp16; MXFP4: 2^(e−128)). Weights are used in place from the mmap (linear_gguf.h layouts).
+// This is the default for GGUF quantized weights (what llama.cpp computes on the same file);
+// set_gguf_int8(false) or KESTREL_GGUF_INT8=0 selects the exact path (rows decoded to fp32, fp32
+// activations), which the exactness goldens use.
+// Paths: AVX-512 VNNI (vpdpbusd) and a scalar reference; on CPUs without AVX-512 VNNI the int8 mode
+// is off (the fp32 path runs), since the scalar kernel is only a test reference.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/linear.h"
+
+namespace kestrel::kernels {
+
+// Q8_0 activations of T tokens, laid out for the kernels. nb = in/32 blocks, nc = ceil(nb/4)
+// chunks of 128 elements; every row is padded to nc·128 with zero blocks (zero scale).
+//   q    [T, nc·128]  natural order (Q8_0 weights);
+//   qg   [T, nc·128]  per chunk: the first 16 elements of each of its 4 blocks, then the last 16 of
+//                     each (lines up with Q4_0/MXFP4 bytes: low nibbles = elements 0..15);
+//   comp [T, nc·16]   int32 lane i of chunk c: Σ q over block 4c + i/4 when i % 4 == 0, else 0
+//                     (the u8-offset compensation, multiplied by −8 (Q4_0) or −12 (MXFP4));
+//   d    [T, nc·4]    fp32 value of each block's fp16 scale (0 for padding).
+// Buffers only grow (steady-state decode allocates nothing). Requires in % 32 == 0.
+struct Q8Acts {
+  int64_t T = 0, in = 0, nb = 0, nc = 0;
+  std::vector<int8_t> q, qg;
+  std::vector<int32_t> comp;
+  std::vector<float> d;
+};
+
+void quantize_q8_0_acts(const float* x, int64_t T, int64_t in, Q8Acts& out);
+// The same in two steps, so tokens can be quantized in parallel: prepare sizes the buffers (serial),
+// fill quantizes tokens [t0, t1) of x [T, in] (disjoint ranges may run concurrently).
+void q8_acts_prepare(Q8Acts& a, int64_t T, int64_t in);
+void q8_acts_fill(const float* x, int64_t t0, int64_t t1, Q8Acts& a);
+
+// Formats this path handles.
+bool is_gguf_int8_format(WeightFormat f);
+// Whether matmul uses this path for `w` (format handled, mode on, AVX-512 VNNI available).
+bool gguf_int8_applies(const WeightMatrix& w);
+bool gguf_int8_enabled();
+void set_gguf_int8(bool on);
+
+// y[t, r] for r in [r0, r1), every token of `a` (y row stride ldy). Serial; callers split rows.
+void gguf_int8_rows_avx512(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+// Scalar reference: the same integer block sums, blocks summed in order in fp32.
+void gguf_int8_rows_scalar(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+
+}  // namespace kestrel::kernels

@@ -1,0 +1,178 @@
+// AVX-512 VNNI kernel for GGUF block weights × Q8_0 activations (gguf_int8.h).
+// Work unit: one 128-element chunk = 4 ggml blocks of a row.
+//   Q4_0 / MXFP4: the 4 blocks' 16 code bytes are gathered into one zmm (128-bit inserts; blocks
+//   are 18 / 17 bytes apart). Low nibbles are elements 0..15 of each block, high nibbles 16..31,
+//   matching the activations' `qg` order, so dpbusd(lo, x_lo) + dpbusd(hi, x_hi) puts block k's sum
+//   into lanes 4k..4k+3. Codes are used as unsigned bytes u (Q4_0: q + 8; MXFP4: 2·E2M1 + 12 via
+//   pshufb) and the accumulator starts at −c·Σx of the block (`comp`), so the int32 sums are exact.
+//   Q8_0: two zmm of 2 blocks each; signed × signed through |w| (u8) × (x with w's sign).
+// Then per lane: acc += float(int32) · (d_w · d_x) of its block; y = Σ lanes. Register block:
+// R rows × U tokens share each weight unpack and each activation load.
+// GCC 12 false positive in its AVX-512 headers (GCC PR105593), as in w4a8_avx512.cpp.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "base/check.h"
+#include "kernels/cpu/gguf_int8.h"
+#include "kernels/cpu/linear_gguf.h"
+
+#define KESTREL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,fma,f16c")))
+
+namespace kestrel::kernels {
+namespace {
+
+enum class Kind { kQ4_0, kQ8_0, kMxfp4 };
+
+template <Kind K>
+constexpr int64_t kBlockBytes = K == Kind::kQ4_0 ? 18 : K == Kind::kQ8_0 ? 34 : 17;
+template <Kind K>
+constexpr int64_t kCodeOffset = K == Kind::kMxfp4 ? 1 : 2;
+
+// fp32 scales of the n (≤ 4) blocks starting at `blk` (the rest 0), as 4 floats.
+template <Kind K>
+KESTREL_AVX512 inline __m128 block_scales(const uint8_t* blk, int n) {
+  if constexpr (K == Kind::kMxfp4) {
+    alignas(16) float s[4] = {0, 0, 0, 0};
+    for (int k = 0; k < n; ++k) s[k] = gguf_e8m0_half(blk[k * 17]);
+    return _mm_load_ps(s);
+  } else {
+    alignas(16) uint16_t h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k = 0; k < n; ++k) std::memcpy(&h[k], blk + k * kBlockBytes<K>, 2);
+    return _mm_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+  }
+}
+
+// 16 code bytes of each of the n (≤ 4) blocks starting at `blk` → one zmm (missing blocks 0).
+template <Kind K>
+KESTREL_AVX512 inline __m512i gather_codes(const uint8_t* blk, int n) {
+  constexpr int64_t B = kBlockBytes<K>, O = kCodeOffset<K>;
+  auto ld = [&](int k) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + k * B + O)); };
+  if (n == 4) {
+    const __m256i a = _mm256_inserti128_si256(_mm256_castsi128_si256(ld(0)), ld(1), 1);
+    const __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(ld(2)), ld(3), 1);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+  }
+  alignas(64) uint8_t tmp[64] = {};
+  for (int k = 0; k < n && k < 3; ++k) std::memcpy(tmp + 16 * k, blk + k * B + O, 16);  // n < 4 here
+  return _mm512_load_si512(tmp);
+}
+
+// Q8_0: the 32 int8 codes of blocks k, k+1 (each present or not) → one zmm.
+KESTREL_AVX512 inline __m512i q8_pair(const uint8_t* blk, int n_present) {
+  if (n_present == 2) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 34 + 2));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+  }
+  if (n_present == 1) return _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)));
+  return _mm512_setzero_si512();
+}
+
+template <Kind K, int R, int U>
+KESTREL_AVX512 void block(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t t0) {
+  constexpr int64_t B = kBlockBytes<K>;
+  const int64_t nb = a.nb, nc = a.nc, P = nc * 128;
+  const uint8_t* W[R];
+  for (int r = 0; r < R; ++r) W[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * nb * B;
+  const int8_t* X[U];
+  const int32_t* C[U];
+  const float* D[U];
+  for (int u = 0; u < U; ++u) {
+    X[u] = (K == Kind::kQ8_0 ? a.q.data() : a.qg.data()) + (t0 + u) * P;
+    C[u] = a.comp.data() + (t0 + u) * (P / 8);
+    D[u] = a.d.data() + (t0 + u) * (P / 32);
+  }
+  // Lane → block of its chunk (Q4_0/MXFP4: lanes 4k..4k+3; Q8_0 half h: lanes 8j..8j+7 → block 2h + j).
+  const __m512i idx4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i idx8lo = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i idx8hi = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m512i nib = _mm512_set1_epi8(15);
+  __m512 acc[R][U];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < nc; ++c) {
+    const int n = static_cast<int>(std::min<int64_t>(4, nb - 4 * c));
+    __m512 dx[U];
+    for (int u = 0; u < U; ++u) dx[u] = _mm512_castps128_ps512(_mm_loadu_ps(D[u] + 4 * c));
+    if constexpr (K == Kind::kQ8_0) {
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* blk = W[r] + 4 * c * B;
+        const __m512 dw = _mm512_castps128_ps512(block_scales<K>(blk, n));
+        const __m512i w0 = q8_pair(blk, std::min(n, 2)), w1 = q8_pair(blk + 2 * B, std::max(0, n - 2));
+        const __mmask64 s0 = _mm512_movepi8_mask(w0), s1 = _mm512_movepi8_mask(w1);
+        const __m512i a0 = _mm512_abs_epi8(w0), a1 = _mm512_abs_epi8(w1);
+        for (int u = 0; u < U; ++u) {
+          const __m512i x0 = _mm512_loadu_si512(X[u] + c * 128), x1 = _mm512_loadu_si512(X[u] + c * 128 + 64);
+          const __m512i z = _mm512_setzero_si512();
+          const __m512i p0 = _mm512_dpbusd_epi32(z, a0, _mm512_mask_sub_epi8(x0, s0, z, x0));
+          const __m512i p1 = _mm512_dpbusd_epi32(z, a1, _mm512_mask_sub_epi8(x1, s1, z, x1));
+          const __m512 sc = _mm512_mul_ps(dw, dx[u]);  // lanes 0..3: block scale products
+          acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(idx8lo, sc), acc[r][u]);
+          acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(idx8hi, sc), acc[r][u]);
+        }
+      }
+    } else {
+      __m512i xl[U], xh[U], nc_[U];
+      for (int u = 0; u < U; ++u) {
+        xl[u] = _mm512_loadu_si512(X[u] + c * 128);
+        xh[u] = _mm512_loadu_si512(X[u] + c * 128 + 64);
+        const __m512i cs = _mm512_loadu_si512(C[u] + c * 16);
+        __m512i cm = _mm512_slli_epi32(cs, 3);                                           // 8·Σx
+        if constexpr (K == Kind::kMxfp4) cm = _mm512_add_epi32(cm, _mm512_slli_epi32(cs, 2));  // 12·Σx
+        nc_[u] = _mm512_sub_epi32(_mm512_setzero_si512(), cm);
+        dx[u] = _mm512_permutexvar_ps(idx4, dx[u]);
+      }
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* blk = W[r] + 4 * c * B;
+        const __m512 dw = _mm512_permutexvar_ps(idx4, _mm512_castps128_ps512(block_scales<K>(blk, n)));
+        const __m512i bytes = gather_codes<K>(blk, n);
+        __m512i lo = _mm512_and_si512(bytes, nib);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nib);
+        if constexpr (K == Kind::kMxfp4) {  // code → 2·E2M1 + 12 ∈ [0, 24]
+          const __m512i tbl = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+          lo = _mm512_shuffle_epi8(tbl, lo);
+          hi = _mm512_shuffle_epi8(tbl, hi);
+        }
+        for (int u = 0; u < U; ++u) {
+          const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(nc_[u], lo, xl[u]), hi, xh[u]);
+          acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx[u]), acc[r][u]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) y[(t0 + u) * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][u]);
+}
+
+template <Kind K, int R>
+KESTREL_AVX512 void rows(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0) {
+  int64_t t = 0;
+  for (; t + 4 <= a.T; t += 4) block<K, R, 4>(w, a, y, ldy, r0, t);
+  for (; t < a.T; ++t) block<K, R, 1>(w, a, y, ldy, r0, t);
+}
+
+template <Kind K>
+KESTREL_AVX512 void run(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) rows<K, 4>(w, a, y, ldy, r);
+  for (; r < r1; ++r) rows<K, 1>(w, a, y, ldy, r);
+}
+
+}  // namespace
+
+KESTREL_AVX512 void gguf_int8_rows_avx512(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  KCHECK(w.in == a.in, "gguf_int8: shape mismatch");
+  switch (w.format) {
+    case WeightFormat::kGgufQ4_0: return run<Kind::kQ4_0>(w, a, y, ldy, r0, r1);
+    case WeightFormat::kGgufQ8_0: return run<Kind::kQ8_0>(w, a, y, ldy, r0, r1);
+    case WeightFormat::kGgufMxfp4: return run<Kind::kMxfp4>(w, a, y, ldy, r0, r1);
+    default: KCHECK(false, "gguf_int8_rows_avx512: not a GGUF block format");
+  }
+}
+
+}  // namespace kestrel::kernels

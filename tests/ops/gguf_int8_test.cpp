@@ -1,0 +1,196 @@
+// GGUF block weights × Q8_0 activations (kernels/cpu/gguf_int8.h):
+// - activation quantization reproduces llama.cpp's x86 quantize_row_q8_0 bit for bit (golden from a numpy
+//   transcription in tools/gen_gguf_goldens.py; gguf-py's reference quantizer gives the same codes there);
+// - the scalar kernel equals the fp64 dot of the dequantized weights (gguf-py-checked decoders) and the
+//   dequantized activations within fp32 summation error (1e-6 · Σ|w·x|: ≤ 16 block terms);
+// - the AVX-512 VNNI kernel equals the scalar kernel within 1e-5 · Σ|w·x| (same exact int32 block sums,
+//   other fp32 order), gives every token and row the same bits at any batch size and row split, and is
+//   what matmul() runs in the default int8 mode (the exact path when the mode is off).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "kernels/cpu/gguf_int8.h"
+#include "kernels/cpu/linear_gguf.h"
+#include "kernels/cpu/w4a8_isa.h"
+#include "loader/safetensors.h"
+#include "tensor/dtype.h"
+
+namespace kestrel::kernels {
+namespace {
+
+std::vector<uint8_t> golden_u8(const std::string& name, std::vector<float>* f32 = nullptr) {
+  auto f = SafetensorsFile::open(std::string(KESTREL_TEST_DATA) + "/ops/gguf_blocks.safetensors");
+  if (!f) throw std::runtime_error(f.error().message());
+  for (const auto& e : f->header().entries) {
+    if (e.name != name) continue;
+    const TensorView v = f->view(e);
+    if (f32 != nullptr) *f32 = to_f32(v);
+    else return std::vector<uint8_t>(v.as<uint8_t>(), v.as<uint8_t>() + v.numel());
+    return {};
+  }
+  throw std::runtime_error("missing golden tensor " + name);
+}
+
+TEST(GgufInt8, ActivationQuantizationMatchesLlamaCpp) {
+  std::vector<float> x;
+  golden_u8("q8acts_x", &x);
+  const std::vector<uint8_t> want = golden_u8("q8acts_blocks");
+  const int64_t T = 3, in = 288;
+  ASSERT_EQ(x.size(), static_cast<size_t>(T * in));
+  ASSERT_EQ(want.size(), static_cast<size_t>(T * in / 32 * 34));
+  Q8Acts a;
+  quantize_q8_0_acts(x.data(), T, in, a);
+  ASSERT_EQ(a.nb, 9);
+  ASSERT_EQ(a.nc, 3);
+  const int64_t P = a.nc * 128;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < a.nb; ++b) {
+      const uint8_t* blk = want.data() + (t * a.nb + b) * 34;
+      uint16_t h;
+      std::memcpy(&h, blk, 2);
+      ASSERT_EQ(a.d[static_cast<size_t>(t * (P / 32) + b)], f16_to_f32(h)) << "t " << t << " block " << b;
+      for (int j = 0; j < 32; ++j)
+        ASSERT_EQ(a.q[static_cast<size_t>(t * P + b * 32 + j)], static_cast<int8_t>(blk[2 + j])) << "t " << t << " block " << b << " j " << j;
+    }
+  // Layout invariants: padding blocks are zero; qg holds each block's halves; comp its sum in lane 0.
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < a.nc * 4; ++b) {
+      const int64_t c = b / 4, k = b % 4;
+      int32_t s = 0;
+      for (int j = 0; j < 32; ++j) {
+        const int8_t v = a.q[static_cast<size_t>(t * P + b * 32 + j)];
+        if (b >= a.nb) {
+          ASSERT_EQ(v, 0);
+        }
+        s += v;
+        const int64_t g = c * 128 + (j < 16 ? k * 16 + j : 64 + k * 16 + j - 16);
+        ASSERT_EQ(a.qg[static_cast<size_t>(t * P + g)], v);
+      }
+      for (int i = 0; i < 4; ++i) ASSERT_EQ(a.comp[static_cast<size_t>(t * (P / 8) + c * 16 + k * 4 + i)], i == 0 ? s : 0);
+    }
+}
+
+// Random GGUF blocks with sane scales (fp16 d in ±[2^-10, 2^4); E8M0 near 2^0, plus the extremes).
+std::vector<uint8_t> random_blocks(WeightFormat f, int64_t out, int64_t in, std::mt19937& rng) {
+  const int64_t bb = gguf_block_bytes(f), n = out * in / 32;
+  std::vector<uint8_t> data(static_cast<size_t>(n * bb));
+  for (auto& v : data) v = static_cast<uint8_t>(rng());
+  for (int64_t blk = 0; blk < n; ++blk) {
+    uint8_t* p = data.data() + blk * bb;
+    if (f == WeightFormat::kGgufMxfp4) {
+      p[0] = static_cast<uint8_t>(blk == 0 ? 1 : 120 + rng() % 12);
+    } else {
+      const uint16_t h = static_cast<uint16_t>((rng() & 0x8000u) | ((5 + rng() % 14) << 10) | (rng() & 0x3ffu));
+      std::memcpy(p, &h, 2);
+    }
+  }
+  if (f == WeightFormat::kGgufQ8_0) data[2] = 0x80;  // −128: |w| = 128 must still work
+  return data;
+}
+
+struct Case {
+  WeightFormat format;
+  int64_t in;
+};
+
+class GgufInt8Kernel : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GgufInt8Kernel, ScalarMatchesFp64AndSimdMatchesScalar) {
+  const auto [format, in] = GetParam();
+  const int64_t out = 37, T = 9;
+  std::mt19937 rng(static_cast<unsigned>(in) * 7 + static_cast<unsigned>(format));
+  const std::vector<uint8_t> data = random_blocks(format, out, in, rng);
+  WeightMatrix w;
+  w.format = format, w.out = out, w.in = in, w.data = data.data();
+  std::uniform_real_distribution<float> dist(-2, 2);
+  std::vector<float> x(static_cast<size_t>(T * in));
+  for (auto& v : x) v = dist(rng);
+  for (int j = 0; j < 32; ++j) x[static_cast<size_t>(in + j)] = 0;  // token 1, block 0: all zero
+  Q8Acts a;
+  quantize_q8_0_acts(x.data(), T, in, a);
+  const int64_t P = a.nc * 128;
+
+  // fp64 reference on dequantized values, and Σ|w·x| for the tolerance.
+  std::vector<double> ref(static_cast<size_t>(T * out)), mag(static_cast<size_t>(T * out)), magx(static_cast<size_t>(T * out));
+  std::vector<float> row(static_cast<size_t>(in));
+  for (int64_t r = 0; r < out; ++r) {
+    decode_row(w, r, row.data());
+    for (int64_t t = 0; t < T; ++t) {
+      double s = 0, m = 0, mx = 0;
+      for (int64_t k = 0; k < in; ++k) {
+        mx += std::fabs(static_cast<double>(row[static_cast<size_t>(k)]) * x[static_cast<size_t>(t * in + k)]);
+        const double xv = static_cast<double>(a.q[static_cast<size_t>(t * P + k)]) * a.d[static_cast<size_t>(t * (P / 32) + k / 32)];
+        s += row[static_cast<size_t>(k)] * xv, m += std::fabs(row[static_cast<size_t>(k)] * xv);
+      }
+      ref[static_cast<size_t>(t * out + r)] = s, mag[static_cast<size_t>(t * out + r)] = m;
+      magx[static_cast<size_t>(t * out + r)] = mx;
+    }
+  }
+  std::vector<float> ys(static_cast<size_t>(T * out));
+  gguf_int8_rows_scalar(w, a, ys.data(), out, 0, out);
+  for (size_t i = 0; i < ys.size(); ++i) ASSERT_NEAR(ys[i], ref[i], 1e-6 * mag[i] + 1e-30) << "scalar " << i;
+
+  if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI path: " << isa_unsupported_reason(Isa::kAvx512Vnni);
+  std::vector<float> yv(static_cast<size_t>(T * out));
+  gguf_int8_rows_avx512(w, a, yv.data(), out, 0, out);
+  for (size_t i = 0; i < yv.size(); ++i) ASSERT_NEAR(yv[i], ys[i], 1e-5 * mag[i] + 1e-30) << "avx512 vs scalar " << i;
+
+  // Batch and row-split invariance: token t alone, and rows cut at odd places, give the same bits.
+  for (int64_t t = 0; t < T; ++t) {
+    Q8Acts one;
+    quantize_q8_0_acts(x.data() + t * in, 1, in, one);
+    std::vector<float> y1(static_cast<size_t>(out));
+    gguf_int8_rows_avx512(w, one, y1.data(), out, 0, 5);
+    gguf_int8_rows_avx512(w, one, y1.data(), out, 5, 6);
+    gguf_int8_rows_avx512(w, one, y1.data(), out, 6, out);
+    for (int64_t r = 0; r < out; ++r) ASSERT_EQ(y1[static_cast<size_t>(r)], yv[static_cast<size_t>(t * out + r)]) << "t " << t << " r " << r;
+  }
+
+  // matmul(): int8 mode → this kernel (bitwise); mode off → the exact fp32-activation path.
+  std::vector<float> ym(static_cast<size_t>(T * out));
+  set_isa_override(Isa::kAvx512Vnni);
+  set_gguf_int8(true);
+  matmul(w, x.data(), T, ym.data());
+  EXPECT_EQ(ym, yv);
+  set_gguf_int8(false);
+  matmul(w, x.data(), T, ym.data());
+  std::vector<float> exact(static_cast<size_t>(T * out));
+  matmul_reference(w, x.data(), T, exact.data());
+  for (size_t i = 0; i < ym.size(); ++i) ASSERT_NEAR(ym[i], exact[i], 1e-5 * magx[i] + 1e-30) << "exact path " << i;
+  set_gguf_int8(true);
+  set_isa_override(std::nullopt);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, GgufInt8Kernel,
+                         ::testing::Values(Case{WeightFormat::kGgufQ4_0, 32}, Case{WeightFormat::kGgufQ4_0, 288},
+                                           Case{WeightFormat::kGgufQ4_0, 512}, Case{WeightFormat::kGgufQ8_0, 32},
+                                           Case{WeightFormat::kGgufQ8_0, 96}, Case{WeightFormat::kGgufQ8_0, 512},
+                                           Case{WeightFormat::kGgufMxfp4, 64}, Case{WeightFormat::kGgufMxfp4, 288},
+                                           Case{WeightFormat::kGgufMxfp4, 512}),
+                         [](const auto& info) {
+                           const char* f = info.param.format == WeightFormat::kGgufQ4_0   ? "q4_0"
+                                           : info.param.format == WeightFormat::kGgufQ8_0 ? "q8_0"
+                                                                                          : "mxfp4";
+                           return std::string(f) + "_in" + std::to_string(info.param.in);
+                         });
+
+TEST(GgufInt8, ModeFollowsSwitchAndIsa) {
+  WeightMatrix w;
+  w.format = WeightFormat::kGgufQ4_0;
+  set_gguf_int8(true);
+  set_isa_override(Isa::kScalar);
+  EXPECT_FALSE(gguf_int8_applies(w)) << "no int8 mode without AVX-512 VNNI";
+  set_isa_override(std::nullopt);
+  set_gguf_int8(false);
+  EXPECT_FALSE(gguf_int8_applies(w));
+  set_gguf_int8(true);
+  EXPECT_EQ(gguf_int8_applies(w), active_isa() == Isa::kAvx512Vnni || active_isa() == Isa::kAmx);
+  w.format = WeightFormat::kBF16;
+  EXPECT_FALSE(gguf_int8_applies(w));
+}
+
+}  // namespace
+}  // namespace kestrel::kernels

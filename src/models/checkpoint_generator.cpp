@@ -169,7 +169,7 @@ json text_config(const GenSpec& s) {
 
 std::vector<std::string> gen_preset_names() {
   return {"k3-tiny",  "k3-tiny-bf16", "k3-tiny-allexp",   "kimi-linear-tiny",
-          "k3-bench", "k3-default",   "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v32-sparse-tiny", "deepseek-v2style-tiny", "deepseek-bench",
+          "k3-bench", "k3-default",   "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v32-sparse-tiny", "deepseek-v2style-tiny", "deepseek-bench", "deepseek-bench-dsa",
           "k3-micro", "k3-micro-bf16", "kimi-linear-micro", "k3-tiny-dsa", "k3-bench-dsa"};
 }
 
@@ -261,8 +261,11 @@ Result<GenSpec> gen_preset(const std::string& name) {
     }
     return s;
   }
-  if (name == "deepseek-bench") {  // DeepSeek V3 per-layer structure (FP8 everywhere), widths cut like k3-bench
-    s.arch = "deepseek_v3";
+  if (name == "deepseek-bench" || name == "deepseek-bench-dsa") {
+    // DeepSeek V3 per-layer structure (FP8 everywhere), widths cut like k3-bench. -dsa: V3.2 (every
+    // tensor of deepseek-bench identical, plus an indexer on every layer: 8 heads × 128, top-2048).
+    s.arch = name == "deepseek-bench-dsa" ? "deepseek_v32" : "deepseek_v3";
+    s.index_heads = 8, s.index_dim = 128, s.index_topk = 2048;
     s.vocab = 32768, s.hidden = 2048, s.layers = 8, s.intermediate = 8192;
     s.mla_heads = 16, s.q_lora = 768, s.kv_lora = 512, s.nope = 128, s.rope = 64, s.v_dim = 128;
     s.experts = 32, s.top_k = 8, s.shared = 1, s.moe_inter = 512, s.routed_scaling = 2.5f;

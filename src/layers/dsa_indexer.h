@@ -11,7 +11,10 @@
 //  - DeepSeek V3.2 (config has the MLA's decoupled RoPE): the MODEL's table — the same (YaRN) inv_freq
 //    and cos/sin magnitude as the MLA rope dims (layers/rope.h), but applied NeoX / half-split, not
 //    interleaved (DeepSeek's 2025-11-17 indexer fix; transformers DeepseekV32Indexer passes the model's
-//    position_embeddings to apply_rotary_pos_emb; dsa_mla_moe_quant.md §2.3 step 3).
+//    position_embeddings to apply_rotary_pos_emb; dsa_mla_moe_quant.md §2.3 step 3). The magnitude
+//    follows transformers (its cos/sin carry the YaRN attention factor); DeepSeek's reference uses unit
+//    cos/sin. Both are 1 for every released config (mscale == mscale_all_dim); a config where they
+//    differ has not been checked against any reference.
 //  - K3 assumption (no public K3.1 config): the DSA template of kimi_k3_spec.md §4.9 — partial NeoX
 //    RoPE with plain frequencies (index_rope_theta) although K3's MLA itself is NoPE.
 #pragma once

@@ -1,9 +1,10 @@
 // Whole-model self-consistency on generated tiny checkpoints: prefill N then decode M equals
 // prefill N+M; chunked prefill (chunks 1, 7, 64, 100) equals one chunk; absorbed MLA equals
 // expanded MLA; sequences are independent. Run on K3 (MXFP4 and BF16 experts, several shapes),
-// Kimi Linear and DeepSeek V3 / V3.2 (FP8 and bf16, with and without q_lora, grouped routing). These compare two code paths of the same fp32 math, so the tolerance is tight
-// (1e-4 relative to the logit scale): only summation order differs (chunked vs recurrent KDA,
-// absorbed vs expanded MLA).
+// Kimi Linear and DeepSeek V3 / V3.2 (FP8 and bf16, with and without q_lora, grouped routing; V3.2
+// also with top-8 DSA on every layer). These compare two code paths of the same fp32 math, so the
+// tolerance is tight (1e-4 relative to the logit scale): only summation order differs (chunked vs
+// recurrent KDA, absorbed vs expanded MLA).
 // DSA variants: the indexer's selection is discontinuous (e4m3 rounding + top-k), so the ~1e-7
 // relative differences between chunked and recurrent KDA can flip one code or one near-tied choice
 // and move a logit by ~1e-2 (observed: 0.036 on k3_dsa). Their tests therefore run KDA in its

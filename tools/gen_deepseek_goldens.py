@@ -10,6 +10,8 @@ Run with the project venv (transformers + torch CPU):
         --preset deepseek-v32-tiny --out tests/data/models/deepseek_v32_tiny.safetensors
     /work/venv/bin/python tools/gen_deepseek_goldens.py --kestrel build/release/kestrel \
         --preset deepseek-v2style-tiny --out tests/data/models/deepseek_v2style_tiny.safetensors
+    /work/venv/bin/python tools/gen_deepseek_goldens.py --kestrel build/release/kestrel \
+        --preset deepseek-v32-sparse-tiny --out tests/data/models/deepseek_v32_sparse_tiny.safetensors
 
 `deepseek-v2style-tiny` is a deepseek_v3-typed checkpoint with V2-Lite-like choices (no q_lora, softmax
 `group_limited_greedy` routing without a correction bias, norm_topk_prob false, bf16). Its reference is
@@ -30,15 +32,34 @@ Steps
      (the script reports whether it did), and must give the same tensors.
      Tensors are renamed explicitly (experts → stacked gate_up_proj / down_proj) and loaded strictly; every
      checkpoint tensor is consumed except the MTP layer (transformers does not build it; listed and asserted).
-  3. V3.2: transformers' DSA indexer runs (top-k over min(index_topk, T) keys). With index_topk ≥ every prompt
-     length here it selects every causal key, so the result must equal dense MLA; the script checks this by
-     running DeepseekV3ForCausalLM on the same weights without the indexer (assert max|diff| < 1e-5).
+  3. V3.2: transformers' DSA indexer runs (top-k over min(index_topk, T) keys), with its SCORING replaced by
+     DeepSeek's reference semantics (monkeypatch of DeepseekV32Indexer.forward below, see "Indexer"). With
+     index_topk ≥ every prompt length (deepseek-v32-tiny) it selects every causal key, so the result must equal
+     dense MLA; the script checks this by running DeepseekV3ForCausalLM on the same weights without the
+     indexer (assert max|diff| < 1e-5). deepseek-v32-sparse-tiny (same tensors, index_topk 8) makes the
+     selection sparse on 192 of the 200 prompt rows and on every decode step; its golden also stores the
+     reference's top-k sets of every layer for the full-prompt forward.
+
+Indexer (V3.2): transformers 5.x `DeepseekV32Indexer` computes the scores in bf16/fp32 WITHOUT the Hadamard
+rotation and WITHOUT the FP8 act_quant of q and k (its docstring: "FP8 quantization is a precision
+optimization, we skip both"). DeepSeek's reference (DeepSeek-V3.2-Exp inference/model.py Indexer + kernel.py
+act_quant / fp8_index) quantizes q and k to e4m3 with ue8m0 (power-of-two) per-128 scales, and so does the
+engine (kernels/cpu/dsa_indexer.h). Quantization moves scores by ~1e-2 relative, enough to swap near-tied
+top-k choices, so the script patches transformers' indexer to the REFERENCE semantics: everything up to the
+rotated q / k (wq_b on q_resid, LayerNorm(wk x), the model's cos/sin applied NeoX-style by transformers' own
+apply_rotary_pos_emb, the indexer key cache) is transformers' code path re-run verbatim; then
+rotate_activation (Hadamard), act_quant(ue8m0) and the fp8_index score come from tools/gen_dsa_goldens.py (a
+torch transcription of the reference, independent of the engine; e4m3 rounding is torch's float8_e4m3fn cast).
+For information the unpatched transformers indexer is also run on the sparse preset: the metadata records how
+many top-k sets and how much the logits differ from the reference semantics.
 
 Outputs (safetensors):
   prompt            I32 [200]        numpy RandomState(0).randint(0, vocab, 200)
   logits            F32 [200, vocab] one forward over the whole prompt (no cache)
   greedy_prompt_len I32 [1]          65
   greedy            I32 [32]         greedy continuation of prompt[:65] (with cache; eos does not stop it)
+  topk              I32 [layers, 200, index_topk]   (deepseek-v32-sparse-tiny only) each layer's selection for the
+                                     full-prompt forward: row t lists the chosen positions ≤ t ascending, −1 padded
   metadata: reference, preset, command, self-consistency numbers.
 """
 import argparse
@@ -56,6 +77,10 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM,
                           DeepseekV32Config, DeepseekV32ForCausalLM, DynamicCache)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gen_dsa_goldens import act_quant, rotate_activation  # noqa: E402  (reference transcription)
+from transformers.models.deepseek_v32 import modeling_deepseek_v32 as tf_v32  # noqa: E402
 
 PROMPT_LEN = 200
 GREEDY_PROMPT_LEN = 65
@@ -171,18 +196,79 @@ def try_library_fp8(cls, ckpt_dir, sd):
     return msg
 
 
+_tf_indexer_forward = tf_v32.DeepseekV32Indexer.forward
+TOPK_LOG = None  # when a list: every indexer call appends (layer_idx, indices [S, k], kth-gap [S])
+
+
+@torch.no_grad()
+def reference_indexer_forward(self, hidden_states, q_resid, position_embeddings, attention_mask,
+                              position_ids=None, cache=None, **kwargs):
+    """transformers' DeepseekV32Indexer.forward up to the rotated q/k (same calls), then DeepSeek's reference
+    scoring: Hadamard, act_quant e4m3 with ue8m0 scales, fp8_index (ReLU(q8·k8) · w · q_scale summed over heads,
+    · k_scale), masked top-k."""
+    if "past_key_values" in kwargs:
+        cache = kwargs.pop("past_key_values")
+    B, S, _ = hidden_states.shape
+    cos, sin = position_embeddings
+    q = self.wq_b(q_resid).view(B, S, self.n_heads, self.head_dim)
+    q_rot, q_pass = torch.split(q, [self.qk_rope_head_dim, self.head_dim - self.qk_rope_head_dim], dim=-1)
+    k = self.k_norm(self.wk(hidden_states)).unsqueeze(2)
+    k_rot, k_pass = torch.split(k, [self.qk_rope_head_dim, self.head_dim - self.qk_rope_head_dim], dim=-1)
+    q_rot, k_rot = tf_v32.apply_rotary_pos_emb(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
+    q = torch.cat([q_rot, q_pass], dim=-1)
+    k = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
+    if cache is not None:
+        k = cache.update_indexer(k, self.layer_idx)
+    q8, q_scale = act_quant(rotate_activation(q.float()), "ue8m0")   # [B,S,H,D], [B,S,H,1]
+    k8, k_scale = act_quant(rotate_activation(k.float()), "ue8m0")   # [B,T,D], [B,T,1]
+    w = self.weights_proj(hidden_states.float()).float() * self.n_heads ** -0.5
+    w = w.unsqueeze(-1) * q_scale * self.head_dim ** -0.5            # [B,S,H,1]
+    logits = torch.einsum("bshd,btd->bsht", q8.float(), k8.float())
+    score = (logits.clamp_min(0) * w).sum(2) * k_scale[..., 0].unsqueeze(1)  # [B,S,T]
+    if attention_mask.dtype == torch.bool:
+        score = score.masked_fill(~attention_mask, float("-inf"))
+    else:
+        score = score + attention_mask
+    topk = min(self.index_topk, score.shape[-1])
+    top = score.topk(topk, dim=-1)
+    if TOPK_LOG is not None:
+        gap = torch.full((S,), float("inf"))
+        if score.shape[-1] > topk:  # relative gap between the k-th and the (k+1)-th score of each row
+            vals = score[0].topk(topk + 1, dim=-1).values
+            # Only rows that see more than topk keys really choose (masked scores are -inf or finfo.min).
+            chooses = (score[0] > -1e30).sum(-1) > topk
+            gap[chooses] = ((vals[chooses, topk - 1] - vals[chooses, topk]) /
+                            vals[chooses, :topk].abs().max(-1).values.clamp_min(1e-30))
+        TOPK_LOG.append((self.layer_idx, top.indices[0].to(torch.int32), gap))
+    return top.indices.to(torch.int32)
+
+
+def selection_table(log, n_layers, S, k):
+    """[layers, S, k]: row t = the chosen positions ≤ t ascending, −1 padded (masked picks of short rows dropped)."""
+    out = np.full((n_layers, S, k), -1, dtype=np.int32)
+    for layer, idx, _ in log:
+        for t in range(S):
+            sel = sorted(int(p) for p in idx[t].tolist() if p <= t)
+            out[layer, t, :len(sel)] = sel
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kestrel", required=True, help="path to the kestrel binary (for make-model)")
     ap.add_argument("--preset", default="deepseek-v3-tiny", choices=["deepseek-v3-tiny", "deepseek-v32-tiny",
-                                                                 "deepseek-v2style-tiny"])
+                                                                 "deepseek-v32-sparse-tiny", "deepseek-v2style-tiny"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     command = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
-    v32 = args.preset == "deepseek-v32-tiny"
+    v32 = args.preset in ("deepseek-v32-tiny", "deepseek-v32-sparse-tiny")
+    sparse = args.preset == "deepseek-v32-sparse-tiny"
+    global TOPK_LOG
+    if v32:  # reference indexer semantics (see the module docstring)
+        tf_v32.DeepseekV32Indexer.forward = reference_indexer_forward
     v2 = args.preset == "deepseek-v2style-tiny"
     cfg_cls, cls = ((DeepseekV32Config, DeepseekV32ForCausalLM) if v32 else
                     (DeepseekV2Config, DeepseekV2ForCausalLM) if v2 else (DeepseekV3Config, DeepseekV3ForCausalLM))
@@ -230,8 +316,10 @@ def main():
         gate = model.model.layers[config.first_k_dense_replace].mlp.gate
         seen = []
         hook = gate.register_forward_hook(lambda mod, inp, out: seen.append((inp[0].detach(), out[2].detach())))
+        TOPK_LOG = [] if v32 else None
         logits = model(input_ids=ids, use_cache=False).logits[0].float()
         hook.remove()
+        topk_log, TOPK_LOG = TOPK_LOG, None
         # Group-limited routing must actually exclude experts for the golden to test it: count tokens whose
         # top-k over ALL experts (biased scores) differs from the group-limited choice at the first MoE layer.
         x, idx = seen[0]
@@ -242,7 +330,31 @@ def main():
         print(f"group limit changes the expert set of {changed}/{PROMPT_LEN} tokens at layer {config.first_k_dense_replace}")
         assert changed > 0
         meta["tokens_changed_by_group_limit"] = str(changed)
-        if v32:
+        if sparse:
+            assert config.index_topk < 16 and len(topk_log) == config.num_hidden_layers
+            sel = selection_table(topk_log, config.num_hidden_layers, PROMPT_LEN, config.index_topk)
+            min_gap = min(float(g.min()) for _, _, g in topk_log)
+            print(f"reference top-{config.index_topk} selections recorded for {len(topk_log)} layers; smallest "
+                  f"relative gap between the k-th and (k+1)-th score over all rows/layers: {min_gap:.3e}")
+            meta["topk_min_relative_gap"] = f"{min_gap:.6e}"
+            # For information: transformers' own (unquantized, no Hadamard) indexer on the same weights.
+            tf_v32.DeepseekV32Indexer.forward = _tf_indexer_forward
+            raw_log = []
+            hooks = [m.register_forward_hook(lambda mod, inp, out: raw_log.append((mod.layer_idx, out[0], None)))
+                     for m in model.modules() if isinstance(m, tf_v32.DeepseekV32Indexer)]
+            raw_logits = model(input_ids=ids, use_cache=False).logits[0].float()
+            for h in hooks:
+                h.remove()
+            tf_v32.DeepseekV32Indexer.forward = reference_indexer_forward
+            raw_sel = selection_table(raw_log, config.num_hidden_layers, PROMPT_LEN, config.index_topk)
+            n_diff = int(sum((raw_sel[l, t] != sel[l, t]).any() for l in range(config.num_hidden_layers)
+                             for t in range(PROMPT_LEN)))
+            d_raw = (raw_logits - logits).abs().max().item()
+            print(f"unpatched transformers indexer (no FP8, no Hadamard) vs reference semantics: {n_diff}/"
+                  f"{config.num_hidden_layers * PROMPT_LEN} top-k sets differ, max|dlogit|={d_raw:.3e}")
+            meta["unpatched_transformers_topk_sets_differing"] = f"{n_diff}/{config.num_hidden_layers * PROMPT_LEN}"
+            meta["unpatched_transformers_max_abs_logit_diff"] = f"{d_raw:.6e}"
+        if v32 and not sparse:
             assert config.index_topk >= PROMPT_LEN
             dense = build(DeepseekV3ForCausalLM, DeepseekV3Config(**{
                 k: v for k, v in config.to_dict().items() if not k.startswith("index_")}),
@@ -283,6 +395,9 @@ def main():
         print(f"greedy continuation: {greedy}")
 
     meta["reference"] = f"transformers {transformers.__version__} {cls.__name__} float32 eager, FP8 dequantised"
+    if v32:
+        meta["reference"] += (", indexer scoring patched to DeepSeek-V3.2 reference semantics (Hadamard, e4m3 "
+                              "act_quant ue8m0, fp8_index; tools/gen_dsa_goldens.py)")
     meta["preset"] = args.preset
     meta["command"] = command
     meta["torch"] = torch.__version__
@@ -295,6 +410,8 @@ def main():
         "greedy_prompt_len": np.array([GREEDY_PROMPT_LEN], dtype=np.int32),
         "greedy": np.array(greedy, dtype=np.int32),
     }
+    if sparse:
+        tensors["topk"] = sel
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     save_file(tensors, args.out, metadata=meta)
     size = os.path.getsize(args.out)

@@ -6,6 +6,7 @@
 
 #include "base/check.h"
 #include "kernels/cpu/dsa_indexer.h"
+#include "layers/rope.h"
 
 namespace kestrel {
 namespace {
@@ -21,6 +22,11 @@ Status DsaIndexer::bind(Binder& b, const std::string& p, const TextConfig& c) {
   DsaIndexerDims d;
   d.hidden = c.hidden_size, d.q_lora = c.q_lora_rank, d.H = c.index_n_heads, d.D = c.index_head_dim;
   d.rope = c.index_rope_head_dim, d.topk = c.index_topk, d.rope_theta = c.index_rope_theta, d.ue8m0 = true;
+  if (c.mla_rope && d.rope > 0) {  // DeepSeek V3.2: the model's (YaRN) table, see the header
+    const MlaRope model_rope(*c.mla_rope, d.rope);
+    d.inv_freq = model_rope.inv_freq();
+    d.rope_mag = model_rope.magnitude();
+  }
   auto wq = b.linear(p + "wq_b", d.H * d.D, d.q_lora);
   auto wk = b.linear(p + "wk", d.D, d.hidden);
   auto kw = b.vec(p + "k_norm.weight", {d.D});
@@ -34,13 +40,17 @@ Status DsaIndexer::bind(Binder& b, const std::string& p, const TextConfig& c) {
 void DsaIndexer::init(const DsaIndexerDims& d, kernels::WeightMatrix wq_b, kernels::WeightMatrix wk,
                       kernels::WeightMatrix weights_proj, std::vector<float> k_norm_w, std::vector<float> k_norm_b) {
   KCHECK(d.D == 128, "indexer head dim must be 128 (one FP8 scale per vector)");
+  KCHECK(d.inv_freq.empty() || static_cast<int64_t>(d.inv_freq.size()) == d.rope / 2,
+         "indexer RoPE table must have rope/2 entries");
   d_ = d;
   wq_b_ = wq_b, wk_ = wk, wproj_ = weights_proj;
   kn_w_ = std::move(k_norm_w), kn_b_ = std::move(k_norm_b);
-  inv_freq_.resize(static_cast<size_t>(d.rope / 2));
-  for (int64_t i = 0; i < d.rope / 2; ++i)
-    inv_freq_[static_cast<size_t>(i)] =
-        static_cast<float>(1.0 / std::pow(static_cast<double>(d.rope_theta), static_cast<double>(2 * i) / static_cast<double>(d.rope)));
+  if (d_.inv_freq.empty()) {
+    d_.inv_freq.resize(static_cast<size_t>(d.rope / 2));
+    for (int64_t i = 0; i < d.rope / 2; ++i)
+      d_.inv_freq[static_cast<size_t>(i)] = static_cast<float>(
+          1.0 / std::pow(static_cast<double>(d.rope_theta), static_cast<double>(2 * i) / static_cast<double>(d.rope)));
+  }
 }
 
 int64_t DsaIndexer::row_bytes() const { return kernels::indexer_row_bytes(d_.D); }
@@ -76,14 +86,14 @@ void DsaIndexer::forward(const float* x, const float* qr, int64_t T, std::span<c
       const int64_t row = sg.offset + t, pos = cache.n_tokens + t;
       for (int64_t h = 0; h < H; ++h) {
         float* q = q_.data() + (row * H + h) * D;
-        kernels::rope_neox(q, d_.rope, pos, inv_freq_.data());
+        kernels::rope_neox(q, d_.rope, pos, d_.inv_freq.data(), d_.rope_mag);
         kernels::hadamard_rotate(q, D);
         // D == 128 (checked in init): one act_quant block, one scale per head.
         const float s = kernels::quantize_e4m3_block(q, D, d_.ue8m0, q8_.data() + (row * H + h) * D);
         w_[static_cast<size_t>(row * H + h)] *= head_scale * s;
       }
       float* k = k_.data() + row * D;
-      kernels::rope_neox(k, d_.rope, pos, inv_freq_.data());
+      kernels::rope_neox(k, d_.rope, pos, d_.inv_freq.data(), d_.rope_mag);
       kernels::hadamard_rotate(k, D);
       const int64_t j = cache.n_tokens + t;
       uint8_t* dst = cache.pages[static_cast<size_t>(j / cache.page_tokens)] + (j % cache.page_tokens) * row_bytes();

@@ -7,8 +7,16 @@
 // dims of every q head and of k; Hadamard on each 128-vector; act_quant (ue8m0) → e4m3 codes + scale;
 // w_h = weights_proj(x)_h · H^-0.5 · D^-0.5 · qscale_h. The key row goes to the indexer cache; each
 // query selects its top-k cached positions (kernels::indexer_topk).
-// K3 assumption (no public K3.1 config): the DSA template of kimi_k3_spec.md §4.9 — partial NeoX RoPE
-// with plain frequencies (index_rope_theta) although K3's MLA itself is NoPE.
+// RoPE table (a parameter, DsaIndexerDims::inv_freq / rope_mag), chosen by bind() from the config:
+//  - DeepSeek V3.2 (config has the MLA's decoupled RoPE): the MODEL's table — the same (YaRN) inv_freq
+//    and cos/sin magnitude as the MLA rope dims (layers/rope.h), but applied NeoX / half-split, not
+//    interleaved (DeepSeek's 2025-11-17 indexer fix; transformers DeepseekV32Indexer passes the model's
+//    position_embeddings to apply_rotary_pos_emb; dsa_mla_moe_quant.md §2.3 step 3). The magnitude
+//    follows transformers (its cos/sin carry the YaRN attention factor); DeepSeek's reference uses unit
+//    cos/sin. Both are 1 for every released config (mscale == mscale_all_dim); a config where they
+//    differ has not been checked against any reference.
+//  - K3 assumption (no public K3.1 config): the DSA template of kimi_k3_spec.md §4.9 — partial NeoX
+//    RoPE with plain frequencies (index_rope_theta) although K3's MLA itself is NoPE.
 #pragma once
 
 #include <span>
@@ -32,7 +40,9 @@ struct IndexerCache {
 
 struct DsaIndexerDims {
   int64_t hidden = 0, q_lora = 0, H = 0, D = 0, rope = 0, topk = 0;
-  float rope_theta = 10000.0f;
+  float rope_theta = 10000.0f;  // plain frequencies theta^(-2i/rope), used when inv_freq is empty
+  std::vector<float> inv_freq;  // [rope/2] explicit table (the model's RoPE); overrides rope_theta
+  float rope_mag = 1.0f;        // cos/sin magnitude (YaRN attention factor; 1 otherwise)
   bool ue8m0 = true;
 };
 
@@ -64,7 +74,7 @@ class DsaIndexer {
  private:
   DsaIndexerDims d_;
   kernels::WeightMatrix wq_b_, wk_, wproj_;
-  std::vector<float> kn_w_, kn_b_, inv_freq_;
+  std::vector<float> kn_w_, kn_b_;
   // Scratch (not reentrant).
   std::vector<float> q_, k_, w_;
   std::vector<uint8_t> q8_;

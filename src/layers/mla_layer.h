@@ -45,6 +45,9 @@ class MlaLayer {
   int64_t row_floats() const { return lora_ + dr_; }
   bool sparse() const { return indexer_ != nullptr; }
   const DsaIndexer* indexer() const { return indexer_.get(); }
+  // Sparse layers: the last forward()'s selection [T_total, topk] (positions ascending, −1 padded);
+  // empty for dense layers. For tests comparing selections with a reference.
+  std::span<const int32_t> last_topk() const { return indexer_ ? std::span<const int32_t>(idx_) : std::span<const int32_t>{}; }
 
  private:
   void attend_expanded(int64_t off, int64_t T, const MlaCache& cache);

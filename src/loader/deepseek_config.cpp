@@ -125,9 +125,9 @@ Status parse_deepseek_config(const json& j, const std::string& label, ModelConfi
   t.pad_token_id = token_id(j, "pad_token_id", r);
   t.num_nextn_predict_layers = r.opt_int("num_nextn_predict_layers", 0);
   if (c.arch == Arch::kDeepseekV32) {
-    t.dsa.index_n_heads = r.req_int("index_n_heads");
-    t.dsa.index_head_dim = r.req_int("index_head_dim");
-    t.dsa.index_topk = r.req_int("index_topk");
+    t.index_n_heads = r.req_int("index_n_heads");
+    t.index_head_dim = r.req_int("index_head_dim");
+    t.index_topk = r.req_int("index_topk");
   }
   if (!r.status().is_ok()) return r.status();
   if (act != "silu") return unsupported(label + ": key 'hidden_act': unsupported activation '" + act + "' (silu)");
@@ -189,12 +189,23 @@ Status parse_deepseek_config(const json& j, const std::string& label, ModelConfi
                        "' is not supported (noaux_tc, greedy, group_limited_greedy)");
   }
   if (c.arch == Arch::kDeepseekV32 &&
-      (t.dsa.index_n_heads < 1 || t.dsa.index_n_heads > 4096 || t.dsa.index_head_dim < t.qk_rope_head_dim ||
-       t.dsa.index_head_dim > 4096 || t.dsa.index_topk < 1))
+      (t.index_n_heads < 1 || t.index_n_heads > 4096 || t.index_head_dim < t.qk_rope_head_dim ||
+       t.index_head_dim > 4096 || t.index_topk < 1 || t.index_topk > (1 << 24)))
     return invalid_argument(label + ": keys 'index_n_heads' / 'index_head_dim' / 'index_topk' out of range "
-                            "(heads 1..4096, qk_rope_head_dim ≤ head_dim ≤ 4096, topk ≥ 1)");
+                            "(heads 1..4096, qk_rope_head_dim ≤ head_dim ≤ 4096, topk 1..2^24)");
   if (c.arch == Arch::kDeepseekV32 && t.q_lora_rank == 0)
     return invalid_argument(label + ": key 'q_lora_rank': the V3.2 indexer needs a q_lora_rank");
+  if (c.arch == Arch::kDeepseekV32 && t.index_head_dim != 128)
+    return unsupported(label + ": key 'index_head_dim': only 128 is supported (one FP8 act_quant block per indexer "
+                       "vector, as DeepSeek's reference requires)");
+  if (c.arch == Arch::kDeepseekV32) {
+    // Every V3.2 layer has an indexer (the shared DSA fields of model_config.h); its RoPE covers the
+    // first qk_rope_head_dim dims with the model's table (layers/dsa_indexer.h).
+    t.sparse_attn_layers.resize(static_cast<size_t>(t.num_hidden_layers));
+    for (int l = 0; l < t.num_hidden_layers; ++l) t.sparse_attn_layers[static_cast<size_t>(l)] = l;
+    t.attn_sparse.assign(static_cast<size_t>(t.num_hidden_layers), true);
+    t.index_rope_head_dim = t.qk_rope_head_dim;
+  }
 
   MlaRopeConfig rope;
   KESTREL_RETURN_IF_ERROR(parse_rope(j, label, rope));

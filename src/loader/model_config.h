@@ -30,13 +30,6 @@ struct MlaRopeConfig {
   int original_max_position_embeddings = 0;
 };
 
-// DeepSeek V3.2 sparse attention (DSA) indexer sizes. index_topk == 0: not a DSA model.
-struct DsaConfig {
-  int index_n_heads = 0;
-  int index_head_dim = 0;
-  int index_topk = 0;
-};
-
 struct LinearAttnConfig {
   int num_heads = 0;
   int head_dim = 0;
@@ -86,10 +79,11 @@ struct TextConfig {
   float mla_kv_norm_eps = 1e-5f;  // Kimi Linear's reference uses the RMSNorm class default 1e-6
   std::optional<MlaRopeConfig> mla_rope;  // DeepSeek: decoupled RoPE; absent → NoPE (Kimi)
   float mla_softmax_scale = 0.0f;        // qk_head_dim^-0.5 (× YaRN mscale² for DeepSeek)
-  DsaConfig dsa;
   int num_nextn_predict_layers = 0;  // MTP layers stored after the main layers (not run)
 
-  // DSA (DeepSeek-V3.2 lightning indexer) on some full-attention layers. These keys are OURS until a
+  // DSA (DeepSeek-V3.2 lightning indexer) on some full-attention layers. DeepSeek V3.2 (deepseek_v32):
+  // every layer, sizes from its config (index_n_heads, index_head_dim, index_topk), rope dims =
+  // qk_rope_head_dim with the model's own RoPE table. K3: these keys are OURS until a
   // K3.1 config is public (kimi_k3_spec.md §2.4, §4.9): `sparse_attn_layers` (one-based, each must be a
   // full_attn layer), `index_n_heads`, `index_head_dim` (128: one FP8 scale per vector, as V3.2),
   // `index_topk`, plus `index_rope_head_dim` (default qk_rope_head_dim; 0 = no RoPE) and

@@ -169,7 +169,7 @@ json text_config(const GenSpec& s) {
 
 std::vector<std::string> gen_preset_names() {
   return {"k3-tiny",  "k3-tiny-bf16", "k3-tiny-allexp",   "kimi-linear-tiny",
-          "k3-bench", "k3-default",   "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v2style-tiny", "deepseek-bench",
+          "k3-bench", "k3-default",   "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v32-sparse-tiny", "deepseek-v2style-tiny", "deepseek-bench", "deepseek-bench-dsa",
           "k3-micro", "k3-micro-bf16", "kimi-linear-micro", "k3-tiny-dsa", "k3-bench-dsa"};
 }
 
@@ -242,7 +242,7 @@ Result<GenSpec> gen_preset(const std::string& name) {
     s.mxfp4_experts = false, s.fp8 = false;
     return s;
   }
-  if (name == "deepseek-v3-tiny" || name == "deepseek-v32-tiny") {
+  if (name == "deepseek-v3-tiny" || name == "deepseek-v32-tiny" || name == "deepseek-v32-sparse-tiny") {
     // Every width off the 128 grid somewhere (partial FP8 blocks): q_lora 160, kv_a rows 192+32,
     // intermediate 384 = 3 blocks, moe_inter 96.
     s.arch = "deepseek_v3";
@@ -251,15 +251,21 @@ Result<GenSpec> gen_preset(const std::string& name) {
     s.experts = 16, s.top_k = 4, s.shared = 1, s.moe_inter = 96, s.routed_scaling = 2.5f;
     s.first_k_dense = 2, s.n_group = 4, s.topk_group = 2;
     s.mxfp4_experts = false, s.fp8 = true, s.mtp_layers = 1;
-    if (name == "deepseek-v32-tiny") {  // different routing shape; index_topk ≥ every test length
+    if (name != "deepseek-v3-tiny") {  // different routing shape; index_topk ≥ every test length
       s.arch = "deepseek_v32";
       s.first_k_dense = 1, s.n_group = 8, s.topk_group = 3, s.mtp_layers = 0;
-      s.index_heads = 4, s.index_dim = 64, s.index_topk = 256;
+      // 16 indexer heads: a key scores exactly 0 only if all its head dots are ≤ 0 (ReLU), ~2^-16 — with 4
+      // heads (1/16) the top-8 boundary often fell on a tie of zeros, which no reference breaks the same way.
+      s.index_heads = 16, s.index_dim = 128, s.index_topk = 256;
+      if (name == "deepseek-v32-sparse-tiny") s.index_topk = 8;  // same tensors; sparsity from position 8 on
     }
     return s;
   }
-  if (name == "deepseek-bench") {  // DeepSeek V3 per-layer structure (FP8 everywhere), widths cut like k3-bench
-    s.arch = "deepseek_v3";
+  if (name == "deepseek-bench" || name == "deepseek-bench-dsa") {
+    // DeepSeek V3 per-layer structure (FP8 everywhere), widths cut like k3-bench. -dsa: V3.2 (every
+    // tensor of deepseek-bench identical, plus an indexer on every layer: 8 heads × 128, top-2048).
+    s.arch = name == "deepseek-bench-dsa" ? "deepseek_v32" : "deepseek_v3";
+    s.index_heads = 8, s.index_dim = 128, s.index_topk = 2048;
     s.vocab = 32768, s.hidden = 2048, s.layers = 8, s.intermediate = 8192;
     s.mla_heads = 16, s.q_lora = 768, s.kv_lora = 512, s.nope = 128, s.rope = 64, s.v_dim = 128;
     s.experts = 32, s.top_k = 8, s.shared = 1, s.moe_inter = 512, s.routed_scaling = 2.5f;

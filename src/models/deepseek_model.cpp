@@ -22,7 +22,6 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::string& di
   if (!unused.empty())
     return corrupt(m->ckpt_->file_of(unused.front()) + ": unexpected tensor '" + unused.front() + "' (" +
                    std::to_string(unused.size()) + " tensor(s) not used by " + m->cfg_.model_type + ")");
-  if (m->cfg_.arch == Arch::kDeepseekV32) m->max_positions_ = m->cfg_.text.dsa.index_topk;
   return m;
 }
 
@@ -38,17 +37,9 @@ Status DeepseekModel::bind(Binder& b) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     L.in_norm = b.vec(p + "input_layernorm.weight", {D});
     L.post_norm = b.vec(p + "post_attention_layernorm.weight", {D});
-    KESTREL_RETURN_IF_ERROR(L.mla.bind(b, p + "self_attn.", c));
-    if (cfg_.arch == Arch::kDeepseekV32) {
-      const std::string ip = p + "self_attn.indexer.";
-      const int64_t H = c.dsa.index_n_heads, Dh = c.dsa.index_head_dim;
-      L.indexer = std::make_unique<IndexerWeights>();
-      L.indexer->wq_b = b.linear(ip + "wq_b", H * Dh, c.q_lora_rank);
-      L.indexer->wk = b.linear(ip + "wk", Dh, D);
-      L.indexer->k_norm_w = b.vec(ip + "k_norm.weight", {Dh});
-      L.indexer->k_norm_b = b.vec(ip + "k_norm.bias", {Dh});
-      L.indexer->weights_proj = b.linear(ip + "weights_proj", H, D);
-    }
+    // V3.2: attn_sparse is set for every layer (deepseek_config.cpp) → self_attn.indexer.* bound.
+    KESTREL_RETURN_IF_ERROR(L.mla.bind(b, p + "self_attn.", c, c.attn_sparse.size() > static_cast<size_t>(l) &&
+                                                                c.attn_sparse[static_cast<size_t>(l)]));
     if (c.ffn_kind[static_cast<size_t>(l)] == FfnKind::kDense) {
       L.dense = std::make_unique<GatedMlp>();
       L.dense->bind(b, p + "mlp.", "gate_proj", "up_proj", "down_proj", D, c.intermediate_size, c);
@@ -77,14 +68,23 @@ Status DeepseekModel::skip_mtp_layers() {
   return Status::ok();
 }
 
+double DeepseekModel::indexer_seconds() const {
+  double s = 0;
+  for (const Layer& L : layers_)
+    if (L.mla.indexer()) s += L.mla.indexer()->seconds();
+  return s;
+}
+
+std::span<const int32_t> DeepseekModel::last_topk(size_t layer) const {
+  return layer < layers_.size() ? layers_[layer].mla.last_topk() : std::span<const int32_t>{};
+}
+
 // Plain pre-norm residual stream: h += MLA(norm h); h += FFN(norm h); logits = lm_head(norm h).
 void DeepseekModel::forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions& o) {
   const TextConfig& c = cfg_.text;
   const int64_t D = c.hidden_size;
   int64_t T = 0;
   for (const SeqRun& r : runs) {
-    KCHECK(max_positions_ == 0 || r.st->n_tokens + r.T <= max_positions_,
-           "sequence beyond max_positions (DSA indexer not implemented); callers check");
     if (r.st->owns_storage) reserve(*r.st, r.st->n_tokens + r.T);
     T += r.T;
   }

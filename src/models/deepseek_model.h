@@ -4,9 +4,10 @@
 // noaux_tc MoE (group-limited) with shared experts; plain pre-norm residual. Weights stay in
 // checkpoint format (bf16 or FP8 128×128 blocks) and are decoded inside the kernels; math in fp32.
 //
-// V3.2: the DSA indexer weights are bound (strict checkpoint) but the indexer is not implemented
-// yet: up to index_topk tokens DSA selects every causal position, so dense MLA is exact there, and
-// max_positions() = index_topk makes the runtime refuse longer sequences.
+// V3.2: every layer's MLA carries a DSA lightning indexer (layers/dsa_indexer.h, RoPE = the model's
+// YaRN table applied NeoX-style) and attends, in the absorbed form, only to each query's top-k
+// positions (all causal positions while the context is ≤ index_topk). Indexer keys live in their own
+// pages (MlaCache::indexer; CacheGeometry::sparse_layers = every layer), exactly as K3's sparse layers.
 // MTP layers (num_nextn_predict_layers, stored after the main layers) are accepted and not run.
 #pragma once
 
@@ -26,19 +27,15 @@ class DeepseekModel final : public Model {
  public:
   static Result<std::unique_ptr<DeepseekModel>> load(const std::string& dir);
   void forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions& opt = {}) override;
+  double indexer_seconds() const override;
+  std::span<const int32_t> last_topk(size_t layer) const override;
 
  private:
-  // V3.2 lightning-indexer weights (self_attn.indexer.*; §2.2). Held for the DSA engine, unused here.
-  struct IndexerWeights {
-    kernels::WeightMatrix wq_b, wk, weights_proj;  // [H·D, q_lora], [D, hidden], [H, hidden]
-    std::vector<float> k_norm_w, k_norm_b;         // LayerNorm [D] with bias
-  };
   struct Layer {
     std::vector<float> in_norm, post_norm;
-    MlaLayer mla;
+    MlaLayer mla;  // sparse (with its indexer) on V3.2
     std::unique_ptr<GatedMlp> dense;
     std::unique_ptr<MoeBlock> moe;
-    std::unique_ptr<IndexerWeights> indexer;
   };
   DeepseekModel() = default;
   Status bind(Binder& b);

@@ -109,6 +109,10 @@ double KimiModel::indexer_seconds() const {
   return s;
 }
 
+std::span<const int32_t> KimiModel::last_topk(size_t layer) const {
+  return layer < layers_.size() && layers_[layer].mla ? layers_[layer].mla->last_topk() : std::span<const int32_t>{};
+}
+
 void KimiModel::run_attn(size_t l, const float* x, int64_t T, float* out, const ForwardOptions& o) {
   const TextConfig& c = cfg_.text;
   normed_.resize(static_cast<size_t>(T * c.hidden_size));

@@ -28,6 +28,7 @@ class KimiModel final : public Model {
 
   void forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions& opt = {}) override;
   double indexer_seconds() const override;
+  std::span<const int32_t> last_topk(size_t layer) const override;
 
  private:
   struct Layer {

@@ -70,9 +70,6 @@ class Model {
   virtual ~Model() = default;
   const ModelConfig& config() const { return cfg_; }
   const CacheGeometry& cache_geometry() const { return geom_; }
-  // Longest sequence (tokens) this model can run exactly; 0 = no model-imposed limit. DeepSeek V3.2
-  // without the DSA indexer: index_topk (up to there sparse attention selects every token = dense).
-  int64_t max_positions() const { return max_positions_; }
   // A standalone sequence that owns its storage (pages of kOwnPageTokens tokens, grown on demand).
   SequenceState new_sequence() const;
   static constexpr int64_t kOwnPageTokens = 256;
@@ -85,13 +82,16 @@ class Model {
   void fill_synthetic_context(SequenceState& st, int64_t n, uint64_t seed) const;
   // Total process CPU seconds spent in DSA indexers (all sparse layers) since load; 0 without any.
   virtual double indexer_seconds() const { return 0.0; }
+  // Tests: the DSA selection of `layer` in the last forward_batch, [tokens of the batch, index_topk]
+  // (positions within each sequence, ascending, −1 padded); empty for layers without an indexer.
+  virtual std::span<const int32_t> last_topk(size_t /*layer*/) const { return {}; }
   // Runs T tokens of one sequence; logits: [T or 1, vocab].
   void forward(const int32_t* ids, int64_t T, SequenceState& st, std::vector<float>& logits,
                const ForwardOptions& opt = {});
   // Runs several sequences in one step: token-wise work (projections, MoE, norms, lm_head) over the
   // concatenated tokens so weights are read once; attention per sequence. Logits rows are emitted
   // run by run (T rows when all_logits, else 1). Pool-backed sequences must already have pages for
-  // their new tokens. Callers keep every sequence within max_positions().
+  // their new tokens.
   virtual void forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits,
                              const ForwardOptions& opt = {}) = 0;
 
@@ -107,7 +107,6 @@ class Model {
   ModelConfig cfg_;
   CacheGeometry geom_;
   size_t num_layers_ = 0;
-  int64_t max_positions_ = 0;
 
  private:
   std::vector<SeqRun> one_;

@@ -19,22 +19,11 @@ Status Engine::check_ids(std::span<const int32_t> ids) const {
   return Status::ok();
 }
 
-// DeepSeek V3.2 runs as dense MLA, which equals DSA only while every position fits in index_topk.
-Status Engine::check_length(const SequenceState& seq, int64_t n_new) const {
-  const int64_t limit = model_->max_positions();
-  if (limit > 0 && seq.n_tokens + n_new > limit)
-    return unsupported("DSA indexer not implemented: " + config().model_type + " runs as dense attention only up to " +
-                       "index_topk = " + std::to_string(limit) + " tokens; this sequence would reach " +
-                       std::to_string(seq.n_tokens + n_new));
-  return Status::ok();
-}
-
 Result<std::vector<float>> Engine::prefill(SequenceState& seq, std::span<const int32_t> ids, int64_t chunk,
                                            bool all_logits, const ForwardOptions& base) {
   if (ids.empty()) return invalid_argument("prefill needs at least one token");
   KESTREL_RETURN_IF_ERROR(check_ids(ids));
   const int64_t n = static_cast<int64_t>(ids.size());
-  KESTREL_RETURN_IF_ERROR(check_length(seq, n));
   if (chunk <= 0) chunk = n;
   std::vector<float> out, part;
   ForwardOptions o = base;
@@ -55,7 +44,6 @@ Result<std::vector<float>> Engine::decode(SequenceState& seq, int32_t id, const 
 
 Status Engine::decode_into(SequenceState& seq, int32_t id, std::vector<float>& logits, const ForwardOptions& base) {
   KESTREL_RETURN_IF_ERROR(check_ids(std::span<const int32_t>(&id, 1)));
-  KESTREL_RETURN_IF_ERROR(check_length(seq, 1));
   ForwardOptions o = base;
   o.all_logits = false;
   model_->forward(&id, 1, seq, logits, o);

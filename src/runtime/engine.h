@@ -29,7 +29,6 @@ class Engine {
 
  private:
   Status check_ids(std::span<const int32_t> ids) const;
-  Status check_length(const SequenceState& seq, int64_t n_new) const;
   std::unique_ptr<Model> model_;
 };
 

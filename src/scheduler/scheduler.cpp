@@ -12,10 +12,6 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(Engine& engine, const Sched
   if (cfg.prefill_chunk < 1 || cfg.prefill_chunk > cfg.max_batch_tokens)
     return invalid_argument("scheduler: prefill chunk must be in 1..max batch tokens");
   if (cfg.max_context < 2 || cfg.max_waiting < 0) return invalid_argument("scheduler: bad limits");
-  if (const int64_t limit = engine.model().max_positions(); limit > 0 && cfg.max_context > limit)
-    return unsupported("DSA indexer not implemented: " + engine.config().model_type +
-                       " runs as dense attention only up to index_topk = " + std::to_string(limit) +
-                       " tokens; set --max-context to at most that");
   auto s = std::unique_ptr<Scheduler>(new Scheduler(engine, cfg));
   CachePoolConfig pc = cfg.cache;
   pc.max_seq_tokens = cfg.max_context;

@@ -53,7 +53,8 @@ TEST_P(DecodeAlloc, NoAllocationPerDecodedToken) {
   EXPECT_EQ(g_allocs.load() - before, 0) << "heap allocations during 64 decode steps";
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiny, DecodeAlloc, ::testing::Values("k3-tiny", "kimi-linear-tiny", "deepseek-v3-tiny", "deepseek-v32-tiny", "k3-tiny-dsa"));
+INSTANTIATE_TEST_SUITE_P(Tiny, DecodeAlloc, ::testing::Values("k3-tiny", "kimi-linear-tiny", "deepseek-v3-tiny", "deepseek-v32-tiny",
+                                                       "deepseek-v32-sparse-tiny", "k3-tiny-dsa"));
 
 }  // namespace
 }  // namespace kestrel

@@ -8,6 +8,11 @@
 //                                   DeepSeek's rule in the script (tools/gen_deepseek_goldens.py); tests
 //                                   YaRN + interleaved RoPE, mscale² softmax scale, group-limited noaux_tc
 //                                   routing and our FP8 block decode.
+//   deepseek_v32_sparse_tiny.safetensors ← the same script, V3.2 with index_topk 8 (DSA sparse on 192 of
+//                                   200 prompt rows and every decode step), transformers' indexer scoring
+//                                   patched to DeepSeek's reference semantics (Hadamard + e4m3/ue8m0
+//                                   act_quant + fp8_index; tests/data/models/README.md says why). Also holds the
+//                                   reference top-k set of every layer and row: they must match ours exactly.
 //   deepseek_v2style_tiny.safetensors ← transformers DeepseekV2ForCausalLM fp32 (same script): no q_lora,
 //                                   softmax group_limited_greedy routing, and an independent
 //                                   (complex-multiply) implementation of the interleaved RoPE.
@@ -29,6 +34,7 @@
 // NMSE ≤ 3e-2 and |Δ| ≤ 1 per row, top-1 agreement ≥ 90%.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -133,6 +139,52 @@ TEST_P(GoldenTest, MatchesReference) {
   }
 }
 
+// DSA selections themselves, not only logits: a one-chunk prefill of the 200-token prompt must pick,
+// in every layer and row, exactly the reference's top-8 set (the script records the smallest relative
+// gap between the 8th and 9th reference score, 3.1e-5 — far above our ~1e-6 relative score error).
+TEST(DeepseekV32Sparse, TopkSetsMatchReference) {
+  const std::string path = std::string(KESTREL_TEST_DATA) + "/models/deepseek_v32_sparse_tiny.safetensors";
+  ASSERT_TRUE(std::filesystem::exists(path)) << path << " missing: regenerate with tools/gen_deepseek_goldens.py";
+  auto f = SafetensorsFile::open(path);
+  ASSERT_TRUE(f) << f.error().message();
+  std::vector<int32_t> prompt, want;
+  std::vector<int64_t> shape;
+  for (const auto& e : f->header().entries) {
+    const TensorView v = f->view(e);
+    if (e.name == "prompt") prompt.assign(v.as<int32_t>(), v.as<int32_t>() + v.numel());
+    if (e.name == "topk") want.assign(v.as<int32_t>(), v.as<int32_t>() + v.numel()), shape = e.shape;
+  }
+  ASSERT_EQ(shape.size(), 3u);
+  testing::TempDir tmp;
+  testing::make_checkpoint("deepseek-v32-sparse-tiny", tmp.path());
+  auto eng = Engine::load(tmp.path());
+  ASSERT_TRUE(eng) << eng.error().message();
+  const int64_t L = shape[0], T = shape[1], K = shape[2];
+  ASSERT_EQ(L, (*eng)->config().text.num_hidden_layers);
+  ASSERT_EQ(K, (*eng)->config().text.index_topk);
+  ASSERT_EQ(T, static_cast<int64_t>(prompt.size()));
+  SequenceState s = (*eng)->new_sequence();
+  ASSERT_TRUE((*eng)->prefill(s, prompt, 0));
+  int64_t differ = 0, sparse_rows = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    const auto got = (*eng)->model().last_topk(static_cast<size_t>(l));
+    ASSERT_EQ(static_cast<int64_t>(got.size()), T * K);
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t* g = got.data() + t * K;
+      const int32_t* w = want.data() + (l * T + t) * K;
+      sparse_rows += t + 1 > K;
+      if (!std::equal(g, g + K, w)) {
+        ++differ;
+        ADD_FAILURE() << "layer " << l << " row " << t << ": top-k set differs from the reference";
+      }
+    }
+  }
+  std::printf("[deepseek_v32_sparse] top-%ld sets: %ld of %ld rows differ (%ld rows really select)\n",
+              static_cast<long>(K), static_cast<long>(differ), static_cast<long>(L * T), static_cast<long>(sparse_rows));
+  EXPECT_EQ(differ, 0);
+  EXPECT_EQ(sparse_rows, L * (T - K));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Reference, GoldenTest,
     ::testing::Values(Case{"kimi_linear_vs_transformers", "kimi-linear-tiny", "kimi_linear_tiny.safetensors", 2e-4, 1e-9, 1.0, true},
@@ -140,6 +192,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"k3_mxfp4_exact_vs_llamacpp", "k3-tiny", "k3_tiny_mxfp4_exact.safetensors", 2e-4, 1e-9, 1.0, true},
                       Case{"deepseek_v3_fp8_vs_transformers", "deepseek-v3-tiny", "deepseek_v3_tiny.safetensors", 2e-4, 1e-9, 1.0, true},
                       Case{"deepseek_v32_fp8_vs_transformers", "deepseek-v32-tiny", "deepseek_v32_tiny.safetensors", 2e-4, 1e-9, 1.0, true},
+                      Case{"deepseek_v32_sparse_top8_vs_transformers", "deepseek-v32-sparse-tiny", "deepseek_v32_sparse_tiny.safetensors", 2e-4, 1e-9, 1.0, true},
                       Case{"deepseek_v2style_vs_transformers_v2", "deepseek-v2style-tiny", "deepseek_v2style_tiny.safetensors", 2e-4, 1e-9, 1.0, true},
                       Case{"k3_mxfp4_native_vs_llamacpp_q8", "k3-tiny-allexp", "k3_tiny_mxfp4_allexp.safetensors", 1.0, 3e-2, 0.9, false}),
     [](const auto& info) { return std::string(info.param.name); });

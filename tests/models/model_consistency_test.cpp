@@ -1,9 +1,10 @@
 // Whole-model self-consistency on generated tiny checkpoints: prefill N then decode M equals
 // prefill N+M; chunked prefill (chunks 1, 7, 64, 100) equals one chunk; absorbed MLA equals
 // expanded MLA; sequences are independent. Run on K3 (MXFP4 and BF16 experts, several shapes),
-// Kimi Linear and DeepSeek V3 / V3.2 (FP8 and bf16, with and without q_lora, grouped routing). These compare two code paths of the same fp32 math, so the tolerance is tight
-// (1e-4 relative to the logit scale): only summation order differs (chunked vs recurrent KDA,
-// absorbed vs expanded MLA).
+// Kimi Linear and DeepSeek V3 / V3.2 (FP8 and bf16, with and without q_lora, grouped routing; V3.2
+// also with top-8 DSA on every layer). These compare two code paths of the same fp32 math, so the
+// tolerance is tight (1e-4 relative to the logit scale): only summation order differs (chunked vs
+// recurrent KDA, absorbed vs expanded MLA).
 // DSA variants: the indexer's selection is discontinuous (e4m3 rounding + top-k), so the ~1e-7
 // relative differences between chunked and recurrent KDA can flip one code or one near-tied choice
 // and move a logit by ~1e-2 (observed: 0.036 on k3_dsa). Their tests therefore run KDA in its
@@ -40,6 +41,8 @@ std::vector<Variant> variants() {
       {"kimi_linear", "kimi-linear-tiny", nullptr},
       {"deepseek_v3_fp8", "deepseek-v3-tiny", nullptr, false},
       {"deepseek_v32_fp8", "deepseek-v32-tiny", nullptr, false},
+      // DeepSeek V3.2 DSA: every layer sparse, top-8 (prompts of 30..150 tokens really select).
+      {"deepseek_v32_sparse_top8", "deepseek-v32-sparse-tiny", nullptr, true},
       {"deepseek_v2style_softmax_groups", "deepseek-v2style-tiny", nullptr, false},
       {"deepseek_v3_bf16_no_q_lora_one_group", "deepseek-v3-tiny",
        [](GenSpec& s) { s.fp8 = false, s.q_lora = 0, s.n_group = 1, s.topk_group = 1, s.mla_heads = 3; },
@@ -167,24 +170,53 @@ TEST_P(ModelConsistency, RejectsOutOfVocabIds) {
   EXPECT_NE(r.error().message().find("outside the vocabulary"), std::string::npos);
 }
 
-// DeepSeek V3.2 runs as dense MLA, exact only while every position fits in index_topk; beyond that
-// the engine must refuse (until the DSA indexer lands), never silently compute dense attention.
-TEST(DeepseekV32, RefusesContextBeyondIndexTopk) {
-  testing::TempDir tmp;
-  testing::make_checkpoint("deepseek-v32-tiny", tmp.path(), [](GenSpec& s) { s.index_topk = 16; });
-  auto e = Engine::load(tmp.path());
-  ASSERT_TRUE(e) << e.error().message();
-  EXPECT_EQ((*e)->model().max_positions(), 16);
-  const auto ids = prompt(17, (*e)->config().text.vocab_size);
-  SequenceState s = (*e)->new_sequence();
-  auto r = (*e)->prefill(s, ids, 0);
-  ASSERT_FALSE(r);
-  EXPECT_NE(r.error().message().find("DSA indexer not implemented"), std::string::npos) << r.error().message();
-  EXPECT_EQ(s.n_tokens, 0);  // nothing ran
-  ASSERT_TRUE((*e)->prefill(s, std::span<const int32_t>(ids.data(), 16), 5));
-  auto d = (*e)->decode(s, ids[16]);
-  ASSERT_FALSE(d);
-  EXPECT_NE(d.error().message().find("DSA indexer not implemented"), std::string::npos);
+// DeepSeek V3.2 with top-k ≥ the sequence length selects every causal position, so it must equal
+// the same checkpoint typed deepseek_v3 (no indexers; the generator seeds each tensor by name, so
+// every shared tensor is identical), at any chunking. With top-8 the first 8 rows still equal dense
+// and later rows differ (sparsity in effect beyond index_topk, where the engine used to refuse).
+TEST(DeepseekV32, TopkAtLeastLengthEqualsDenseV3) {
+  testing::TempDir big, small, dense;
+  testing::make_checkpoint("deepseek-v32-sparse-tiny", big.path(), [](GenSpec& s) { s.index_topk = 4096; });
+  testing::make_checkpoint("deepseek-v32-sparse-tiny", small.path(), nullptr);
+  testing::make_checkpoint("deepseek-v32-sparse-tiny", dense.path(), [](GenSpec& s) { s.arch = "deepseek_v3"; });
+  auto eb = Engine::load(big.path()), es = Engine::load(small.path()), ed = Engine::load(dense.path());
+  ASSERT_TRUE(eb && es && ed);
+  EXPECT_EQ((*eb)->model().cache_geometry().sparse_layers.size(), 4u);
+  EXPECT_TRUE((*ed)->model().cache_geometry().sparse_layers.empty());
+  const int vocab = (*ed)->config().text.vocab_size;
+  const auto ids = prompt(150, vocab);
+  auto run = [&](Engine& e, int64_t chunk) {
+    SequenceState s = e.new_sequence();
+    auto r = e.prefill(s, ids, chunk, true);
+    EXPECT_TRUE(r);
+    return r ? *r : std::vector<float>{};
+  };
+  const auto ref = run(**ed, 0);
+  expect_close(run(**eb, 0), ref, 1e-4, "top-k 4096, one chunk");
+  expect_close(run(**eb, 9), ref, 1e-4, "top-k 4096, chunks of 9");
+  const auto sparse = run(**es, 0);
+  std::vector<float> head(sparse.begin(), sparse.begin() + 8 * vocab), ref_head(ref.begin(), ref.begin() + 8 * vocab);
+  expect_close(head, ref_head, 1e-4, "top-8, first 8 tokens");
+  double diff = 0;
+  for (size_t i = 8 * static_cast<size_t>(vocab); i < ref.size(); ++i)
+    diff = std::max(diff, static_cast<double>(std::fabs(sparse[i] - ref[i])));
+  EXPECT_GT(diff, 1e-2) << "top-8 sparse attention did not change the logits";
+  // The selection itself: row t of a one-chunk prefill lists min(t + 1, 8) distinct causal positions.
+  const auto sel = (*es)->model().last_topk(2);
+  ASSERT_EQ(sel.size(), 150u * 8u);
+  for (int64_t t = 0; t < 150; ++t) {
+    int64_t n = 0;
+    for (int64_t j = 0; j < 8; ++j) {
+      const int32_t p = sel[static_cast<size_t>(t * 8 + j)];
+      if (p < 0) continue;
+      ++n;
+      EXPECT_LE(p, t);
+      if (j > 0) {
+        EXPECT_GT(p, sel[static_cast<size_t>(t * 8 + j - 1)]);
+      }
+    }
+    EXPECT_EQ(n, std::min<int64_t>(t + 1, 8)) << "row " << t;
+  }
 }
 
 // DSA with top-k ≥ the sequence length selects every causal position, so a sparse model must equal
@@ -220,9 +252,9 @@ TEST(DsaModel, TopkAtLeastLengthEqualsDenseModel) {
 // Server-style sequences: latents and indexer keys in CachePools blocks (page 16, so a 150-token
 // prompt spans 10 blocks), two sequences batched in one forward_batch per chunk — must equal owned
 // single-sequence runs (same KDA path on both sides; see the DSA note at the top).
-TEST(DsaModel, PoolBackedBatchEqualsOwned) {
+void pool_backed_batch_equals_owned(const char* preset, size_t sparse_layer) {
   testing::TempDir tmp;
-  testing::make_checkpoint("k3-tiny-dsa", tmp.path(), nullptr);
+  testing::make_checkpoint(preset, tmp.path(), nullptr);
   auto e = Engine::load(tmp.path());
   ASSERT_TRUE(e);
   Model& m = (*e)->model();
@@ -263,10 +295,13 @@ TEST(DsaModel, PoolBackedBatchEqualsOwned) {
   }
   expect_close(la, ra, 1e-4, "pooled sequence a");
   expect_close(lb, rb, 1e-4, "pooled sequence b");
-  EXPECT_EQ(sa.mla[3].indexer.n_tokens, 150);
+  EXPECT_EQ(sa.mla[sparse_layer].indexer.n_tokens, 150);
   (*pools)->release(sa, *slot_a, ba);
   (*pools)->release(sb, *slot_b, bb);
 }
+
+TEST(DsaModel, PoolBackedBatchEqualsOwned) { pool_backed_batch_equals_owned("k3-tiny-dsa", 3); }
+TEST(DeepseekV32, PoolBackedBatchEqualsOwned) { pool_backed_batch_equals_owned("deepseek-v32-sparse-tiny", 0); }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, ModelConsistency, ::testing::ValuesIn(variants()),
                          [](const auto& info) { return std::string(info.param.name); });

@@ -27,11 +27,11 @@ void hadamard_rotate(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
-void rope_neox(float* x, int64_t rope, int64_t pos, const float* inv_freq) {
+void rope_neox(float* x, int64_t rope, int64_t pos, const float* inv_freq, float mag) {
   const int64_t half = rope / 2;
   for (int64_t i = 0; i < half; ++i) {
     const float ang = static_cast<float>(pos) * inv_freq[i];
-    const float c = std::cos(ang), s = std::sin(ang);
+    const float c = std::cos(ang) * mag, s = std::sin(ang) * mag;
     const float a = x[i], b = x[i + half];
     x[i] = a * c - b * s;
     x[i + half] = a * s + b * c;

@@ -21,8 +21,9 @@ inline int64_t indexer_row_bytes(int64_t D) { return D + 4; }
 // fast_hadamard_transform.hadamard_transform(x, scale = n^-0.5)); n must be a power of two.
 void hadamard_rotate(float* x, int64_t n);
 
-// NeoX ("rotate half") RoPE on x[0:rope): pairs (i, i + rope/2) rotated by pos · inv_freq[i].
-void rope_neox(float* x, int64_t rope, int64_t pos, const float* inv_freq);
+// NeoX ("rotate half") RoPE on x[0:rope): pairs (i, i + rope/2) rotated by pos · inv_freq[i], cos and
+// sin scaled by `mag` (YaRN cos/sin magnitude; 1 for plain RoPE).
+void rope_neox(float* x, int64_t rope, int64_t pos, const float* inv_freq, float mag = 1.0f);
 
 // One FP8 block exactly as DeepSeek's act_quant: amax = max(max|x|, 1e-4); scale = amax / 448, or
 // with ue8m0 the power of two 2^ceil(log2(amax / 448)); codes = e4m3fn(clamp(x / scale, ±448)) with

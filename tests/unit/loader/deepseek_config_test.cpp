@@ -3,6 +3,8 @@
 // and the key/tensor, and unsupported variants are refused with a reason.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 
 #include "common/test_util.h"
@@ -86,13 +88,21 @@ TEST_F(DeepseekConfigTest, V32NeedsIndexKeys) {
   auto c = load_model_config(dir());
   ASSERT_TRUE(c) << c.error().message();
   EXPECT_EQ(c->arch, Arch::kDeepseekV32);
-  EXPECT_EQ(c->text.dsa.index_topk, 256);
-  EXPECT_EQ(c->text.dsa.index_n_heads, 4);
+  EXPECT_EQ(c->text.index_topk, 256);
+  EXPECT_EQ(c->text.index_n_heads, 16);
+  // Every layer carries an indexer; its rope dims are the MLA's.
+  EXPECT_EQ(c->text.sparse_attn_layers.size(), static_cast<size_t>(c->text.num_hidden_layers));
+  EXPECT_EQ(std::count(c->text.attn_sparse.begin(), c->text.attn_sparse.end(), true), c->text.num_hidden_layers);
+  EXPECT_EQ(c->text.index_rope_head_dim, c->text.qk_rope_head_dim);
   for (const char* key : {"index_topk", "index_n_heads", "index_head_dim"}) {
     testing::make_checkpoint("deepseek-v32-tiny", dir());
     edit([&](nlohmann::json& j) { j.erase(key); });
     expect_one_line_naming(load_error(dir()), {"config.json", std::string("'") + key + "'", "missing required key"});
   }
+  // The indexer needs one act_quant block per vector: head dim 128 only (loud, not a wrong result).
+  testing::make_checkpoint("deepseek-v32-tiny", dir());
+  edit([&](nlohmann::json& j) { j["index_head_dim"] = 64; });
+  expect_one_line_naming(load_error(dir()), {"config.json", "'index_head_dim'", "only 128"});
 }
 
 TEST_F(DeepseekConfigTest, MissingAndBadKeysNameFileAndKey) {
@@ -238,8 +248,8 @@ TEST(DeepseekReleasedConfigs, DeepseekV32Exp) {
   auto c = parse_model_config(j.dump(), "config.json");
   ASSERT_TRUE(c) << c.error().message();
   EXPECT_EQ(c->arch, Arch::kDeepseekV32);
-  EXPECT_EQ(c->text.dsa.index_topk, 2048);
-  EXPECT_EQ(c->text.dsa.index_head_dim, 128);
+  EXPECT_EQ(c->text.index_topk, 2048);
+  EXPECT_EQ(c->text.index_head_dim, 128);
   EXPECT_NEAR(c->text.mla_softmax_scale, 0.135234, 1e-6);
 }
 

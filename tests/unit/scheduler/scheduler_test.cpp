@@ -237,44 +237,35 @@ TEST_F(SchedulerTest, RejectsBadRequests) {
 }
 
 // DeepSeek through the scheduler: pool-backed MLA pages with no KDA slots (slot size 0), batched
-// requests equal their solo runs bitwise; V3.2 refuses a context it cannot run exactly.
-TEST(SchedulerDeepseek, BatchedEqualsAloneAndV32ContextLimit) {
-  testing::TempDir dir;
-  testing::make_checkpoint("deepseek-v3-tiny", dir.path());
-  auto e = Engine::load(dir.path());
-  ASSERT_TRUE(e) << e.error().message();
-  SchedulerConfig c;
-  c.cache.budget_bytes = 64ll << 20;
-  auto s = Scheduler::create(**e, c);
-  ASSERT_TRUE(s) << s.error().message();
-  const Collected alone = run_alone(**s, prompt(90, 0), 12);
-  ASSERT_EQ(alone.tokens.size(), 12u);
-  std::vector<std::unique_ptr<Client>> others;
-  Client target;
-  for (int i = 1; i <= 3; ++i) {
-    others.push_back(std::make_unique<Client>());
-    ASSERT_TRUE((*s)->submit(others.back()->make(prompt(20 + 25 * i, i), 6 + i)));
-    if (i == 2) {
-      ASSERT_TRUE((*s)->submit(target.make(prompt(90, 0), 12)));
+// requests equal their solo runs bitwise. Also V3.2 with top-8 DSA (every layer sparse, indexer keys
+// in their own pool pages) on prompts of 45..90 tokens, so the selection is really sparse.
+TEST(SchedulerDeepseek, BatchedEqualsAlone) {
+  for (const char* preset : {"deepseek-v3-tiny", "deepseek-v32-sparse-tiny"}) {
+    SCOPED_TRACE(preset);
+    testing::TempDir dir;
+    testing::make_checkpoint(preset, dir.path());
+    auto e = Engine::load(dir.path());
+    ASSERT_TRUE(e) << e.error().message();
+    SchedulerConfig c;
+    c.cache.budget_bytes = 64ll << 20;
+    auto s = Scheduler::create(**e, c);
+    ASSERT_TRUE(s) << s.error().message();
+    const Collected alone = run_alone(**s, prompt(90, 0), 12);
+    ASSERT_EQ(alone.tokens.size(), 12u);
+    std::vector<std::unique_ptr<Client>> others;
+    Client target;
+    for (int i = 1; i <= 3; ++i) {
+      others.push_back(std::make_unique<Client>());
+      ASSERT_TRUE((*s)->submit(others.back()->make(prompt(20 + 25 * i, i), 6 + i)));
+      if (i == 2) {
+        ASSERT_TRUE((*s)->submit(target.make(prompt(90, 0), 12)));
+      }
     }
+    const Collected batched = target.wait();
+    for (auto& o : others) EXPECT_EQ(o->wait().finish, FinishReason::kLength);
+    EXPECT_EQ(batched.tokens, alone.tokens);
+    EXPECT_EQ(batched.logprobs, alone.logprobs);
   }
-  const Collected batched = target.wait();
-  for (auto& o : others) EXPECT_EQ(o->wait().finish, FinishReason::kLength);
-  EXPECT_EQ(batched.tokens, alone.tokens);
-  EXPECT_EQ(batched.logprobs, alone.logprobs);
-
-  testing::TempDir dir32;
-  testing::make_checkpoint("deepseek-v32-tiny", dir32.path());  // index_topk 256
-  auto e32 = Engine::load(dir32.path());
-  ASSERT_TRUE(e32) << e32.error().message();
-  SchedulerConfig c32;
-  c32.cache.budget_bytes = 64ll << 20;
-  c32.max_context = 257;
-  auto bad = Scheduler::create(**e32, c32);
-  ASSERT_FALSE(bad);
-  EXPECT_NE(bad.error().message().find("DSA indexer not implemented"), std::string::npos) << bad.error().message();
-  c32.max_context = 256;
-  EXPECT_TRUE(Scheduler::create(**e32, c32));
 }
 
 }  // namespace

@@ -141,28 +141,32 @@ def llama_bench(llama_cpp, path, threads, pp, tg, reps):
     pp_ids = [(i * 7919 + 13) % vocab for i in range(pp)]  # the same ids Kestrel's bench uses
     tg_ids = [(i * 7919 + 13) % vocab for i in range(tg)]
 
+    # process_time = CPU seconds of all threads of this process (llama.cpp's workers included):
+    # cpu / wall = cores the engine actually got (< threads means a contended machine).
     def run_pp(ids):
         llm.reset()  # n_tokens = 0: eval() clears the KV cache from position 0
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         llm.eval(ids)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
     def run_tg(ids):
         llm.reset()
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         for t in ids:
             llm.eval([t])
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
     run_pp(pp_ids[:32]), run_tg(tg_ids[:1])  # warm-up, as for Kestrel
     res = {}
     for name, n, fn, ids in (("pp", pp, run_pp, pp_ids), ("tg", tg, run_tg, tg_ids)):
         if n <= 0:
             continue
-        secs = [fn(ids) for _ in range(reps)]
+        runs = [fn(ids) for _ in range(reps)]
+        secs = [w for w, _ in runs]
         ts = [n / s for s in secs]
         res[name] = {"n_tokens": n, "seconds": secs, "tok_s": ts, "tok_s_mean": float(np.mean(ts)),
-                     "tok_s_sd": float(np.std(ts, ddof=1)) if reps > 1 else 0.0}
+                     "tok_s_sd": float(np.std(ts, ddof=1)) if reps > 1 else 0.0,
+                     "cores_used": [c / w for w, c in runs]}
     llm.close()
     return res
 
@@ -184,6 +188,8 @@ def main():
     ap.add_argument("-n", "--tg", type=int, default=128)
     ap.add_argument("--cells", default="all", help="comma-separated cell indices (0..%d) or 'all'" % (len(CELLS) - 1))
     ap.add_argument("--no-int8", action="store_true", help="skip the KESTREL_MXFP4_INT8=1 rows")
+    ap.add_argument("--dram-gb-s", type=float, default=0.0,
+                    help="roofline to use instead of this run's membw_bench (e.g. a quiet-machine figure)")
     ap.add_argument("--out-json", default="llama_cpp_compare.json")
     ap.add_argument("--out-md", default="llama_cpp_compare.md")
     args = ap.parse_args()
@@ -205,9 +211,10 @@ def main():
         files[(preset, kind)] = (ckpt, path)
 
     # 2. Machine limits, same run.
-    bw = membw(args.membw, args.threads)
+    bw_measured = membw(args.membw, args.threads)
+    bw = args.dram_gb_s or bw_measured
     peak = vnni_peak(args.w4a8_bench, args.threads)
-    lm.log(f"DRAM read {bw:.1f} GB/s, VNNI peak {peak * 1e-12:.2f} TOPS ({args.threads} threads)")
+    lm.log(f"DRAM read {bw_measured:.1f} GB/s (roofline used: {bw:.1f}), VNNI peak {peak * 1e-12:.2f} TOPS ({args.threads} threads)")
 
     rng = np.random.RandomState(0)
     results = []
@@ -250,29 +257,29 @@ def main():
         results.append(cell)
 
     # 3. Report.
-    out = {"machine": {"cpu": platform.processor() or "", "threads": args.threads, "dram_read_gb_s": bw,
+    out = {"machine": {"cpu": platform.processor() or "", "threads": args.threads, "dram_read_gb_s_measured": bw_measured, "roofline_gb_s": bw,
                        "vnni_peak_ops": peak},
            "protocol": {"pp": args.pp, "tg": args.tg, "reps": args.reps, "gate_prompt": GATE_PROMPT,
                         "gate_gen": GATE_GEN, "gate_median_nmse": GATE_MEDIAN_NMSE, "gate_min_top1": GATE_MIN_TOP1},
            "kestrel_git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
            "llama_cpp_python": llama_cpp.__version__, "cells": results, "wall_s": time.time() - t_start}
-    md = [f"DRAM read roofline {bw:.1f} GB/s, VNNI int8 peak {peak * 1e-12:.2f} TOPS ({args.threads} threads, "
+    md = [f"DRAM read roofline {bw:.1f} GB/s (membw_bench in this run: {bw_measured:.1f}), VNNI int8 peak {peak * 1e-12:.2f} TOPS ({args.threads} threads, "
           f"measured in this run); pp{args.pp} / tg{args.tg}, -r {args.reps}, mean ± sd t/s.", "",
           "| model / file | engine | pp t/s | tg t/s | pp ratio | tg ratio | active GB/token | tg GB/s | % roofline | "
-          "pp GOP/s | % VNNI peak | gate (median NMSE / top-1) |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "pp GOP/s | % VNNI peak | cores used pp / tg | gate (median NMSE / top-1) |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in results:
         f = c["header"]
         ab, ap_ = f["active_bytes_per_token"], f["active_params_per_token"]
         base = c["rows"][0] if c["rows"] else None
         if not c["rows"]:
-            md.append(f"| {c['cell']} | — | gate failed | | | | {ab / 1e9:.3f} | | | | | "
+            md.append(f"| {c['cell']} | — | gate failed | | | | {ab / 1e9:.3f} | | | | | | "
                       f"{c['gate']['median_nmse']:.2e} / {c['gate']['top1']:.2f} |")
             continue
         for r in c["rows"]:
             g = r.get("gate", c["gate"])
             if "pp" not in r:
-                md.append(f"| {c['cell']} | {r['engine']} | gate failed | | | | | | | | | "
+                md.append(f"| {c['cell']} | {r['engine']} | gate failed | | | | | | | | | | "
                           f"{g['median_nmse']:.2e} / {g['top1']:.2f} |")
                 continue
             pp, tg = r["pp"]["tok_s_mean"], r["tg"]["tok_s_mean"]
@@ -285,7 +292,8 @@ def main():
             gate_txt = "(reference)" if r["engine"] == "llama.cpp" else f"{g['median_nmse']:.2e} / {g['top1']:.2f}"
             md.append(f"| {c['cell']} | {r['engine']} | {fmt(r, 'pp')} | {fmt(r, 'tg')} | {rp:.2f}× | {rt:.2f}× | "
                       f"{ab / 1e9:.3f} | {d['tg_gb_s']:.1f} | {100 * d['roofline_frac']:.0f} % | {d['pp_gop_s']:.0f} | "
-                      f"{100 * d['vnni_frac']:.1f} % | {gate_txt} |")
+                      f"{100 * d['vnni_frac']:.1f} % | {np.mean(r['pp']['cores_used']):.2f} / "
+                      f"{np.mean(r['tg']['cores_used']):.2f} | {gate_txt} |")
     md += ["", "Files (sha256):", ""] + [f"* `{os.path.basename(c['file'])}` {c['sha256']} "
                                          f"({c['header']['file_bytes'] / 1e9:.2f} GB; tensor bytes by type: "
                                          + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in sorted(c["header"]["bytes_by_type"].items()))

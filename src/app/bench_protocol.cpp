@@ -1,5 +1,7 @@
 #include "app/bench_protocol.h"
 
+#include <time.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -12,7 +14,21 @@ namespace kestrel::app {
 namespace {
 using Clock = std::chrono::steady_clock;
 
-nlohmann::json summarize(int64_t n_tokens, const std::vector<double>& seconds) {
+// CPU seconds of the whole process (all threads): cpu / wall of a run = cores it actually got, the sign
+// of a contended machine.
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+struct Timed {
+  double wall = 0, cpu = 0;
+};
+
+nlohmann::json summarize(int64_t n_tokens, const std::vector<Timed>& runs) {
+  std::vector<double> seconds, cores;
+  for (const Timed& r : runs) seconds.push_back(r.wall), cores.push_back(r.cpu / r.wall);
   // Per-repetition rates, then their mean and sample standard deviation (llama-bench's avg_ts/stddev_ts).
   std::vector<double> ts;
   double mean = 0;
@@ -21,23 +37,26 @@ nlohmann::json summarize(int64_t n_tokens, const std::vector<double>& seconds) {
   double var = 0;
   for (double t : ts) var += (t - mean) * (t - mean);
   const double sd = ts.size() > 1 ? std::sqrt(var / static_cast<double>(ts.size() - 1)) : 0.0;
-  return {{"n_tokens", n_tokens}, {"seconds", seconds}, {"tok_s", ts}, {"tok_s_mean", mean}, {"tok_s_sd", sd}};
+  return {{"n_tokens", n_tokens}, {"seconds", seconds}, {"tok_s", ts}, {"tok_s_mean", mean}, {"tok_s_sd", sd},
+          {"cores_used", cores}};
 }
 
 // pp: one prefill of the whole prompt as a single chunk on a fresh sequence.
-Result<double> time_pp(Engine& e, const std::vector<int32_t>& ids) {
+Result<Timed> time_pp(Engine& e, const std::vector<int32_t>& ids) {
   SequenceState seq = e.new_sequence();
+  const double c0 = cpu_seconds();
   const auto t0 = Clock::now();
   auto l = e.prefill(seq, ids, static_cast<int64_t>(ids.size()));
   if (!l) return l.error();
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+  return Timed{std::chrono::duration<double>(Clock::now() - t0).count(), cpu_seconds() - c0};
 }
 
 // tg: n single-token steps from an empty sequence (the first is a one-token prefill: nothing is cached
 // yet), each fed the previous greedy token, like llama-bench's tg (one llama_decode per token).
-Result<double> time_tg(Engine& e, int64_t n, int32_t first, std::vector<float>& logits) {
+Result<Timed> time_tg(Engine& e, int64_t n, int32_t first, std::vector<float>& logits) {
   SequenceState seq = e.new_sequence();
   e.reserve(seq, n);
+  const double c0 = cpu_seconds();
   const auto t0 = Clock::now();
   auto l = e.prefill(seq, std::span<const int32_t>(&first, 1), 1);
   if (!l) return l.error();
@@ -46,7 +65,7 @@ Result<double> time_tg(Engine& e, int64_t n, int32_t first, std::vector<float>& 
     if (Status s = e.decode_into(seq, tok, logits); !s.is_ok()) return s;
     tok = Sampler::argmax(logits);
   }
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+  return Timed{std::chrono::duration<double>(Clock::now() - t0).count(), cpu_seconds() - c0};
 }
 }  // namespace
 
@@ -68,7 +87,7 @@ Result<nlohmann::json> run_pp_tg(Engine& e, const PpTgOptions& o) {
   nlohmann::json j = nlohmann::json::object();
   if (o.pp > 0) {
     const auto ids = bench_prompt_ids(o.pp, vocab);
-    std::vector<double> secs;
+    std::vector<Timed> secs;
     for (int64_t r = 0; r < o.reps; ++r) {
       auto s = time_pp(e, ids);
       if (!s) return s.error();
@@ -77,7 +96,7 @@ Result<nlohmann::json> run_pp_tg(Engine& e, const PpTgOptions& o) {
     j["pp"] = summarize(o.pp, secs);
   }
   if (o.tg > 0) {
-    std::vector<double> secs;
+    std::vector<Timed> secs;
     for (int64_t r = 0; r < o.reps; ++r) {
       auto s = time_tg(e, o.tg, 13, logits);
       if (!s) return s.error();

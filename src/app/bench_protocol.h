@@ -24,7 +24,8 @@ struct PpTgOptions {
 // Token ids of the timed prompts: (i·7919 + 13) mod vocab, as the plain bench uses.
 std::vector<int32_t> bench_prompt_ids(int64_t n, int vocab);
 
-// {"pp": {"n_tokens", "seconds": [...], "tok_s_mean", "tok_s_sd"}, "tg": {...}} (absent phases skipped).
+// {"pp": {"n_tokens", "seconds": [...], "tok_s": [...], "tok_s_mean", "tok_s_sd", "cores_used": [...]},
+//  "tg": {...}} (absent phases skipped); cores_used = process CPU seconds / wall seconds per repetition.
 Result<nlohmann::json> run_pp_tg(Engine& e, const PpTgOptions& o);
 
 // Greedy gate: prefill `prompt` in one chunk, then `gen` greedy decodes. Row i of the logits written to

@@ -27,6 +27,7 @@ def test_pp_tg_protocol_json():
         r = j[k]
         assert r["n_tokens"] == n and len(r["seconds"]) == 3 and len(r["tok_s"]) == 3
         assert all(s > 0 for s in r["seconds"])
+        assert len(r["cores_used"]) == 3 and all(0 < c < 8 for c in r["cores_used"])
         assert np.isclose(r["tok_s_mean"], np.mean([n / s for s in r["seconds"]]))
         assert np.isclose(r["tok_s_sd"], np.std([n / s for s in r["seconds"]], ddof=1))
 

@@ -44,7 +44,9 @@ struct GenSpec {
 // Named presets: "k3-tiny", "k3-tiny-bf16", "kimi-linear-tiny", "k3-bench", "k3-default",
 // "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v2style-tiny", "deepseek-bench".
 // "k3-tiny-dsa" (layers 4 and 8 sparse, top-16), "k3-bench-dsa" (k3-bench with both MLA layers sparse,
-// top-2048; every tensor shared with k3-bench is identical).
+// top-2048; every tensor shared with k3-bench is identical). "kimi-linear-bench" (Kimi-Linear-48B-A3B layer widths,
+// 3 KDA + 1 MLA, 64 experts top-8) and "k3-shape-bench" (K3 layer widths: KDA + dense, MLA + LatentMoE with 32
+// MXFP4 experts top-8), vocab 32768: the llama.cpp side-by-side benchmark (bench/llama_cpp_compare.py).
 Result<GenSpec> gen_preset(const std::string& name);
 std::vector<std::string> gen_preset_names();
 

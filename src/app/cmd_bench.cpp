@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include "app/args.h"
+#include "app/bench_protocol.h"
 #include "app/commands.h"
 #include "app/default_model.h"
 #include "runtime/engine.h"
@@ -31,12 +32,65 @@ double peak_rss_mib() {
 }
 }  // namespace
 
+namespace {
+int fail_msg(const Status& s) {
+  std::fprintf(stderr, "kestrel bench: %s\n", s.message().c_str());
+  return 1;
+}
+
+// --pp N --tg M --reps R [--warmup W]: llama-bench's pp/tg protocol (bench_protocol.h).
+int bench_pp_tg(const Args& a, const std::string& dir) {
+  PpTgOptions o;
+  auto pp = a.integer("pp", 0), tg = a.integer("tg", 0), reps = a.integer("reps", 3), warm = a.integer("warmup", 1);
+  if (!pp || !tg || !reps || !warm) return fail_msg(invalid_argument("--pp, --tg, --reps, --warmup take integers"));
+  o.pp = *pp, o.tg = *tg, o.reps = *reps, o.warmup = *warm;
+  auto eng = Engine::load(dir);
+  if (!eng) return fail_msg(eng.error());
+  auto r = run_pp_tg(**eng, o);
+  if (!r) return fail_msg(r.error());
+  nlohmann::json j = *r;
+  j["model"] = dir, j["threads"] = omp_get_max_threads(), j["peak_rss_mib"] = peak_rss_mib();
+  if (a.has("json")) {
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("model    %s\nthreads  %d\n", dir.c_str(), omp_get_max_threads());
+  for (const char* k : {"pp", "tg"})
+    if (j.contains(k))
+      std::printf("%s%-6lld %8.2f ± %.2f tok/s (%zu reps)\n", k, static_cast<long long>(j[k]["n_tokens"].get<int64_t>()),
+                  j[k]["tok_s_mean"].get<double>(), j[k]["tok_s_sd"].get<double>(), j[k]["seconds"].size());
+  return 0;
+}
+
+// --gate-ids LIST --gate-gen G --gate-out FILE: greedy continuation + its logits, for the comparison gate.
+int bench_gate(const Args& a, const std::string& dir) {
+  if (!a.has("gate-ids") || !a.has("gate-out")) return fail_msg(invalid_argument("--gate-ids and --gate-out go together"));
+  auto ids = parse_id_list(a.str("gate-ids"));
+  if (!ids) return fail_msg(ids.error());
+  auto gen = a.integer("gate-gen", 16);
+  if (!gen || *gen < 1 || *gen > 4096) return fail_msg(invalid_argument("--gate-gen must be an integer in 1..4096"));
+  auto eng = Engine::load(dir);
+  if (!eng) return fail_msg(eng.error());
+  auto r = run_gate(**eng, *ids, *gen, a.str("gate-out"));
+  if (!r) return fail_msg(r.error());
+  std::printf("%s\n", r->dump().c_str());
+  return 0;
+}
+}  // namespace
+
 // Prefill and decode throughput and peak memory on a named preset (generated on first use) or a
 // checkpoint directory.
 int cmd_bench(const std::vector<std::string>& argv) {
   auto fail = [](const Status& s) { std::fprintf(stderr, "kestrel bench: %s\n", s.message().c_str()); return 1; };
-  auto a = Args::parse(argv, {"model", "preset", "prompt", "gen", "chunk", "batch", "context"}, {"json"});
+  auto a = Args::parse(argv, {"model", "preset", "prompt", "gen", "chunk", "batch", "context", "threads", "pp", "tg", "reps",
+                              "warmup", "gate-ids", "gate-gen", "gate-out"},
+                       {"json"});
   if (!a) return fail(a.error());
+  if (a->has("threads")) {
+    auto t = a->integer("threads", 0);
+    if (!t || *t < 1 || *t > 1024) return fail(invalid_argument("--threads must be an integer in 1..1024"));
+    omp_set_num_threads(static_cast<int>(*t));
+  }
   std::string dir = a->str("model");
   const std::string preset = a->str("preset", "k3-bench");
   if (dir.empty()) {
@@ -44,6 +98,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
     if (!d) return fail(d.error());
     dir = *d;
   }
+  if (a->has("gate-out") || a->has("gate-ids")) return bench_gate(*a, dir);
+  if (a->has("pp") || a->has("tg") || a->has("reps")) return bench_pp_tg(*a, dir);
   auto prompt = a->integer("prompt", 512);
   auto gen = a->integer("gen", 64);
   auto chunk = a->integer("chunk", 512);

@@ -169,8 +169,9 @@ json text_config(const GenSpec& s) {
 
 std::vector<std::string> gen_preset_names() {
   return {"k3-tiny",  "k3-tiny-bf16", "k3-tiny-allexp",   "kimi-linear-tiny",
-          "k3-bench", "k3-default",   "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v32-sparse-tiny", "deepseek-v2style-tiny", "deepseek-bench", "deepseek-bench-dsa",
-          "k3-micro", "k3-micro-bf16", "kimi-linear-micro", "k3-tiny-dsa", "k3-bench-dsa"};
+          "k3-bench", "k3-default",   "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v32-sparse-tiny", "deepseek-v2style-tiny",
+          "deepseek-bench", "deepseek-bench-dsa", "k3-micro", "k3-micro-bf16", "kimi-linear-micro", "k3-tiny-dsa", "k3-bench-dsa",
+          "kimi-linear-bench", "k3-shape-bench"};
 }
 
 Result<GenSpec> gen_preset(const std::string& name) {
@@ -225,6 +226,32 @@ Result<GenSpec> gen_preset(const std::string& name) {
       s.sparse_attn_layers = {4, 8};
       s.index_heads = 8, s.index_topk = 2048;
     }
+    return s;
+  }
+  // Real per-layer widths, fewer layers and experts (issue 5 "Measure", bench/llama_cpp_compare.py): the
+  // weights are far above the 32 MiB LLC but the whole model stays a few GB. Vocab cut to 32768 (the
+  // embedding and lm_head are not per-layer widths; 163840 would make lm_head dominate the active bytes).
+  if (name == "kimi-linear-bench") {  // Kimi-Linear-48B-A3B layer shapes (kda_kimi_linear.md), one 3:1 period
+    s.arch = "kimi_linear";
+    s.vocab = 32768, s.hidden = 2304, s.layers = 4, s.intermediate = 9216;
+    s.mla_heads = 32, s.kda_heads = 32, s.head_dim = 128;
+    s.full_attn_layers = {4};
+    s.q_lora = 0, s.kv_lora = 512, s.nope = 128, s.rope = 64, s.v_dim = 128;
+    s.experts = 64, s.top_k = 8, s.shared = 1, s.moe_inter = 1024;  // release: 256 experts top-8
+    s.mxfp4_experts = false;
+    s.routed_scaling = 2.446f;
+    s.pad_a_log = false;
+    s.shards = 4;
+    return s;
+  }
+  if (name == "k3-shape-bench") {  // K3 layer shapes (kimi_k3_spec.md): layer 0 KDA + dense, layer 1 MLA + LatentMoE
+    s.vocab = 32768, s.hidden = 7168, s.layers = 2, s.intermediate = 33792;
+    s.mla_heads = 96, s.kda_heads = 96, s.head_dim = 128;
+    s.full_attn_layers = {2};
+    s.attn_res_block = 1;  // release: 12; here every layer writes a bank row (two blocks, as AttnRes needs ≥ 2)
+    s.experts = 32, s.top_k = 8, s.shared = 2, s.moe_inter = 3072, s.latent = 3584;  // release: 896 experts top-16
+    s.q_lora = 1536, s.kv_lora = 512, s.nope = 128, s.rope = 64, s.v_dim = 128;
+    s.shards = 4;
     return s;
   }
   if (name == "k3-default") {  // the embedded default: K3 architecture; 256 byte ranks + K3's 256 specials

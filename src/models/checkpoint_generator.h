@@ -46,7 +46,9 @@ struct GenSpec {
 // "deepseek-v2style-tiny", "deepseek-bench", "deepseek-bench-dsa" (deepseek-bench as V3.2: indexer on every
 // layer, 8 × 128, top-2048).
 // "k3-tiny-dsa" (layers 4 and 8 sparse, top-16), "k3-bench-dsa" (k3-bench with both MLA layers sparse,
-// top-2048; every tensor shared with k3-bench is identical).
+// top-2048; every tensor shared with k3-bench is identical). "kimi-linear-bench" (Kimi-Linear-48B-A3B layer widths,
+// 3 KDA + 1 MLA, 64 experts top-8) and "k3-shape-bench" (K3 layer widths: KDA + dense, MLA + LatentMoE with 32
+// MXFP4 experts top-8), vocab 32768: the llama.cpp side-by-side benchmark (bench/llama_cpp_compare.py).
 Result<GenSpec> gen_preset(const std::string& name);
 std::vector<std::string> gen_preset_names();
 

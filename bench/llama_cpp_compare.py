@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmark, Kestrel vs llama.cpp, on the very same GGUF files (issue 5 "Measure").
+
+    /work/venv/bin/python bench/llama_cpp_compare.py --kestrel build/release/kestrel \\
+        --llama-cpp-src /work/dl/llama_cpp_python-0.3.36/vendor/llama.cpp --work-dir /tmp/llbench -r 3 \\
+        --out-json bench_llama_cpp.json --out-md bench_llama_cpp.md
+
+Models (made once under --work-dir, reused afterwards; sha256 recorded):
+  kimi-linear-bench  Kimi-Linear-48B-A3B layer widths (hidden 2304, 32 KDA/MLA heads, 3 KDA + 1 MLA,
+                     64 experts top-8 + 1 shared at 1024, dense 9216), vocab 32768      -> Q4_0
+  k3-shape-bench     K3 layer widths (hidden 7168, 96 heads, q_lora 1536, LatentMoE 3584/3072, 2 shared,
+                     dense 33792): layer 0 KDA + dense, layer 1 MLA + MoE (32 experts top-8), vocab 32768
+                                                                                          -> Q4_0, and the
+                     released format (MXFP4 experts repacked by the converter, everything else BF16)
+Pipeline: `kestrel make-model` (HF layout) -> llama.cpp's convert_hf_to_gguf.py -> llama_model_quantize
+(Q4_0; output and token_embd forced to Q4_0, F32 norms/routers kept as llama.cpp keeps them).
+
+Protocol per file (cpu_performance.md §6; llama-bench semantics):
+  * page cache warmed (one full read of the file) before each engine;
+  * correctness gate first: a fixed random 32-token prompt, Kestrel's greedy 16-token continuation and the
+    logits behind each choice (`kestrel bench --gate-*`) against llama.cpp's logits at the same positions
+    (llama.cpp fed the prompt + Kestrel's tokens). Bounds below (GATE_*); timing is skipped when it fails;
+  * pp512: one llama_decode of 512 tokens (n_batch = n_ubatch = 512) on an empty context;
+    tg128: 128 single-token decodes from an empty context; -r repetitions, mean ± sd of per-repetition t/s;
+    both engines with 2 threads, one untimed warm-up (32-token prefill + 1 decode) first;
+  * Kestrel: `kestrel bench --model FILE --threads 2 --pp 512 --tg 128 --reps R --json`;
+    llama.cpp: llama_cpp.Llama in this process (f16 KV cache and flash-attention setting at the package
+    defaults, as llama-bench), driven through Llama.eval (one llama_decode per call).
+Derived, per cell: ratio = Kestrel / llama.cpp; active weight bytes per token from the GGUF header (all
+tensors, one embedding row, top-k/n_expert of each routed-expert tensor); achieved GB/s = tg t/s × active bytes;
+% of the DRAM read roofline measured in the same run (bench/membw_bench, 2 threads, the better of before
+and after the cells; --dram-gb-s overrides); prefill GOP/s = pp t/s ×
+2 × active matrix params; % of the VNNI int8 peak measured in the same run (bench/w4a8_bench BM_VnniPeak,
+2 threads). The int8-activation mode (KESTREL_MXFP4_INT8=1) applies only to compressed-tensors MXFP4 weights,
+not to GGUF blocks, so it is run on the K3 safetensors checkpoint the MXFP4 GGUF was converted from (same
+expert bits, same BF16 rest) as an extra Kestrel row.
+"""
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llbench_models as lm  # noqa: E402
+
+# Gate bounds. llama.cpp quantizes activations to Q8_0 before Q4_0/Q8_0/MXFP4 products and rounds them to
+# BF16 before BF16 products; Kestrel keeps fp32 activations and decodes the blocks exactly (proved bit-exact
+# against gguf-py's dequantizer and against llama.cpp on F32-decoded files in tests/models/gguf_test). So the
+# two engines differ by llama.cpp's activation rounding alone, which tests/models/gguf_test measured on the
+# micro files at median row NMSE 3.7e-3 (Q4_0) / 6.3e-4 (MXFP4 experts), top-1 0.84-0.98, with routing flips
+# making single rows uncorrelated. Bounds: median row NMSE <= 2e-2 (~5x the measured Q4_0 noise) and greedy
+# top-1 agreement >= 0.6; a wrong layout/scale/expert mapping gives NMSE ~1 on every row and top-1 ~0.
+GATE_MEDIAN_NMSE = 2e-2
+GATE_MIN_TOP1 = 0.6
+GATE_PROMPT = 32
+GATE_GEN = 16
+
+CELLS = [
+    # (cell name, preset, gguf kind, extra Kestrel rows)
+    ("kimi-linear-bench Q4_0", "kimi-linear-bench", "q4_0", []),
+    ("k3-shape-bench Q4_0", "k3-shape-bench", "q4_0", []),
+    ("k3-shape-bench MXFP4 experts + BF16", "k3-shape-bench", "mxfp4", ["int8"]),
+]
+
+
+def warm_page_cache(path):
+    paths = [path] if os.path.isfile(path) else [os.path.join(path, f) for f in sorted(os.listdir(path))]
+    for p in paths:
+        with open(p, "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+
+def membw(binary, threads):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    out = subprocess.run([binary, "2", "5"], check=True, capture_output=True, text=True, env=env).stdout
+    return float(re.search(r"read ([0-9.]+) GB/s", out).group(1))
+
+
+def vnni_peak(binary, threads):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    out = subprocess.run([binary, "--benchmark_filter=VnniPeak", "--benchmark_format=json"], check=True,
+                         capture_output=True, text=True, env=env).stdout
+    b = json.loads(out)["benchmarks"][0]
+    return float(b["TOPS"]) * 1e12
+
+
+def kestrel_bench(kestrel, model, threads, pp, tg, reps, env_extra=None):
+    env = dict(os.environ, **(env_extra or {}))
+    env.pop("OMP_NUM_THREADS", None)
+    cmd = [kestrel, "bench", "--model", model, "--threads", str(threads), "--pp", str(pp), "--tg", str(tg),
+           "--reps", str(reps), "--json"]
+    lm.log("+ " + " ".join(cmd) + (f"  ({env_extra})" if env_extra else ""))
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def kestrel_gate(kestrel, model, prompt, gen, logits_path, env_extra=None):
+    env = dict(os.environ, **(env_extra or {}))
+    cmd = [kestrel, "bench", "--model", model, "--threads", "2", "--gate-ids", ",".join(map(str, prompt)),
+           "--gate-gen", str(gen), "--gate-out", logits_path]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    j = json.loads(out.strip().splitlines()[-1])
+    logits = np.fromfile(logits_path, dtype=np.float32).reshape(gen, j["vocab"])
+    os.remove(logits_path)
+    return j["generated"], logits
+
+
+def llama_open(llama_cpp, path, threads, n_ctx, logits_all=False):
+    return llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
+                           n_threads_batch=threads, n_gpu_layers=0, logits_all=logits_all, seed=0, verbose=False)
+
+
+def llama_gate(llama_cpp, path, threads, prompt, generated):
+    """llama.cpp's logits at the positions where Kestrel chose each generated token (teacher forcing)."""
+    llm = llama_open(llama_cpp, path, threads, 128, logits_all=True)
+    seq = list(prompt) + list(generated[:-1])
+    llm.eval(seq)
+    rows = np.array(llm.scores[len(prompt) - 1: len(seq)], dtype=np.float32, copy=True)
+    llm.close()
+    return rows
+
+
+def gate_stats(ours, ref, generated):
+    a, b = ours.astype(np.float64), ref.astype(np.float64)
+    nmse = np.sum((a - b) ** 2, axis=1) / np.sum(b ** 2, axis=1)
+    top1 = float(np.mean(np.argmax(ref, axis=1) == np.array(generated)))
+    return {"median_nmse": float(np.median(nmse)), "max_nmse": float(np.max(nmse)), "top1": top1,
+            "max_abs": float(np.max(np.abs(a - b))), "rows": int(len(nmse)),
+            "pass": bool(np.median(nmse) <= GATE_MEDIAN_NMSE and top1 >= GATE_MIN_TOP1)}
+
+
+def llama_bench(llama_cpp, path, threads, pp, tg, reps):
+    llm = llama_open(llama_cpp, path, threads, max(pp, tg) + 64)
+    vocab = llm.n_vocab()
+    pp_ids = [(i * 7919 + 13) % vocab for i in range(pp)]  # the same ids Kestrel's bench uses
+    tg_ids = [(i * 7919 + 13) % vocab for i in range(tg)]
+
+    # process_time = CPU seconds of all threads of this process (llama.cpp's workers included):
+    # cpu / wall = cores the engine actually got (< threads means a contended machine).
+    def run_pp(ids):
+        llm.reset()  # n_tokens = 0: eval() clears the KV cache from position 0
+        c0, t0 = time.process_time(), time.perf_counter()
+        llm.eval(ids)
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    def run_tg(ids):
+        llm.reset()
+        c0, t0 = time.process_time(), time.perf_counter()
+        for t in ids:
+            llm.eval([t])
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    run_pp(pp_ids[:32]), run_tg(tg_ids[:1])  # warm-up, as for Kestrel
+    res = {}
+    for name, n, fn, ids in (("pp", pp, run_pp, pp_ids), ("tg", tg, run_tg, tg_ids)):
+        if n <= 0:
+            continue
+        runs = [fn(ids) for _ in range(reps)]
+        secs = [w for w, _ in runs]
+        ts = [n / s for s in secs]
+        res[name] = {"n_tokens": n, "seconds": secs, "tok_s": ts, "tok_s_mean": float(np.mean(ts)),
+                     "tok_s_sd": float(np.std(ts, ddof=1)) if reps > 1 else 0.0,
+                     "cores_used": [c / w for w, c in runs]}
+    llm.close()
+    return res
+
+
+def fmt(r, k):
+    return f"{r[k]['tok_s_mean']:.2f} ± {r[k]['tok_s_sd']:.2f}" if r and k in r else "—"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kestrel", default="build/release/kestrel")
+    ap.add_argument("--membw", default="build/release/bench/membw_bench")
+    ap.add_argument("--w4a8-bench", default="build/release/bench/w4a8_bench")
+    ap.add_argument("--llama-cpp-src", default="/work/dl/llama_cpp_python-0.3.36/vendor/llama.cpp")
+    ap.add_argument("--work-dir", default="/tmp/llbench")
+    ap.add_argument("-r", "--reps", type=int, default=3)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-p", "--pp", type=int, default=512)
+    ap.add_argument("-n", "--tg", type=int, default=128)
+    ap.add_argument("--cells", default="all", help="comma-separated cell indices (0..%d) or 'all'" % (len(CELLS) - 1))
+    ap.add_argument("--no-int8", action="store_true", help="skip the KESTREL_MXFP4_INT8=1 rows")
+    ap.add_argument("--dram-gb-s", type=float, default=0.0,
+                    help="roofline to use instead of this run's membw_bench (e.g. a quiet-machine figure)")
+    ap.add_argument("--out-json", default="llama_cpp_compare.json")
+    ap.add_argument("--out-md", default="llama_cpp_compare.md")
+    args = ap.parse_args()
+    sys.path.insert(0, os.path.join(args.llama_cpp_src, "gguf-py"))  # the vendored gguf-py (header reader)
+    import gguf
+    import llama_cpp
+
+    os.makedirs(args.work_dir, exist_ok=True)
+    t_start = time.time()
+    cells = CELLS if args.cells == "all" else [CELLS[int(i)] for i in args.cells.split(",")]
+
+    # 1. Files (made once, then reused).
+    files = {}
+    for _, preset, kind, _ in cells:
+        ckpt = lm.make_checkpoint(args.kestrel, preset, os.path.join(args.work_dir, preset))
+        mx = os.path.join(args.work_dir, f"{preset}-{'mxfp4' if preset.startswith('k3') else 'bf16'}.gguf")
+        lm.convert(sys.executable, args.llama_cpp_src, ckpt, mx, "bf16")
+        path = lm.quantize_q4_0(mx, os.path.join(args.work_dir, f"{preset}-q4_0.gguf")) if kind == "q4_0" else mx
+        files[(preset, kind)] = (ckpt, path)
+
+    # 2. Machine limits, same run.
+    bw_before = membw(args.membw, args.threads)
+    peak = vnni_peak(args.w4a8_bench, args.threads)
+    lm.log(f"DRAM read {bw_before:.1f} GB/s, VNNI peak {peak * 1e-12:.2f} TOPS ({args.threads} threads)")
+
+    rng = np.random.RandomState(0)
+    results = []
+    for name, preset, kind, extra in cells:
+        ckpt, path = files[(preset, kind)]
+        facts = lm.header_facts(gguf, path)
+        sha = lm.sha256(path)
+        lm.log(f"== {name}: {path} sha256 {sha}, active {facts['active_bytes_per_token'] / 1e9:.3f} GB/token")
+        cell = {"cell": name, "file": path, "sha256": sha, "header": facts, "rows": []}
+        # Gate.
+        prompt = [int(t) for t in rng.randint(0, facts["vocab"], GATE_PROMPT)]
+        gen, ours = kestrel_gate(args.kestrel, path, prompt, GATE_GEN, os.path.join(args.work_dir, "gate.f32"))
+        ref = llama_gate(llama_cpp, path, args.threads, prompt, gen)
+        cell["gate"] = gate_stats(ours, ref, gen)
+        lm.log(f"   gate: {cell['gate']}")
+        if not cell["gate"]["pass"]:
+            lm.log("   gate FAILED: not timing this cell")
+            results.append(cell)
+            continue
+        # Timing.
+        warm_page_cache(path)
+        lc = llama_bench(llama_cpp, path, args.threads, args.pp, args.tg, args.reps)
+        warm_page_cache(path)
+        ks = kestrel_bench(args.kestrel, path, args.threads, args.pp, args.tg, args.reps)
+        cell["rows"].append({"engine": "llama.cpp", **lc})
+        cell["rows"].append({"engine": "kestrel", **ks})
+        if "int8" in extra and not args.no_int8:
+            # Same expert bits and BF16 rest, as compressed-tensors safetensors (the only MXFP4 the int8 mode
+            # covers). Gate: against llama.cpp on the MXFP4 GGUF, like the other rows.
+            env = {"KESTREL_MXFP4_INT8": "1"}
+            gen8, ours8 = kestrel_gate(args.kestrel, ckpt, prompt, GATE_GEN, os.path.join(args.work_dir, "gate.f32"), env)
+            ref8 = ref if gen8 == gen else llama_gate(llama_cpp, path, args.threads, prompt, gen8)
+            g8 = gate_stats(ours8, ref8, gen8)
+            lm.log(f"   int8 gate: {g8}")
+            row = {"engine": "kestrel KESTREL_MXFP4_INT8=1 (safetensors)", "gate": g8}
+            if g8["pass"]:
+                warm_page_cache(ckpt)
+                row.update(kestrel_bench(args.kestrel, ckpt, args.threads, args.pp, args.tg, args.reps, env))
+            cell["rows"].append(row)
+        results.append(cell)
+
+    # 3. Report. The roofline is the better of membw_bench before and after the cells: a job sharing the
+    # machine during one of them depresses it (it must not be below what the engines themselves stream).
+    bw_after = membw(args.membw, args.threads)
+    bw_measured = max(bw_before, bw_after)
+    bw = args.dram_gb_s or bw_measured
+    out = {"machine": {"cpu": platform.processor() or "", "threads": args.threads,
+                       "dram_read_gb_s_measured": [bw_before, bw_after], "roofline_gb_s": bw,
+                       "vnni_peak_ops": peak},
+           "protocol": {"pp": args.pp, "tg": args.tg, "reps": args.reps, "gate_prompt": GATE_PROMPT,
+                        "gate_gen": GATE_GEN, "gate_median_nmse": GATE_MEDIAN_NMSE, "gate_min_top1": GATE_MIN_TOP1},
+           "kestrel_git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+           "llama_cpp_python": llama_cpp.__version__, "cells": results, "wall_s": time.time() - t_start}
+    md = [f"DRAM read roofline {bw:.1f} GB/s (membw_bench in this run, before / after: {bw_before:.1f} / "
+          f"{bw_after:.1f}), VNNI int8 peak {peak * 1e-12:.2f} TOPS ({args.threads} threads, "
+          f"measured in this run); pp{args.pp} / tg{args.tg}, -r {args.reps}, mean ± sd t/s.", "",
+          "| model / file | engine | pp t/s | tg t/s | pp ratio | tg ratio | active GB/token | tg GB/s | % roofline | "
+          "pp GOP/s | % VNNI peak | cores used pp / tg | gate (median NMSE / top-1) |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in results:
+        f = c["header"]
+        ab, ap_ = f["active_bytes_per_token"], f["active_params_per_token"]
+        base = c["rows"][0] if c["rows"] else None
+        if not c["rows"]:
+            md.append(f"| {c['cell']} | — | gate failed | | | | {ab / 1e9:.3f} | | | | | | "
+                      f"{c['gate']['median_nmse']:.2e} / {c['gate']['top1']:.2f} |")
+            continue
+        for r in c["rows"]:
+            g = r.get("gate", c["gate"])
+            if "pp" not in r:
+                md.append(f"| {c['cell']} | {r['engine']} | gate failed | | | | | | | | | | "
+                          f"{g['median_nmse']:.2e} / {g['top1']:.2f} |")
+                continue
+            pp, tg = r["pp"]["tok_s_mean"], r["tg"]["tok_s_mean"]
+            rp = pp / base["pp"]["tok_s_mean"]
+            rt = tg / base["tg"]["tok_s_mean"]
+            r["derived"] = {"pp_ratio": rp, "tg_ratio": rt, "tg_gb_s": tg * ab / 1e9,
+                            "roofline_frac": tg * ab / 1e9 / bw, "pp_gop_s": pp * 2 * ap_ / 1e9,
+                            "vnni_frac": pp * 2 * ap_ / peak}
+            d = r["derived"]
+            gate_txt = "(reference)" if r["engine"] == "llama.cpp" else f"{g['median_nmse']:.2e} / {g['top1']:.2f}"
+            md.append(f"| {c['cell']} | {r['engine']} | {fmt(r, 'pp')} | {fmt(r, 'tg')} | {rp:.2f}× | {rt:.2f}× | "
+                      f"{ab / 1e9:.3f} | {d['tg_gb_s']:.1f} | {100 * d['roofline_frac']:.0f} % | {d['pp_gop_s']:.0f} | "
+                      f"{100 * d['vnni_frac']:.1f} % | {np.mean(r['pp']['cores_used']):.2f} / "
+                      f"{np.mean(r['tg']['cores_used']):.2f} | {gate_txt} |")
+    md += ["", "Files (sha256):", ""] + [f"* `{os.path.basename(c['file'])}` {c['sha256']} "
+                                         f"({c['header']['file_bytes'] / 1e9:.2f} GB; tensor bytes by type: "
+                                         + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in sorted(c["header"]["bytes_by_type"].items()))
+                                         + ")" for c in results]
+    md.append(f"\nWall time of the run: {out['wall_s']:.0f} s.")
+    with open(args.out_json, "w") as fh:
+        json.dump(out, fh, indent=1)
+    with open(args.out_md, "w") as fh:
+        fh.write("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0 if all(c["gate"]["pass"] for c in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

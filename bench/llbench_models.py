@@ -1,0 +1,117 @@
+"""Checkpoints and GGUF files for bench/llama_cpp_compare.py, and what the GGUF header says about them.
+
+Every file is made by an independent tool: `kestrel make-model` writes the HF checkpoint, llama.cpp's own
+converter (the vendored convert_hf_to_gguf.py, driven as tools/gen_gguf_goldens.py drives it) writes the
+GGUF, llama.cpp's llama_model_quantize writes the Q4_0 file. Kestrel only reads them.
+"""
+import hashlib
+import os
+import shlex
+import subprocess
+import sys
+
+import numpy as np
+
+LLAMA_FTYPE_MOSTLY_Q4_0 = 2
+GGML_TYPE_Q4_0 = 2
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from gen_gguf_goldens import CONVERT_SNIPPET  # noqa: E402  (dummy vocabulary for tokenizer-less checkpoints)
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(cmd, **kw):
+    log("+ " + " ".join(shlex.quote(str(c)) for c in cmd))
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def sha256(path, chunk=1 << 24):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def make_checkpoint(kestrel, preset, out_dir):
+    if not os.path.exists(os.path.join(out_dir, "model.safetensors.index.json")):
+        run([kestrel, "make-model", "--preset", preset, "--out", out_dir])
+    return out_dir
+
+
+def convert(python, llama_cpp_src, model_dir, out, outtype):
+    """llama.cpp's converter: F32 norms/routers stay F32, K3 MXFP4 experts are repacked (not requantized)."""
+    if not os.path.exists(out):
+        tmp = out + ".part"
+        run([python, "-c", CONVERT_SNIPPET, llama_cpp_src, model_dir, tmp, outtype])
+        os.replace(tmp, out)
+    return out
+
+
+def quantize_q4_0(src, dst, threads=2):
+    """llama_model_quantize MOSTLY_Q4_0 with output and token embedding forced to Q4_0 too (the default would
+    make the output Q6_K, which Kestrel does not read); tensors llama.cpp keeps F32 (norms, router biases,
+    conv, A/dt) stay F32. allow_requantize: the K3 MXFP4 experts become Q4_0 as well."""
+    if os.path.exists(dst):
+        return dst
+    import llama_cpp
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = LLAMA_FTYPE_MOSTLY_Q4_0
+    p.output_tensor_type = GGML_TYPE_Q4_0
+    p.token_embedding_type = GGML_TYPE_Q4_0
+    p.allow_requantize = True
+    p.nthread = threads
+    tmp = dst + ".part"
+    log(f"+ llama_model_quantize {src} -> {dst} (Q4_0)")
+    if llama_cpp.llama_model_quantize(src.encode(), tmp.encode(), p) != 0:
+        raise RuntimeError(f"llama_model_quantize failed on {src}")
+    os.replace(tmp, dst)
+    return dst
+
+
+def _field(r, key, default=None):
+    f = r.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def header_facts(gguf_mod, path):
+    """Per-token weight traffic from the GGUF header (tensor sizes and the expert count / top-k keys).
+
+    active bytes per decoded token = every tensor's bytes, except
+      token_embd: one row (a lookup),
+      routed experts (`*_exps`, [n_expert, ...]): top-k of n_expert,
+    and active params likewise (for prefill GOP/s: 2 ops per active matrix parameter per token, the lm_head
+    included, the embedding lookup not). Norm/bias vectors are counted in bytes (they are read) but they are
+    negligible. KDA state / KV cache traffic is not in these numbers (constant per token at empty context:
+    a few MB, see the table notes)."""
+    r = gguf_mod.GGUFReader(path)
+    arch = _field(r, "general.architecture")
+    n_expert = int(_field(r, f"{arch}.expert_count", 0) or 0)
+    top_k = int(_field(r, f"{arch}.expert_used_count", 0) or 0)
+    total = active = 0.0
+    active_params = 0.0
+    types = {}
+    for t in r.tensors:
+        nb = float(t.n_bytes)
+        ne = float(np.prod([int(d) for d in t.shape]))
+        total += nb
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + int(t.n_bytes)
+        if t.name == "token_embd.weight":
+            rows = int(t.shape[-1])
+            active += nb / rows
+            continue
+        frac = 1.0
+        if "_exps" in t.name and n_expert > 0:
+            frac = top_k / n_expert
+        active += nb * frac
+        if len(t.shape) >= 2 and int(t.shape[0]) > 1 and int(t.shape[1]) > 1:
+            active_params += ne * frac
+    return {"arch": arch, "n_expert": n_expert, "top_k": top_k, "file_bytes": os.path.getsize(path),
+            "tensor_bytes": total, "active_bytes_per_token": active, "active_params_per_token": active_params,
+            "bytes_by_type": types, "vocab": int(_field(r, f"{arch}.vocab_size", 0) or 0)}

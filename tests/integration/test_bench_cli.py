@@ -14,8 +14,12 @@ GGUF_DIR = os.path.join(os.path.dirname(__file__), "..", "data", "gguf")
 Q4 = os.path.join(GGUF_DIR, "k3_micro_q4_0.gguf")
 
 
-def run(args):
-    return subprocess.run([BIN, *args], capture_output=True, env=ENV, timeout=300)
+def run(args, env=None):
+    return subprocess.run([BIN, *args], capture_output=True, env=env or ENV, timeout=300)
+
+
+# The exact path (fp32 activations): the golden is llama.cpp on the F32-decoded file.
+EXACT = {**ENV, "KESTREL_GGUF_INT8": "0"}
 
 
 def test_pp_tg_protocol_json():
@@ -49,7 +53,7 @@ def test_gate_logits_match_llama_cpp_exact_decode_and_greedy_tokens_match_genera
     prompt = [int(t) for t in g["prompt"]]
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "gate.f32")
-        p = run(["bench", "--model", Q4, "--gate-ids", ",".join(map(str, prompt)), "--gate-gen", "4", "--gate-out", out])
+        p = run(["bench", "--model", Q4, "--gate-ids", ",".join(map(str, prompt)), "--gate-gen", "4", "--gate-out", out], EXACT)
         assert p.returncode == 0, p.stderr
         j = json.loads(p.stdout)
         rows = np.fromfile(out, dtype=np.float32).reshape(4, j["vocab"])
@@ -58,7 +62,7 @@ def test_gate_logits_match_llama_cpp_exact_decode_and_greedy_tokens_match_genera
     assert j["generated"][0] == int(np.argmax(ref))
     assert j["generated"] == [int(np.argmax(r)) for r in rows]
     gen = run(["generate", "--model", Q4, "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", "4", "--json",
-               "--quiet"])
+               "--quiet"], EXACT)
     assert gen.returncode == 0, gen.stderr
     assert json.loads(gen.stdout)["tokens"] == j["generated"]
 

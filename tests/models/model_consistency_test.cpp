@@ -170,6 +170,32 @@ TEST_P(ModelConsistency, RejectsOutOfVocabIds) {
   EXPECT_NE(r.error().message().find("outside the vocabulary"), std::string::npos);
 }
 
+// Shared by the DSA-vs-dense tests: all-position logits of `ids` on `big` (top-k ≥ length) equal `dense`
+// in one chunk and in chunks of 9; on `small` (top-k = topk) the first topk rows equal dense and later
+// rows differ by > 1e-2. Returns the small model's logits.
+std::vector<float> expect_topk_vs_dense(Engine& big, Engine& small, Engine& dense, const std::vector<int32_t>& ids,
+                                        int64_t topk) {
+  const int64_t vocab = dense.config().text.vocab_size;
+  auto run = [&](Engine& e, int64_t chunk) {
+    SequenceState s = e.new_sequence();
+    auto r = e.prefill(s, ids, chunk, true);
+    EXPECT_TRUE(r);
+    return r ? *r : std::vector<float>{};
+  };
+  const auto ref = run(dense, 0);
+  expect_close(run(big, 0), ref, 1e-4, "top-k 4096, one chunk");
+  expect_close(run(big, 9), ref, 1e-4, "top-k 4096, chunks of 9");
+  const auto sparse = run(small, 0);
+  const std::string k = std::to_string(topk);
+  std::vector<float> head(sparse.begin(), sparse.begin() + topk * vocab), ref_head(ref.begin(), ref.begin() + topk * vocab);
+  expect_close(head, ref_head, 1e-4, "top-" + k + ", first " + k + " tokens");
+  double diff = 0;
+  for (size_t i = static_cast<size_t>(topk * vocab); i < ref.size(); ++i)
+    diff = std::max(diff, static_cast<double>(std::fabs(sparse[i] - ref[i])));
+  EXPECT_GT(diff, 1e-2) << "top-" << k << " sparse attention did not change the logits";
+  return sparse;
+}
+
 // DeepSeek V3.2 with top-k ≥ the sequence length selects every causal position, so it must equal
 // the same checkpoint typed deepseek_v3 (no indexers; the generator seeds each tensor by name, so
 // every shared tensor is identical), at any chunking. With top-8 the first 8 rows still equal dense
@@ -183,24 +209,8 @@ TEST(DeepseekV32, TopkAtLeastLengthEqualsDenseV3) {
   ASSERT_TRUE(eb && es && ed);
   EXPECT_EQ((*eb)->model().cache_geometry().sparse_layers.size(), 4u);
   EXPECT_TRUE((*ed)->model().cache_geometry().sparse_layers.empty());
-  const int vocab = (*ed)->config().text.vocab_size;
-  const auto ids = prompt(150, vocab);
-  auto run = [&](Engine& e, int64_t chunk) {
-    SequenceState s = e.new_sequence();
-    auto r = e.prefill(s, ids, chunk, true);
-    EXPECT_TRUE(r);
-    return r ? *r : std::vector<float>{};
-  };
-  const auto ref = run(**ed, 0);
-  expect_close(run(**eb, 0), ref, 1e-4, "top-k 4096, one chunk");
-  expect_close(run(**eb, 9), ref, 1e-4, "top-k 4096, chunks of 9");
-  const auto sparse = run(**es, 0);
-  std::vector<float> head(sparse.begin(), sparse.begin() + 8 * vocab), ref_head(ref.begin(), ref.begin() + 8 * vocab);
-  expect_close(head, ref_head, 1e-4, "top-8, first 8 tokens");
-  double diff = 0;
-  for (size_t i = 8 * static_cast<size_t>(vocab); i < ref.size(); ++i)
-    diff = std::max(diff, static_cast<double>(std::fabs(sparse[i] - ref[i])));
-  EXPECT_GT(diff, 1e-2) << "top-8 sparse attention did not change the logits";
+  const auto ids = prompt(150, (*ed)->config().text.vocab_size);
+  expect_topk_vs_dense(**eb, **es, **ed, ids, 8);
   // The selection itself: row t of a one-chunk prefill lists min(t + 1, 8) distinct causal positions.
   const auto sel = (*es)->model().last_topk(2);
   ASSERT_EQ(sel.size(), 150u * 8u);
@@ -229,24 +239,8 @@ TEST(DsaModel, TopkAtLeastLengthEqualsDenseModel) {
   testing::make_checkpoint("k3-tiny", dense.path(), nullptr);
   auto eb = Engine::load(sparse_big.path()), es = Engine::load(sparse_small.path()), ed = Engine::load(dense.path());
   ASSERT_TRUE(eb && es && ed);
-  const int vocab = (*ed)->config().text.vocab_size;
-  const auto ids = prompt(150, vocab);
-  auto run = [&](Engine& e, int64_t chunk) {
-    SequenceState s = e.new_sequence();
-    auto r = e.prefill(s, ids, chunk, true);
-    EXPECT_TRUE(r);
-    return r ? *r : std::vector<float>{};
-  };
-  const auto ref = run(**ed, 0);
-  expect_close(run(**eb, 0), ref, 1e-4, "top-k 4096, one chunk");
-  expect_close(run(**eb, 9), ref, 1e-4, "top-k 4096, chunks of 9");
   // Top-16: identical while the context is ≤ 16 tokens, different afterwards.
-  const auto small = run(**es, 0);
-  std::vector<float> head(small.begin(), small.begin() + 16 * vocab), ref_head(ref.begin(), ref.begin() + 16 * vocab);
-  expect_close(head, ref_head, 1e-4, "top-16, first 16 tokens");
-  double diff = 0;
-  for (size_t i = 16 * static_cast<size_t>(vocab); i < ref.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(small[i] - ref[i])));
-  EXPECT_GT(diff, 1e-2) << "top-16 sparse attention did not change the logits";
+  expect_topk_vs_dense(**eb, **es, **ed, prompt(150, (*ed)->config().text.vocab_size), 16);
 }
 
 // Server-style sequences: latents and indexer keys in CachePools blocks (page 16, so a 150-token

@@ -14,12 +14,6 @@
 namespace kestrel::kernels {
 namespace {
 
-inline float load_f16(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return f16_to_f32(h);
-}
-
 // -1: read KESTREL_GGUF_INT8 once (default on; "0" turns it off).
 std::atomic<int> g_enabled{-1};
 
@@ -108,13 +102,13 @@ void gguf_int8_rows_scalar(const WeightMatrix& w, const Q8Acts& a, float* y, int
         float dw = 0;
         switch (w.format) {
           case WeightFormat::kGgufQ8_0: {
-            dw = load_f16(blk);
+            dw = gguf_load_f16(blk);
             const int8_t* wq = reinterpret_cast<const int8_t*>(blk + 2);
             for (int j = 0; j < 32; ++j) isum += wq[j] * qb[j];
             break;
           }
           case WeightFormat::kGgufQ4_0:
-            dw = load_f16(blk);
+            dw = gguf_load_f16(blk);
             for (int j = 0; j < 16; ++j) isum += ((blk[2 + j] & 15) - 8) * qb[j] + ((blk[2 + j] >> 4) - 8) * qb[j + 16];
             break;
           default:  // MXFP4

@@ -8,16 +8,6 @@
 #include "tensor/dtype.h"
 
 namespace kestrel::kernels {
-namespace {
-
-inline float load_f16(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return f16_to_f32(h);
-}
-
-}  // namespace
-
 int64_t gguf_block_bytes(WeightFormat f) {
   switch (f) {
     case WeightFormat::kGgufQ8_0: return 34;
@@ -41,7 +31,7 @@ inline void store16(const v16i8& q, float s, float* dst) {
 // Plain loop: GCC vectorises it (int8 → float per element) better than the explicit vector form.
 void decode_q8_0_row(const uint8_t* blocks, int64_t n_blocks, float* dst) {
   for (int64_t b = 0; b < n_blocks; ++b, blocks += 34, dst += 32) {
-    const float d = load_f16(blocks);
+    const float d = gguf_load_f16(blocks);
     const int8_t* q = reinterpret_cast<const int8_t*>(blocks + 2);
     for (int j = 0; j < 32; ++j) dst[j] = d * static_cast<float>(q[j]);
   }
@@ -49,7 +39,7 @@ void decode_q8_0_row(const uint8_t* blocks, int64_t n_blocks, float* dst) {
 
 void decode_q4_0_row(const uint8_t* blocks, int64_t n_blocks, float* dst) {
   for (int64_t b = 0; b < n_blocks; ++b, blocks += 18, dst += 32) {
-    const float d = load_f16(blocks);
+    const float d = gguf_load_f16(blocks);
     v16u8 qs;
     std::memcpy(&qs, blocks + 2, 16);
     const v16i8 lo = __builtin_convertvector(qs & 15, v16i8) - 8;  // elements 0..15

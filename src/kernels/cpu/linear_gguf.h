@@ -9,12 +9,21 @@
 
 #include <bit>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/linear.h"
+#include "tensor/dtype.h"
 
 namespace kestrel::kernels {
 
 inline constexpr int64_t kGgufBlock = 32;
+
+// fp16 block scale at p (blocks are not 2-byte aligned: memcpy).
+inline float gguf_load_f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
 
 // 2·E2M1 as integers (ggml's kvalues_mxfp4); a GGUF MXFP4 value is this × 2^(e−128).
 alignas(16) inline constexpr int8_t kGgufE2M1Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};

@@ -81,7 +81,7 @@ std::vector<uint8_t> random_blocks(WeightFormat f, int64_t out, int64_t in, std:
   for (int64_t blk = 0; blk < n; ++blk) {
     uint8_t* p = data.data() + blk * bb;
     if (f == WeightFormat::kGgufMxfp4) {
-      p[0] = static_cast<uint8_t>(blk == 0 ? 1 : 120 + rng() % 12);
+      p[0] = static_cast<uint8_t>(blk == 0 ? 1 : blk == 1 ? 0 : 120 + rng() % 12);  // 2^-127, 2^-128: subnormal
     } else {
       const uint16_t h = static_cast<uint16_t>((rng() & 0x8000u) | ((5 + rng() % 14) << 10) | (rng() & 0x3ffu));
       std::memcpy(p, &h, 2);
@@ -137,6 +137,10 @@ TEST_P(GgufInt8Kernel, ScalarMatchesFp64AndSimdMatchesScalar) {
   std::vector<float> yv(static_cast<size_t>(T * out));
   gguf_int8_rows_avx512(w, a, yv.data(), out, 0, out);
   for (size_t i = 0; i < yv.size(); ++i) ASSERT_NEAR(yv[i], ys[i], 1e-5 * mag[i] + 1e-30) << "avx512 vs scalar " << i;
+  // The generic AVX-512 chunk loader and the VBMI one (taken above when it applies) give the same bits.
+  std::vector<float> yg(static_cast<size_t>(T * out));
+  gguf_int8_rows_avx512(w, a, yg.data(), out, 0, out, /*vbmi=*/false);
+  EXPECT_EQ(yg, yv) << "generic vs VBMI loader (VBMI applies: " << gguf_int8_vbmi_applies(w) << ")";
 
   // Batch and row-split invariance: token t alone, and rows cut at odd places, give the same bits.
   for (int64_t t = 0; t < T; ++t) {
@@ -169,7 +173,8 @@ INSTANTIATE_TEST_SUITE_P(Formats, GgufInt8Kernel,
                                            Case{WeightFormat::kGgufQ4_0, 512}, Case{WeightFormat::kGgufQ8_0, 32},
                                            Case{WeightFormat::kGgufQ8_0, 96}, Case{WeightFormat::kGgufQ8_0, 512},
                                            Case{WeightFormat::kGgufMxfp4, 64}, Case{WeightFormat::kGgufMxfp4, 288},
-                                           Case{WeightFormat::kGgufMxfp4, 512}),
+                                           Case{WeightFormat::kGgufMxfp4, 512}, Case{WeightFormat::kGgufQ4_0, 2304},
+                                           Case{WeightFormat::kGgufMxfp4, 2304}),
                          [](const auto& info) {
                            const char* f = info.param.format == WeightFormat::kGgufQ4_0   ? "q4_0"
                                            : info.param.format == WeightFormat::kGgufQ8_0 ? "q8_0"

@@ -163,10 +163,141 @@ KESTREL_AVX512 void run(const WeightMatrix& w, const Q8Acts& a, float* y, int64_
   for (; r < r1; ++r) rows<K, 1>(w, a, y, ldy, r);
 }
 
+// ---- VBMI path: whole 128-element chunks (in % 128 == 0, every real model width) ----------------
+// A chunk's 4 blocks are contiguous (72 bytes Q4_0, 68 MXFP4): one 64-byte load plus the few bytes
+// after it, then one vpermt2b gathers the 64 code bytes and one vpermb lays the 4 block scales out
+// lane by lane (Q4_0: fp16 pairs for vcvtph2ps; MXFP4: the E8M0 byte in each dword). No stack
+// round trip, no per-block inserts: the decode GEMV stays memory-bound.
+#define KESTREL_AVX512_VBMI \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx512vbmi,fma,f16c")))
+
+template <Kind K>
+struct VbmiIdx {
+  alignas(64) uint8_t codes[64];   // byte 16k + j ← chunk byte B·k + O + j
+  alignas(64) uint8_t scales[64];  // Q4_0: bytes 2l, 2l+1 ← B·(l/4), +1; MXFP4: byte 4l ← B·(l/4)
+  constexpr VbmiIdx() : codes(), scales() {
+    for (int k = 0; k < 4; ++k)
+      for (int j = 0; j < 16; ++j) codes[16 * k + j] = static_cast<uint8_t>(kBlockBytes<K> * k + kCodeOffset<K> + j);
+    for (int l = 0; l < 16; ++l) {
+      const int b = static_cast<int>(kBlockBytes<K>) * (l / 4);
+      if constexpr (K == Kind::kQ4_0) {
+        scales[2 * l] = static_cast<uint8_t>(b), scales[2 * l + 1] = static_cast<uint8_t>(b + 1);
+      } else {
+        scales[4 * l] = static_cast<uint8_t>(b);
+      }
+    }
+  }
+};
+template <Kind K>
+inline constexpr VbmiIdx<K> kVbmiIdx{};
+
+// Codes (as 64 bytes) and per-lane fp32 block scales of the chunk at p.
+template <Kind K>
+KESTREL_AVX512_VBMI inline void load_chunk(const uint8_t* p, __m512i ci, __m512i si, __m512i& codes, __m512& dw) {
+  const __m512i a = _mm512_loadu_si512(p);
+  __m128i tail;
+  if constexpr (K == Kind::kQ4_0) {
+    tail = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 64));
+  } else {
+    int32_t t;
+    std::memcpy(&t, p + 64, 4);
+    tail = _mm_cvtsi32_si128(t);
+  }
+  codes = _mm512_permutex2var_epi8(a, ci, _mm512_zextsi128_si512(tail));
+  if constexpr (K == Kind::kQ4_0) {
+    dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(si, a)));
+  } else {  // 2^(e−128) exactly as gguf_e8m0_half: e < 2 → subnormals 0x00200000 << e
+    const __m512i e = _mm512_maskz_permutexvar_epi8(0x1111111111111111ULL, si, a);
+    const __m512i big = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i small = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    dw = _mm512_castsi512_ps(_mm512_mask_mov_epi32(big, _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), small));
+  }
+}
+
+template <Kind K, int R, int U>
+KESTREL_AVX512_VBMI void block_vbmi(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t t0) {
+  constexpr int64_t CB = 4 * kBlockBytes<K>;
+  const int64_t nc = a.nc, P = nc * 128;
+  const uint8_t* W[R];
+  for (int r = 0; r < R; ++r) W[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * nc * CB;
+  const int8_t* X[U];
+  const int32_t* C[U];
+  const float* D[U];
+  for (int u = 0; u < U; ++u) {
+    X[u] = a.qg.data() + (t0 + u) * P;
+    C[u] = a.comp.data() + (t0 + u) * (P / 8);
+    D[u] = a.d.data() + (t0 + u) * (P / 32);
+  }
+  const __m512i ci = _mm512_load_si512(kVbmiIdx<K>.codes), si = _mm512_load_si512(kVbmiIdx<K>.scales);
+  const __m512i idx4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i nib = _mm512_set1_epi8(15);
+  __m512 acc[R][U];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < nc; ++c) {
+    __m512i xl[U], xh[U], nc_[U];
+    __m512 dx[U];
+    for (int u = 0; u < U; ++u) {
+      xl[u] = _mm512_loadu_si512(X[u] + c * 128);
+      xh[u] = _mm512_loadu_si512(X[u] + c * 128 + 64);
+      const __m512i cs = _mm512_loadu_si512(C[u] + c * 16);
+      __m512i cm = _mm512_slli_epi32(cs, 3);                                                 // 8·Σx
+      if constexpr (K == Kind::kMxfp4) cm = _mm512_add_epi32(cm, _mm512_slli_epi32(cs, 2));  // 12·Σx
+      nc_[u] = _mm512_sub_epi32(_mm512_setzero_si512(), cm);
+      dx[u] = _mm512_permutexvar_ps(idx4, _mm512_castps128_ps512(_mm_loadu_ps(D[u] + 4 * c)));
+    }
+    for (int r = 0; r < R; ++r) {
+      __m512i bytes;
+      __m512 dw;
+      load_chunk<K>(W[r] + c * CB, ci, si, bytes, dw);
+      __m512i lo = _mm512_and_si512(bytes, nib);
+      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nib);
+      if constexpr (K == Kind::kMxfp4) {  // code → 2·E2M1 + 12 ∈ [0, 24]
+        const __m512i tbl = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+        lo = _mm512_shuffle_epi8(tbl, lo);
+        hi = _mm512_shuffle_epi8(tbl, hi);
+      }
+      for (int u = 0; u < U; ++u) {
+        const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(nc_[u], lo, xl[u]), hi, xh[u]);
+        acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx[u]), acc[r][u]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) y[(t0 + u) * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][u]);
+}
+
+template <Kind K, int R>
+KESTREL_AVX512_VBMI void rows_vbmi(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0) {
+  int64_t t = 0;
+  for (; t + 4 <= a.T; t += 4) block_vbmi<K, R, 4>(w, a, y, ldy, r0, t);
+  for (; t < a.T; ++t) block_vbmi<K, R, 1>(w, a, y, ldy, r0, t);
+}
+
+template <Kind K>
+KESTREL_AVX512_VBMI void run_vbmi(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) rows_vbmi<K, 4>(w, a, y, ldy, r);
+  for (; r < r1; ++r) rows_vbmi<K, 1>(w, a, y, ldy, r);
+}
+
+bool cpu_has_vbmi() {
+  static const bool has = __builtin_cpu_supports("avx512vbmi");
+  return has;
+}
+
 }  // namespace
 
-KESTREL_AVX512 void gguf_int8_rows_avx512(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+bool gguf_int8_vbmi_applies(const WeightMatrix& w) {
+  return cpu_has_vbmi() && w.in % 128 == 0 && (w.format == WeightFormat::kGgufQ4_0 || w.format == WeightFormat::kGgufMxfp4);
+}
+
+KESTREL_AVX512 void gguf_int8_rows_avx512(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1,
+                                          bool vbmi) {
   KCHECK(w.in == a.in, "gguf_int8: shape mismatch");
+  if (vbmi && gguf_int8_vbmi_applies(w))
+    return w.format == WeightFormat::kGgufQ4_0 ? run_vbmi<Kind::kQ4_0>(w, a, y, ldy, r0, r1)
+                                               : run_vbmi<Kind::kMxfp4>(w, a, y, ldy, r0, r1);
   switch (w.format) {
     case WeightFormat::kGgufQ4_0: return run<Kind::kQ4_0>(w, a, y, ldy, r0, r1);
     case WeightFormat::kGgufQ8_0: return run<Kind::kQ8_0>(w, a, y, ldy, r0, r1);

@@ -49,15 +49,18 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llbench_models as lm  # noqa: E402
 
-# Gate bounds. llama.cpp quantizes activations to Q8_0 before Q4_0/Q8_0/MXFP4 products and rounds them to
-# BF16 before BF16 products; Kestrel keeps fp32 activations and decodes the blocks exactly (proved bit-exact
-# against gguf-py's dequantizer and against llama.cpp on F32-decoded files in tests/models/gguf_test). So the
-# two engines differ by llama.cpp's activation rounding alone, which tests/models/gguf_test measured on the
-# micro files at median row NMSE 3.7e-3 (Q4_0) / 6.3e-4 (MXFP4 experts), top-1 0.84-0.98, with routing flips
-# making single rows uncorrelated. Bounds: median row NMSE <= 2e-2 (~5x the measured Q4_0 noise) and greedy
-# top-1 agreement >= 0.6; a wrong layout/scale/expert mapping gives NMSE ~1 on every row and top-1 ~0.
-GATE_MEDIAN_NMSE = 2e-2
-GATE_MIN_TOP1 = 0.6
+# Gate bounds. llama.cpp quantizes activations to Q8_0 before Q4_0/Q8_0/MXFP4 products (Kestrel's default
+# GGUF int8 mode does the same, bit for bit: tests/ops/gguf_int8_test) and rounds them to BF16/F16 elsewhere
+# (its MLA latent cache is F16). On these random-weight bench models the per-row NMSE is bimodal: rows
+# where both engines route every token to the same experts agree to ~1e-3 (int8 mode: ~7e-4), rows where
+# one of the 8 routed experts flips in one MoE layer (near-tied router scores: random weights) land at
+# 1e-2..1e-1, and which rows flip is chance (the kimi-linear cell measured 6 to 9 flipped rows of 16).
+# A wrong layout / scale / expert mapping gives NMSE ~1 on every row and top-1 ~1/vocab. Bounds: at least
+# a quarter of the rows clean (NMSE <= 5e-3), median NMSE <= 0.1, greedy top-1 agreement >= 0.3.
+GATE_CLEAN_NMSE = 5e-3
+GATE_MIN_CLEAN_FRAC = 0.25
+GATE_MEDIAN_NMSE = 0.1
+GATE_MIN_TOP1 = 0.3
 GATE_PROMPT = 32
 GATE_GEN = 16
 
@@ -133,7 +136,9 @@ def gate_stats(ours, ref, generated):
     top1 = float(np.mean(np.argmax(ref, axis=1) == np.array(generated)))
     return {"median_nmse": float(np.median(nmse)), "max_nmse": float(np.max(nmse)), "top1": top1,
             "max_abs": float(np.max(np.abs(a - b))), "rows": int(len(nmse)),
-            "pass": bool(np.median(nmse) <= GATE_MEDIAN_NMSE and top1 >= GATE_MIN_TOP1)}
+            "clean_frac": float(np.mean(nmse <= GATE_CLEAN_NMSE)),
+            "pass": bool(np.median(nmse) <= GATE_MEDIAN_NMSE and top1 >= GATE_MIN_TOP1
+                         and np.mean(nmse <= GATE_CLEAN_NMSE) >= GATE_MIN_CLEAN_FRAC)}
 
 
 def llama_bench(llama_cpp, path, threads, pp, tg, reps):
@@ -265,7 +270,8 @@ def main():
                        "dram_read_gb_s_measured": [bw_before, bw_after], "roofline_gb_s": bw,
                        "vnni_peak_ops": peak},
            "protocol": {"pp": args.pp, "tg": args.tg, "reps": args.reps, "gate_prompt": GATE_PROMPT,
-                        "gate_gen": GATE_GEN, "gate_median_nmse": GATE_MEDIAN_NMSE, "gate_min_top1": GATE_MIN_TOP1},
+                        "gate_gen": GATE_GEN, "gate_median_nmse": GATE_MEDIAN_NMSE, "gate_min_top1": GATE_MIN_TOP1,
+                        "gate_clean_nmse": GATE_CLEAN_NMSE, "gate_min_clean_frac": GATE_MIN_CLEAN_FRAC},
            "kestrel_git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
            "llama_cpp_python": llama_cpp.__version__, "cells": results, "wall_s": time.time() - t_start}
     md = [f"DRAM read roofline {bw:.1f} GB/s (membw_bench in this run, before / after: {bw_before:.1f} / "

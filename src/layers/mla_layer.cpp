@@ -148,14 +148,22 @@ void MlaLayer::attend_expanded(int64_t off, int64_t T, const MlaCache& cache) {
 // space with W_kb (per head), attention runs over the 576-wide cached rows (MQA), and the latent
 // output is mapped back with W_vb. Three parallel regions per layer whatever the batch size; each
 // head's bf16 block of kv_b is decoded once per step into a per-thread buffer.
+// Rows [r0, r0 + n) of kv_b in fp32: in place when the weight is fp32 (GGUF k_b/v_b are merged into
+// an fp32 kv_b at load), else decoded into this thread's scratch.
+const float* MlaLayer::head_rows(int64_t r0, int64_t n) const {
+  if (wkvb_.format == kernels::WeightFormat::kF32) return static_cast<const float*>(wkvb_.data) + r0 * lora_;
+  float* buf = kernels::thread_scratch(kernels::kScratchMla, static_cast<size_t>(n * lora_));
+  for (int64_t r = 0; r < n; ++r) kernels::decode_row(wkvb_, r0 + r, buf + r * lora_);
+  return buf;
+}
+
 void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> segs) {
   const int64_t row = lora_ + dr_, per_head = dn_ + dv_;
   qlat_.resize(static_cast<size_t>(T * nh_ * row));
   olat_.resize(static_cast<size_t>(T * nh_ * lora_));
 #pragma omp parallel for schedule(static)
   for (int64_t h = 0; h < nh_; ++h) {
-    float* wblk = kernels::thread_scratch(kernels::kScratchMla, static_cast<size_t>(dn_ * lora_));
-    for (int64_t r = 0; r < dn_; ++r) kernels::decode_row(wkvb_, h * per_head + r, wblk + r * lora_);
+    const float* wblk = head_rows(h * per_head, dn_);
     for (const auto& sg : segs)
       for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t) {
         const float* qn = q_.data() + (t * nh_ + h) * qk_;
@@ -200,8 +208,7 @@ void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> seg
   kernels::causal_attention_many(args);
 #pragma omp parallel for schedule(static)
   for (int64_t h = 0; h < nh_; ++h) {
-    float* wblk = kernels::thread_scratch(kernels::kScratchMla, static_cast<size_t>(dv_ * lora_));
-    for (int64_t r = 0; r < dv_; ++r) kernels::decode_row(wkvb_, h * per_head + dn_ + r, wblk + r * lora_);
+    const float* wblk = head_rows(h * per_head + dn_, dv_);
     for (const auto& sg : segs)
       for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t) {
         const float* ol = olat_.data() + (t * nh_ + h) * lora_;

@@ -52,6 +52,7 @@ class MlaLayer {
  private:
   void attend_expanded(int64_t off, int64_t T, const MlaCache& cache);
   void attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> segs);
+  const float* head_rows(int64_t r0, int64_t n) const;
   void apply_rope(int64_t off, int64_t T, int64_t pos0, int64_t row);
 
   const TextConfig* c_ = nullptr;

@@ -214,6 +214,12 @@ KESTREL_AVX512_VBMI inline void load_chunk(const uint8_t* p, __m512i ci, __m512i
   }
 }
 
+// Decode (one token): each row is a separate stream; a software prefetch this far ahead of the
+// chunk being read keeps more lines in flight than the hardware prefetcher does for R streams.
+// kimi-linear-bench Q4_0 tg128, 2 threads (EPYC, Zen 4): no prefetch 96 tok/s; 512 B 106; 768 B 110.5;
+// 1024 B 110.5; 1536 B 109; 2048 B 102.
+constexpr int64_t kPrefetchBytes = 1024;
+
 template <Kind K, int R, int U>
 KESTREL_AVX512_VBMI void block_vbmi(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t t0) {
   constexpr int64_t CB = 4 * kBlockBytes<K>;
@@ -249,6 +255,7 @@ KESTREL_AVX512_VBMI void block_vbmi(const WeightMatrix& w, const Q8Acts& a, floa
     for (int r = 0; r < R; ++r) {
       __m512i bytes;
       __m512 dw;
+      if constexpr (U == 1) _mm_prefetch(reinterpret_cast<const char*>(W[r] + c * CB + kPrefetchBytes), _MM_HINT_T0);
       load_chunk<K>(W[r] + c * CB, ci, si, bytes, dw);
       __m512i lo = _mm512_and_si512(bytes, nib);
       __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nib);

@@ -3,7 +3,9 @@
 // bind() code reads straight through.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/result.h"
@@ -27,6 +29,12 @@ class Binder {
   //   I32 [out, in/8] + BF16 [out, in/G] + weight_shape [2]  int4 pack-quantized W4A8, G from the
   //                                                          config (set_int4_group_size).
   kernels::WeightMatrix linear(const std::string& name, int64_t out, int64_t in);
+  // GGUF only: kv_b_proj's converter halves in place (GgufWeights::split_kv_b); nullopt otherwise.
+  std::optional<std::pair<kernels::WeightMatrix, kernels::WeightMatrix>> split_kv_b(const std::string& name, int64_t heads,
+                                                                                  int64_t dn, int64_t dv, int64_t lora) {
+    if (gguf_ == nullptr || !ok()) return std::nullopt;
+    return gguf_->split_kv_b(name, heads, dn, dv, lora);
+  }
   // Group size the config declares for pack-quantized int4 weights (0: none declared → an int4
   // tensor is an error).
   void set_int4_group_size(int64_t g) { int4_group_ = g; }

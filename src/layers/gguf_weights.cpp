@@ -202,6 +202,21 @@ Result<kernels::WeightMatrix> GgufWeights::merged_kv_b(const std::string& blk, i
   return w;
 }
 
+std::optional<std::pair<kernels::WeightMatrix, kernels::WeightMatrix>> GgufWeights::split_kv_b(
+    const std::string& hf_kv_b, int64_t heads, int64_t dn, int64_t dv, int64_t lora) {
+  auto mp = map_name(hf_kv_b);
+  if (!mp || mp->kind != Kind::kKvB) return std::nullopt;
+  const GgufTensorInfo* kb = file_.header().tensor(mp->gguf + "attn_k_b.weight");
+  const GgufTensorInfo* vb = file_.header().tensor(mp->gguf + "attn_v_b.weight");
+  if (kb == nullptr || vb == nullptr) return std::nullopt;
+  const std::vector<int64_t> kne{dn, lora, heads}, vne{lora, dv, heads};
+  if (kb->ne != kne || vb->ne != vne) return std::nullopt;  // linear(kv_b_proj) reports the mismatch
+  auto k = matrix(*kb, heads * lora, dn, 0);
+  auto v = matrix(*vb, heads * dv, lora, 0);
+  if (!k || !v) return std::nullopt;
+  return std::make_pair(*k, *v);
+}
+
 Result<kernels::WeightMatrix> GgufWeights::linear(const std::string& hf_name, int64_t out, int64_t in) {
   auto mp = map_name(hf_name);
   if (!mp) return not_found(path() + ": no GGUF tensor corresponds to '" + hf_name + "'");

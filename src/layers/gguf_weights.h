@@ -40,6 +40,13 @@ class GgufWeights {
   const std::string& path() const { return file_.path(); }
   // Linear weight [out, in] named by its HF prefix (no ".weight").
   Result<kernels::WeightMatrix> linear(const std::string& hf_name, int64_t out, int64_t in);
+  // The two halves of an MLA kv_b_proj as the converter stores them, used in place (no copy):
+  // k_b^T as [H·lora, dn] (row h·lora + c: head h, latent c) and v_b as [H·dv, lora]. nullopt when
+  // the file has a plain kv_b (not split). The absorbed (MQA) decode maps q into the latent space
+  // and the latent output back with exactly these products. Does not mark the tensors used
+  // (linear(kv_b_proj) does).
+  std::optional<std::pair<kernels::WeightMatrix, kernels::WeightMatrix>> split_kv_b(const std::string& hf_kv_b, int64_t heads,
+                                                                                  int64_t dn, int64_t dv, int64_t lora);
   // Float tensor (F32/F16/BF16) by HF name; shape must match when non-empty.
   Result<TensorView> get(const std::string& hf_name, const std::vector<int64_t>& shape);
   // GGUF tensors never consumed.

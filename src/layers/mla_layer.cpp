@@ -7,11 +7,27 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/dsa_indexer.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/gguf_int8.h"
+#include "kernels/cpu/linear_gguf.h"
 #include "kernels/cpu/scratch.h"
 
 namespace kestrel {
 
 using kernels::matmul;
+
+namespace {
+
+// Rows [r0, r0 + n) of a GGUF block-format matrix, in place.
+kernels::WeightMatrix row_view(const kernels::WeightMatrix& w, int64_t r0, int64_t n) {
+  kernels::WeightMatrix v = w;
+  const int64_t bb = kernels::gguf_block_bytes(w.format);
+  v.out = n;
+  if (bb > 0) v.data = static_cast<const uint8_t*>(w.data) + r0 * (w.in / 32) * bb;
+  else v.data = nullptr;  // not a block format: never used (native_absorbed() is false)
+  return v;
+}
+
+}  // namespace
 
 Status MlaLayer::bind(Binder& b, const std::string& p, const TextConfig& c, bool sparse) {
   c_ = &c;
@@ -31,6 +47,12 @@ Status MlaLayer::bind(Binder& b, const std::string& p, const TextConfig& c, bool
   }
   wkva_ = b.linear(p + "kv_a_proj_with_mqa", lora_ + dr_, hid);
   kv_norm_ = b.vec(p + "kv_a_layernorm.weight", {lora_});
+  if (auto kv = b.split_kv_b(p + "kv_b_proj", nh_, dn_, dv_, lora_)) {
+    for (int64_t h = 0; h < nh_; ++h) {
+      kb_heads_.push_back(row_view(kv->first, h * lora_, lora_));
+      vb_heads_.push_back(row_view(kv->second, h * dv_, dv_));
+    }
+  }
   wkvb_ = b.linear(p + "kv_b_proj", nh_ * (dn_ + dv_), lora_);
   if (c.mla_use_output_gate) wg_ = b.linear(p + "g_proj", nh_ * dv_, hid);
   wo_ = b.linear(p + "o_proj", hid, nh_ * dv_);
@@ -161,21 +183,26 @@ void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> seg
   const int64_t row = lora_ + dr_, per_head = dn_ + dv_;
   qlat_.resize(static_cast<size_t>(T * nh_ * row));
   olat_.resize(static_cast<size_t>(T * nh_ * lora_));
+  const bool native = native_absorbed();
+  if (native) {
+    absorb_q_native(segs);
+  } else {
 #pragma omp parallel for schedule(static)
-  for (int64_t h = 0; h < nh_; ++h) {
-    const float* wblk = head_rows(h * per_head, dn_);
-    for (const auto& sg : segs)
-      for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t) {
-        const float* qn = q_.data() + (t * nh_ + h) * qk_;
-        float* ql = qlat_.data() + (t * nh_ + h) * row;
-        std::fill(ql, ql + lora_, 0.0f);
-        for (int64_t d = 0; d < dn_; ++d) {
-          const float s = qn[d];
-          const float* wr = wblk + d * lora_;
-          for (int64_t cidx = 0; cidx < lora_; ++cidx) ql[cidx] += s * wr[cidx];
+    for (int64_t h = 0; h < nh_; ++h) {
+      const float* wblk = head_rows(h * per_head, dn_);
+      for (const auto& sg : segs)
+        for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t) {
+          const float* qn = q_.data() + (t * nh_ + h) * qk_;
+          float* ql = qlat_.data() + (t * nh_ + h) * row;
+          std::fill(ql, ql + lora_, 0.0f);
+          for (int64_t d = 0; d < dn_; ++d) {
+            const float s = qn[d];
+            const float* wr = wblk + d * lora_;
+            for (int64_t cidx = 0; cidx < lora_; ++cidx) ql[cidx] += s * wr[cidx];
+          }
+          std::copy_n(qn + dn_, dr_, ql + lora_);
         }
-        std::copy_n(qn + dn_, dr_, ql + lora_);
-      }
+    }
   }
   if (indexer_) {  // DSA: each query attends to its own top-k positions (−1 slots skipped)
     for (const auto& sg : segs) {
@@ -206,6 +233,7 @@ void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> seg
     args.push_back(a);
   }
   kernels::causal_attention_many(args);
+  if (native) return expand_out_native(segs);
 #pragma omp parallel for schedule(static)
   for (int64_t h = 0; h < nh_; ++h) {
     const float* wblk = head_rows(h * per_head + dn_, dv_);
@@ -221,6 +249,59 @@ void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> seg
         }
       }
   }
+}
+
+bool MlaLayer::native_absorbed() const {
+  return !kb_heads_.empty() && kernels::gguf_int8_applies(kb_heads_[0]) && kernels::gguf_int8_applies(vb_heads_[0]);
+}
+
+// q_lat[t, h] = k_b[h] q_nope[t, h] ‖ q_rope[t, h]: the absorbed tokens' q_nope gathered per head
+// ([H, n, dn]), one int8 product per head in one parallel region, scattered back.
+void MlaLayer::absorb_q_native(std::span<const Segment<MlaCache>> segs) {
+  const int64_t row = lora_ + dr_;
+  int64_t n = 0;
+  for (const auto& sg : segs) n += sg.T;
+  hin_.resize(static_cast<size_t>(nh_ * n * dn_));
+  hout_.resize(static_cast<size_t>(nh_ * n * lora_));
+  int64_t i = 0;
+  for (const auto& sg : segs)
+    for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t, ++i)
+      for (int64_t h = 0; h < nh_; ++h)
+        std::copy_n(q_.data() + (t * nh_ + h) * qk_, dn_, hin_.data() + (h * n + i) * dn_);
+  head_tasks_.clear();
+  for (int64_t h = 0; h < nh_; ++h)
+    head_tasks_.push_back({&kb_heads_[static_cast<size_t>(h)], hin_.data() + h * n * dn_, n, hout_.data() + h * n * lora_});
+  kernels::matmul_many(head_tasks_);
+  i = 0;
+  for (const auto& sg : segs)
+    for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t, ++i)
+      for (int64_t h = 0; h < nh_; ++h) {
+        float* ql = qlat_.data() + (t * nh_ + h) * row;
+        std::copy_n(hout_.data() + (h * n + i) * lora_, lora_, ql);
+        std::copy_n(q_.data() + (t * nh_ + h) * qk_ + dn_, dr_, ql + lora_);
+      }
+}
+
+// out[t, h] = v_b[h] o_lat[t, h], the same way.
+void MlaLayer::expand_out_native(std::span<const Segment<MlaCache>> segs) {
+  int64_t n = 0;
+  for (const auto& sg : segs) n += sg.T;
+  hin_.resize(static_cast<size_t>(nh_ * n * lora_));
+  hout_.resize(static_cast<size_t>(nh_ * n * dv_));
+  int64_t i = 0;
+  for (const auto& sg : segs)
+    for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t, ++i)
+      for (int64_t h = 0; h < nh_; ++h)
+        std::copy_n(olat_.data() + (t * nh_ + h) * lora_, lora_, hin_.data() + (h * n + i) * lora_);
+  head_tasks_.clear();
+  for (int64_t h = 0; h < nh_; ++h)
+    head_tasks_.push_back({&vb_heads_[static_cast<size_t>(h)], hin_.data() + h * n * lora_, n, hout_.data() + h * n * dv_});
+  kernels::matmul_many(head_tasks_);
+  i = 0;
+  for (const auto& sg : segs)
+    for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t, ++i)
+      for (int64_t h = 0; h < nh_; ++h)
+        std::copy_n(hout_.data() + (h * n + i) * dv_, dv_, attn_.data() + (t * nh_ + h) * dv_);
 }
 
 }  // namespace kestrel

@@ -53,11 +53,17 @@ class MlaLayer {
   void attend_expanded(int64_t off, int64_t T, const MlaCache& cache);
   void attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> segs);
   const float* head_rows(int64_t r0, int64_t n) const;
+  bool native_absorbed() const;
+  void absorb_q_native(std::span<const Segment<MlaCache>> segs);
+  void expand_out_native(std::span<const Segment<MlaCache>> segs);
   void apply_rope(int64_t off, int64_t T, int64_t pos0, int64_t row);
 
   const TextConfig* c_ = nullptr;
   int64_t nh_ = 0, dn_ = 0, dr_ = 0, dv_ = 0, lora_ = 0, qk_ = 0;
   kernels::WeightMatrix wq_, wqa_, wqb_, wkva_, wkvb_, wg_, wo_;
+  // GGUF files split kv_b (k_b transposed, v_b); when their format runs the int8 path the absorbed
+  // form uses them in place per head (the products llama.cpp runs), else the merged fp32 kv_b.
+  std::vector<kernels::WeightMatrix> kb_heads_, vb_heads_;
   std::vector<float> q_norm_, kv_norm_;
   bool has_rope_ = false;
   MlaRope rope_;
@@ -66,7 +72,8 @@ class MlaLayer {
   std::vector<Segment<IndexerCache>> idx_segs_;
   std::vector<int32_t> idx_;
   // Scratch (not reentrant).
-  std::vector<float> qa_, q_, ckv_, kv_, k_, v_, attn_, qlat_, olat_, wblk_, gate_, cos_, sin_;
+  std::vector<float> qa_, q_, ckv_, kv_, k_, v_, attn_, qlat_, olat_, wblk_, gate_, cos_, sin_, hin_, hout_;
+  std::vector<kernels::MatmulTask> head_tasks_;
   std::vector<Segment<MlaCache>> absorbed_;
   std::vector<kernels::AttentionArgs> attn_args_;
 };

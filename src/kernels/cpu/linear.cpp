@@ -22,6 +22,8 @@ namespace {
 typedef int8_t v16i8 __attribute__((vector_size(16)));
 typedef float v16f __attribute__((vector_size(64), aligned(4)));
 typedef int32_t v16i32 __attribute__((vector_size(64)));
+typedef uint16_t v16u16 __attribute__((vector_size(32), aligned(2)));
+typedef uint32_t v16u32 __attribute__((vector_size(64)));
 
 // One MXFP4 32-block: 16 bytes (element 2j in the low nibble of byte j, 2j+1 in the high nibble)
 // and one E8M0 scale. Vectorised: a 16-entry byte table lookup (pshufb) maps codes to 2·E2M1 as
@@ -106,7 +108,14 @@ void decode_row(const WeightMatrix& w, int64_t r, float* dst) {
     }
     case WeightFormat::kBF16: {
       const uint16_t* p = static_cast<const uint16_t*>(w.data) + r * n;
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(p[i]);
+      int64_t i = 0;
+      for (; i + 16 <= n; i += 16) {  // exact: zero-extend and shift into the high half
+        v16u16 h;
+        std::memcpy(&h, p + i, 32);
+        const v16u32 b = __builtin_convertvector(h, v16u32) << 16;
+        std::memcpy(dst + i, &b, 64);
+      }
+      for (; i < n; ++i) dst[i] = bf16_to_f32(p[i]);
       return;
     }
     case WeightFormat::kF16: {
@@ -144,8 +153,6 @@ namespace {
 // steps of 16, lane sum 0..15, then the scalar tail. So a token's result never depends on which
 // path, block shape or batch it ran in.
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
-typedef uint16_t v16u16 __attribute__((vector_size(32), aligned(2)));
-typedef uint32_t v16u32 __attribute__((vector_size(64)));
 
 template <int R, int U>
 inline void block_dot(const float* w, int64_t ws, const float* x, int64_t xs, int64_t n, float* y, int64_t ys) {

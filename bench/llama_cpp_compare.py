@@ -22,7 +22,7 @@ Protocol per file (cpu_performance.md §6; llama-bench semantics):
     (llama.cpp fed the prompt + Kestrel's tokens). Bounds below (GATE_*); timing is skipped when it fails;
   * pp512: one llama_decode of 512 tokens (n_batch = n_ubatch = 512) on an empty context;
     tg128: 128 single-token decodes from an empty context; -r repetitions, mean ± sd of per-repetition t/s;
-    both engines with 2 threads, one untimed warm-up (32-token prefill + 1 decode) first;
+    both engines with 2 threads, one untimed warm-up (a pp-token prefill + 1 decode, as llama-bench) first;
   * Kestrel: `kestrel bench --model FILE --threads 2 --pp 512 --tg 128 --reps R --json`;
     llama.cpp: llama_cpp.Llama in this process (f16 KV cache and flash-attention setting at the package
     defaults, as llama-bench), driven through Llama.eval (one llama_decode per call).
@@ -162,7 +162,7 @@ def llama_bench(llama_cpp, path, threads, pp, tg, reps):
             llm.eval([t])
         return time.perf_counter() - t0, time.process_time() - c0
 
-    run_pp(pp_ids[:32]), run_tg(tg_ids[:1])  # warm-up, as for Kestrel
+    run_pp([(i * 7919 + 13) % vocab for i in range(max(pp, 32))]), run_tg(tg_ids[:1])  # warm-up, as for Kestrel
     res = {}
     for name, n, fn, ids in (("pp", pp, run_pp, pp_ids), ("tg", tg, run_tg, tg_ids)):
         if n <= 0:

@@ -2,6 +2,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -81,7 +82,7 @@ Result<nlohmann::json> run_pp_tg(Engine& e, const PpTgOptions& o) {
   const int vocab = e.config().text.vocab_size;
   std::vector<float> logits;
   for (int64_t w = 0; w < o.warmup; ++w) {  // faults the mmapped weights in, grows scratch buffers
-    if (auto s = time_pp(e, bench_prompt_ids(32, vocab)); !s) return s.error();
+    if (auto s = time_pp(e, bench_prompt_ids(std::max<int64_t>(o.pp, 32), vocab)); !s) return s.error();
     if (auto s = time_tg(e, 1, 13, logits); !s) return s.error();
   }
   nlohmann::json j = nlohmann::json::object();

@@ -18,7 +18,8 @@ struct PpTgOptions {
   int64_t pp = 512;   // 0 = skip
   int64_t tg = 128;   // 0 = skip
   int64_t reps = 3;   // ≥ 1
-  int64_t warmup = 1; // untimed pp-32 + tg-1 runs on a throwaway sequence before timing
+  int64_t warmup = 1; // untimed runs on a throwaway sequence before timing: a pp-sized prefill + tg-1
+                     // (llama-bench's warm-up: the timed prefill finds its buffers grown)
 };
 
 // Token ids of the timed prompts: (i·7919 + 13) mod vocab, as the plain bench uses.

@@ -33,7 +33,12 @@ Status KdaLayer::bind(Binder& b, const std::string& p, const TextConfig& c) {
   wk_ = b.linear(p + "k_proj", P_, hid);
   wv_ = b.linear(p + "v_proj", P_, hid);
   const char* conv_names[3] = {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"};
-  for (int i = 0; i < 3; ++i) conv_w_[i] = b.vec(p + conv_names[i], {P_, 1, W_});
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<float> w = b.vec(p + conv_names[i], {P_, 1, W_});
+    conv_w_[i].assign(w.size(), 0.0f);
+    for (int64_t c = 0; c < P_ && !w.empty(); ++c)
+      for (int64_t k = 0; k < W_; ++k) conv_w_[i][static_cast<size_t>(k * P_ + c)] = w[static_cast<size_t>(c * W_ + k)];
+  }
   wfa_ = b.linear(p + "f_a_proj", D_, hid);
   wfb_ = b.linear(p + "f_b_proj", P_, D_);
   wb_ = b.linear(p + "b_proj", H_, hid);
@@ -64,13 +69,18 @@ void KdaLayer::short_conv(const float* in, int64_t T, int which, float* conv_sta
   auto input_at = [&](int64_t t, int64_t c) -> float {  // t may be negative (history)
     return t >= 0 ? in[t * P_ + c] : conv_state[(hist + t) * P_ + c];
   };
+  // Token-major, channels innermost (vectorized); per (t, c) the taps are summed in order k = 0..W-1.
 #pragma omp parallel for schedule(static) if (T * P_ * W_ >= (1 << 16))
-  for (int64_t c = 0; c < P_; ++c) {
-    for (int64_t t = 0; t < T; ++t) {
-      float s = 0;
-      for (int64_t i = 0; i < W_; ++i) s += w[c * W_ + i] * input_at(t - hist + i, c);
-      out[t * P_ + c] = kernels::silu(s);
+  for (int64_t t = 0; t < T; ++t) {
+    float* o = out + t * P_;
+    std::fill(o, o + P_, 0.0f);
+    for (int64_t k = 0; k < W_; ++k) {
+      const int64_t ts = t - hist + k;
+      const float* src = ts >= 0 ? in + ts * P_ : conv_state + (hist + ts) * P_;
+      const float* wk = w + k * P_;
+      for (int64_t c = 0; c < P_; ++c) o[c] += wk[c] * src[c];
     }
+    for (int64_t c = 0; c < P_; ++c) o[c] = kernels::silu(o[c]);
   }
   // Advance the history: new state row r holds input at time T - hist + r.
   std::vector<float>& next = conv_next_;

@@ -44,7 +44,7 @@ class KdaLayer {
   const TextConfig* c_ = nullptr;
   int64_t H_ = 0, D_ = 0, P_ = 0, W_ = 0;
   kernels::WeightMatrix wq_, wk_, wv_, wfa_, wfb_, wb_, wg_, wga_, wgb_, wo_;
-  std::vector<float> conv_w_[3];  // [P, W]
+  std::vector<float> conv_w_[3];  // [W, P] (transposed from the checkpoint's [P, 1, W]: vectorizes over channels)
   std::vector<float> a_exp_;      // exp(A_log[h]) for h < H
   std::vector<float> dt_bias_;    // [P]
   std::vector<float> o_norm_;     // [D]

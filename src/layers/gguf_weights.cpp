@@ -159,6 +159,7 @@ Result<kernels::WeightMatrix> GgufWeights::matrix(const GgufTensorInfo& t, int64
   w.out = out;
   w.in = in;
   w.data = p;
+  w.act_bf16 = w.format == kernels::WeightFormat::kBF16;
   return w;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/gguf_int8.h"
 #include "kernels/cpu/linear_fp8.h"
 #include "kernels/cpu/linear_gguf.h"
@@ -321,10 +322,12 @@ namespace {
 // Which activation quantization a product runs with (none: fp32 activations, matmul_rows).
 //   kPerToken: W4A8 unless weight-only mode, MXFP4 when opted in (w4a8_gemm.h);
 //   kQ8Blocks: GGUF Q4_0 / Q8_0 / MXFP4 in the default int8 mode (gguf_int8.h).
-enum class Int8Kind : uint8_t { kNone, kPerToken, kQ8Blocks };
+//   kBf16: GGUF BF16 weights in the default GGUF mode (bf16_dot.h).
+enum class Int8Kind : uint8_t { kNone, kPerToken, kQ8Blocks, kBf16 };
 
 Int8Kind int8_kind(const WeightMatrix& w) {
   if (gguf_int8_applies(w)) return Int8Kind::kQ8Blocks;
+  if (bf16_dot_applies(w)) return Int8Kind::kBf16;
   if ((w.format == WeightFormat::kW4A8 && !w4a8_weight_only()) || (w.format == WeightFormat::kMxfp4 && mxfp4_int8_enabled()))
     return Int8Kind::kPerToken;
   return Int8Kind::kNone;
@@ -342,10 +345,11 @@ struct Int8Inputs {
   std::vector<Input> inputs;
   std::vector<Q8Acts> q8;
   std::vector<QuantizedActs> tok;
+  std::vector<Bf16Acts> bf;
   std::vector<int32_t> task_input;  // per task: index into inputs, −1 for fp32 products
-  size_t n_q8 = 0, n_tok = 0;
+  size_t n_q8 = 0, n_tok = 0, n_bf = 0;
 
-  void clear() { inputs.clear(), task_input.clear(), n_q8 = n_tok = 0; }
+  void clear() { inputs.clear(), task_input.clear(), n_q8 = n_tok = n_bf = 0; }
   int32_t add(const float* x, int64_t T, int64_t in, Int8Kind kind) {
     for (size_t i = 0; i < inputs.size(); ++i)
       if (inputs[i].x == x && inputs[i].T == T && inputs[i].in == in && inputs[i].kind == kind) return static_cast<int32_t>(i);
@@ -354,6 +358,10 @@ struct Int8Inputs {
       if (q8.size() <= n_q8) q8.emplace_back();
       slot = n_q8++;
       q8_acts_prepare(q8[slot], T, in);
+    } else if (kind == Int8Kind::kBf16) {
+      if (bf.size() <= n_bf) bf.emplace_back();
+      slot = n_bf++;
+      bf16_acts_prepare(bf[slot], T, in);
     } else {
       if (tok.size() <= n_tok) tok.emplace_back();
       slot = n_tok++;
@@ -398,6 +406,7 @@ void run_chunk(const MatmulTask& t, const Int8Inputs& in8, int32_t input, int64_
   if (input < 0) return matmul_rows(*t.w, t.x, t.T, t.y, ldy, r0, r1);
   const Int8Inputs::Input& q = in8.inputs[static_cast<size_t>(input)];
   if (q.kind == Int8Kind::kQ8Blocks) return gguf_int8_rows_avx512(*t.w, in8.q8[q.slot], t.y, ldy, r0, r1);
+  if (q.kind == Int8Kind::kBf16) return bf16_dot_rows(*t.w, in8.bf[q.slot], t.y, ldy, r0, r1);
   int8_matmul_rows(*t.w, in8.tok[q.slot], t.y, ldy, r0, r1);
 }
 
@@ -421,12 +430,13 @@ void matmul_many(std::span<const MatmulTask> tasks) {
   pieces.clear();
   for (size_t i = 0; i < in8.inputs.size(); ++i) {
     const Int8Inputs::Input& q = in8.inputs[i];
-    if (q.kind != Int8Kind::kQ8Blocks) continue;
+    if (q.kind != Int8Kind::kQ8Blocks && q.kind != Int8Kind::kBf16) continue;
     const int64_t step = std::max<int64_t>(1, 65536 / q.in);  // ~64K elements per piece
     for (int64_t t0 = 0; t0 < q.T; t0 += step) pieces.push_back({static_cast<int32_t>(i), t0, std::min(q.T, t0 + step)});
   }
   auto quantize_piece = [&](const QuantPiece& p) {
     const Int8Inputs::Input& q = in8.inputs[static_cast<size_t>(p.input)];
+    if (q.kind == Int8Kind::kBf16) return bf16_acts_fill(q.x, p.t0, p.t1, in8.bf[q.slot]);
     q8_acts_fill(q.x, p.t0, p.t1, in8.q8[q.slot]);
   };
   const int threads = omp_get_max_threads();

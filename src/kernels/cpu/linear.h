@@ -28,6 +28,9 @@ struct WeightMatrix {
   // W4A8: bf16 values [out, in/group] (2-byte aligned).
   const uint8_t* scales = nullptr;
   int64_t group = 0;  // W4A8 only: elements per scale (32, 64 or 128)
+  // BF16 only: the activations may be rounded to bf16 for this matrix (GGUF files: what llama.cpp
+  // computes; bf16_dot.h). Safetensors weights leave it false (exact fp32 activations).
+  bool act_bf16 = false;
 };
 
 // Decodes row r of W into fp32 (length in).

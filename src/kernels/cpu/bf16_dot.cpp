@@ -1,0 +1,112 @@
+// GCC 12 false positive in its AVX-512 headers (GCC PR105593), as in w4a8_avx512.cpp.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include "kernels/cpu/bf16_dot.h"
+
+#include <immintrin.h>
+
+#include <bit>
+#include <cstring>
+
+#include "base/check.h"
+#include "kernels/cpu/gguf_int8.h"
+#include "tensor/dtype.h"
+
+#define KESTREL_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
+
+namespace kestrel::kernels {
+namespace {
+
+// fp32 → bf16, round to nearest even (NaN kept quiet), as ggml_compute_fp32_to_bf16 and vcvtne2ps2bf16.
+uint16_t to_bf16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 64);
+  return static_cast<uint16_t>((u + (0x7fffu + ((u >> 16) & 1))) >> 16);
+}
+
+// Decode (one token): R row streams, prefetched ahead as in the other GEMVs (1 KiB).
+constexpr int64_t kPrefetchElems = 512;
+
+template <int R, int U>
+KESTREL_AVX512BF16 void block(const uint16_t* W, int64_t in, const Bf16Acts& a, float* y, int64_t ldy, int64_t r0, int64_t t0) {
+  __m512 acc[R][U];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
+  const int64_t full = in / 32 * 32;
+  for (int64_t i = 0; i < a.stride; i += 32) {
+    __m512i xv[U];
+    for (int u = 0; u < U; ++u) xv[u] = _mm512_loadu_si512(a.x.data() + (t0 + u) * a.stride + i);
+    for (int r = 0; r < R; ++r) {
+      const uint16_t* p = W + (r0 + r) * in + i;
+      if constexpr (U == 1) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchElems), _MM_HINT_T0);
+      const __m512i wv = i < full ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16((1u << (in - full)) - 1, p);
+      for (int u = 0; u < U; ++u) acc[r][u] = _mm512_dpbf16_ps(acc[r][u], (__m512bh)wv, (__m512bh)xv[u]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) y[(t0 + u) * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][u]);
+}
+
+template <int R>
+KESTREL_AVX512BF16 void rows(const uint16_t* W, int64_t in, const Bf16Acts& a, float* y, int64_t ldy, int64_t r0) {
+  int64_t t = 0;
+  for (; t + 4 <= a.T; t += 4) block<R, 4>(W, in, a, y, ldy, r0, t);
+  for (; t < a.T; ++t) block<R, 1>(W, in, a, y, ldy, r0, t);
+}
+
+}  // namespace
+
+bool cpu_has_avx512bf16() {
+  static const bool has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+  return has;
+}
+
+bool bf16_dot_applies(const WeightMatrix& w) {
+  return w.format == WeightFormat::kBF16 && w.act_bf16 && gguf_int8_enabled() && cpu_has_avx512bf16();
+}
+
+void bf16_acts_prepare(Bf16Acts& a, int64_t T, int64_t in) {
+  a.T = T, a.in = in, a.stride = (in + 31) / 32 * 32;
+  const size_t n = static_cast<size_t>(T * a.stride);
+  if (a.x.size() < n) a.x.resize(n);
+}
+
+void bf16_acts_fill(const float* x, int64_t t0, int64_t t1, Bf16Acts& a) {
+  for (int64_t t = t0; t < t1; ++t) {
+    uint16_t* d = a.x.data() + t * a.stride;
+    for (int64_t i = 0; i < a.in; ++i) d[i] = to_bf16(x[t * a.in + i]);
+    for (int64_t i = a.in; i < a.stride; ++i) d[i] = 0;
+  }
+}
+
+KESTREL_AVX512BF16 void bf16_dot_rows(const WeightMatrix& w, const Bf16Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  KCHECK(w.format == WeightFormat::kBF16 && w.in == a.in, "bf16_dot: format or shape mismatch");
+  KCHECK(cpu_has_avx512bf16(), "bf16_dot: this CPU has no AVX512-BF16");
+  const auto* W = static_cast<const uint16_t*>(w.data);
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) rows<4>(W, w.in, a, y, ldy, r);
+  for (; r < r1; ++r) rows<1>(W, w.in, a, y, ldy, r);
+}
+
+void bf16_dot_rows_reference(const WeightMatrix& w, const Bf16Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const auto* W = static_cast<const uint16_t*>(w.data);
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t t = 0; t < a.T; ++t) {
+      float lane[16] = {};
+      for (int64_t i = 0; i < a.stride; i += 32)
+        for (int l = 0; l < 16; ++l)
+          for (int e : {1, 0}) {  // vdpbf16ps: odd element of the pair first
+            const int64_t k = i + 2 * l + e;
+            const float wv = k < w.in ? bf16_to_f32(W[r * w.in + k]) : 0.0f;
+            lane[l] += wv * bf16_to_f32(a.x[static_cast<size_t>(t * a.stride + k)]);
+          }
+      // _mm512_reduce_add_ps: halves added pairwise (8 + 8, 4 + 4, 2 + 2, 1 + 1).
+      for (int n = 8; n >= 1; n /= 2)
+        for (int l = 0; l < n; ++l) lane[l] += lane[l + n];
+      y[t * ldy + r] = lane[0];
+    }
+}
+
+}  // namespace kestrel::kernels

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/linear_fp8.h"
 
 namespace kestrel {
@@ -63,6 +64,7 @@ kernels::WeightMatrix Binder::linear(const std::string& name, int64_t out, int64
   if (!t) return fail(t.error()), w;
   w.format = format_of(t->dtype);
   w.data = t->data;
+  w.act_bf16 = w.format == kernels::WeightFormat::kBF16 && kernels::bf16_acts_opt_in();
   return w;
 }
 

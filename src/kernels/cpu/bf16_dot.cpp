@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 
 #include "base/check.h"
@@ -26,7 +27,8 @@ uint16_t to_bf16(float f) {
   return static_cast<uint16_t>((u + (0x7fffu + ((u >> 16) & 1))) >> 16);
 }
 
-// Decode (one token): R row streams, prefetched ahead as in the other GEMVs (1 KiB).
+// R row streams, prefetched ahead as in the GEMVs (1 KiB): at any T the first token block reads the
+// rows from memory.
 constexpr int64_t kPrefetchElems = 512;
 
 template <int R, int U>
@@ -40,7 +42,7 @@ KESTREL_AVX512BF16 void block(const uint16_t* W, int64_t in, const Bf16Acts& a, 
     for (int u = 0; u < U; ++u) xv[u] = _mm512_loadu_si512(a.x.data() + (t0 + u) * a.stride + i);
     for (int r = 0; r < R; ++r) {
       const uint16_t* p = W + (r0 + r) * in + i;
-      if constexpr (U == 1) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchElems), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchElems), _MM_HINT_T0);
       const __m512i wv = i < full ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16((1u << (in - full)) - 1, p);
       for (int u = 0; u < U; ++u) acc[r][u] = _mm512_dpbf16_ps(acc[r][u], (__m512bh)wv, (__m512bh)xv[u]);
     }
@@ -61,6 +63,14 @@ KESTREL_AVX512BF16 void rows(const uint16_t* W, int64_t in, const Bf16Acts& a, f
 bool cpu_has_avx512bf16() {
   static const bool has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
   return has;
+}
+
+bool bf16_acts_opt_in() {
+  static const bool on = [] {
+    const char* e = std::getenv("KESTREL_BF16_ACTS");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  return on;
 }
 
 bool bf16_dot_applies(const WeightMatrix& w) {

@@ -22,6 +22,9 @@ struct Bf16Acts {
 void bf16_acts_prepare(Bf16Acts& a, int64_t T, int64_t in);
 void bf16_acts_fill(const float* x, int64_t t0, int64_t t1, Bf16Acts& a);
 
+// Safetensors BF16 weights opt in with KESTREL_BF16_ACTS=1 (read once): faster batched decode and
+// prefill at llama.cpp's / vLLM's CPU rounding instead of exact fp32 activations.
+bool bf16_acts_opt_in();
 // Whether matmul runs `w` on this path (BF16, flagged act_bf16, GGUF mode on, CPU with AVX512-BF16).
 bool bf16_dot_applies(const WeightMatrix& w);
 bool cpu_has_avx512bf16();

@@ -48,8 +48,8 @@ bool gguf_int8_enabled();
 void set_gguf_int8(bool on);
 
 // y[t, r] for r in [r0, r1), every token of `a` (y row stride ldy). Serial; callers split rows.
-// Q4_0 / MXFP4 with in % 128 == 0 on a CPU with AVX-512 VBMI take a faster chunk loader (byte
-// permutes instead of per-block inserts; same arithmetic, same bits); vbmi = false forces the
+// Q4_0 / Q8_0 / MXFP4 with in % 128 == 0 on a CPU with AVX-512 VBMI take a faster chunk loader
+// (byte permutes instead of per-block inserts; same arithmetic, same bits); vbmi = false forces the
 // generic AVX-512 loader (tests run both).
 void gguf_int8_rows_avx512(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1,
                            bool vbmi = true);

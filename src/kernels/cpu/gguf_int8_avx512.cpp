@@ -274,11 +274,77 @@ KESTREL_AVX512_VBMI void block_vbmi(const WeightMatrix& w, const Q8Acts& a, floa
     for (int u = 0; u < U; ++u) y[(t0 + u) * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][u]);
 }
 
+// Q8_0 chunks (4 blocks = 136 bytes): two vpermt2b gather the 128 code bytes into the two block
+// pairs the generic kernel builds with inserts, one more the 4 fp16 scales; the arithmetic after the
+// loads is the generic kernel's, so the bits are the same.
+struct Q8Idx {
+  alignas(64) uint8_t w0[64], w1[64], sc[64];
+  constexpr Q8Idx() : w0(), w1(), sc() {
+    for (int j = 0; j < 64; ++j) {
+      const int blk = j / 32, e = j % 32;
+      w0[j] = static_cast<uint8_t>(34 * blk + 2 + e);            // from (A = bytes 0..63, B = 64..127)
+      w1[j] = static_cast<uint8_t>(34 * (blk + 2) + 2 + e - 64);  // from (B, C = bytes 128..135)
+    }
+    for (int k = 0; k < 4; ++k) sc[2 * k] = static_cast<uint8_t>(34 * k), sc[2 * k + 1] = static_cast<uint8_t>(34 * k + 1);
+  }
+};
+inline constexpr Q8Idx kQ8Idx{};
+
+template <int R, int U>
+KESTREL_AVX512_VBMI void block_vbmi_q8(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t t0) {
+  constexpr int64_t CB = 4 * 34;
+  const int64_t nc = a.nc, P = nc * 128;
+  const uint8_t* W[R];
+  for (int r = 0; r < R; ++r) W[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * nc * CB;
+  const int8_t* X[U];
+  const float* D[U];
+  for (int u = 0; u < U; ++u) X[u] = a.q.data() + (t0 + u) * P, D[u] = a.d.data() + (t0 + u) * (P / 32);
+  const __m512i i0 = _mm512_load_si512(kQ8Idx.w0), i1 = _mm512_load_si512(kQ8Idx.w1), is = _mm512_load_si512(kQ8Idx.sc);
+  const __m512i idx8lo = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i idx8hi = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  __m512 acc[R][U];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < nc; ++c) {
+    __m512 dx[U];
+    for (int u = 0; u < U; ++u) dx[u] = _mm512_castps128_ps512(_mm_loadu_ps(D[u] + 4 * c));
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* p = W[r] + c * CB;
+      if constexpr (U == 1) {
+        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64), _MM_HINT_T0);
+      }
+      const __m512i A = _mm512_loadu_si512(p), B = _mm512_loadu_si512(p + 64);
+      const __m512i C = _mm512_zextsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 128)));
+      const __m512i w0 = _mm512_permutex2var_epi8(A, i0, B), w1 = _mm512_permutex2var_epi8(B, i1, C);
+      const __m512 dw = _mm512_castps128_ps512(_mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi8(A, is, B))));
+      const __mmask64 s0 = _mm512_movepi8_mask(w0), s1 = _mm512_movepi8_mask(w1);
+      const __m512i a0 = _mm512_abs_epi8(w0), a1 = _mm512_abs_epi8(w1);
+      for (int u = 0; u < U; ++u) {
+        const __m512i x0 = _mm512_loadu_si512(X[u] + c * 128), x1 = _mm512_loadu_si512(X[u] + c * 128 + 64);
+        const __m512i z = _mm512_setzero_si512();
+        const __m512i p0 = _mm512_dpbusd_epi32(z, a0, _mm512_mask_sub_epi8(x0, s0, z, x0));
+        const __m512i p1 = _mm512_dpbusd_epi32(z, a1, _mm512_mask_sub_epi8(x1, s1, z, x1));
+        const __m512 sc = _mm512_mul_ps(dw, dx[u]);
+        acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(idx8lo, sc), acc[r][u]);
+        acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(idx8hi, sc), acc[r][u]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) y[(t0 + u) * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][u]);
+}
+
 template <Kind K, int R>
 KESTREL_AVX512_VBMI void rows_vbmi(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0) {
   int64_t t = 0;
-  for (; t + 4 <= a.T; t += 4) block_vbmi<K, R, 4>(w, a, y, ldy, r0, t);
-  for (; t < a.T; ++t) block_vbmi<K, R, 1>(w, a, y, ldy, r0, t);
+  if constexpr (K == Kind::kQ8_0) {
+    for (; t + 4 <= a.T; t += 4) block_vbmi_q8<R, 4>(w, a, y, ldy, r0, t);
+    for (; t < a.T; ++t) block_vbmi_q8<R, 1>(w, a, y, ldy, r0, t);
+  } else {
+    for (; t + 4 <= a.T; t += 4) block_vbmi<K, R, 4>(w, a, y, ldy, r0, t);
+    for (; t < a.T; ++t) block_vbmi<K, R, 1>(w, a, y, ldy, r0, t);
+  }
 }
 
 template <Kind K>
@@ -296,15 +362,17 @@ bool cpu_has_vbmi() {
 }  // namespace
 
 bool gguf_int8_vbmi_applies(const WeightMatrix& w) {
-  return cpu_has_vbmi() && w.in % 128 == 0 && (w.format == WeightFormat::kGgufQ4_0 || w.format == WeightFormat::kGgufMxfp4);
+  return cpu_has_vbmi() && w.in % 128 == 0 &&
+         (w.format == WeightFormat::kGgufQ4_0 || w.format == WeightFormat::kGgufMxfp4 || w.format == WeightFormat::kGgufQ8_0);
 }
 
 KESTREL_AVX512 void gguf_int8_rows_avx512(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1,
                                           bool vbmi) {
   KCHECK(w.in == a.in, "gguf_int8: shape mismatch");
   if (vbmi && gguf_int8_vbmi_applies(w))
-    return w.format == WeightFormat::kGgufQ4_0 ? run_vbmi<Kind::kQ4_0>(w, a, y, ldy, r0, r1)
-                                               : run_vbmi<Kind::kMxfp4>(w, a, y, ldy, r0, r1);
+    return w.format == WeightFormat::kGgufQ4_0   ? run_vbmi<Kind::kQ4_0>(w, a, y, ldy, r0, r1)
+           : w.format == WeightFormat::kGgufQ8_0 ? run_vbmi<Kind::kQ8_0>(w, a, y, ldy, r0, r1)
+                                                 : run_vbmi<Kind::kMxfp4>(w, a, y, ldy, r0, r1);
   switch (w.format) {
     case WeightFormat::kGgufQ4_0: return run<Kind::kQ4_0>(w, a, y, ldy, r0, r1);
     case WeightFormat::kGgufQ8_0: return run<Kind::kQ8_0>(w, a, y, ldy, r0, r1);

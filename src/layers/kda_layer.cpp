@@ -80,7 +80,7 @@ void KdaLayer::short_conv(const float* in, int64_t T, int which, float* conv_sta
       const float* wk = w + k * P_;
       for (int64_t c = 0; c < P_; ++c) o[c] += wk[c] * src[c];
     }
-    for (int64_t c = 0; c < P_; ++c) o[c] = kernels::silu(o[c]);
+    kernels::silu_inplace(o, P_);
   }
   // Advance the history: new state row r holds input at time T - hist + r.
   std::vector<float>& next = conv_next_;

@@ -18,6 +18,8 @@ inline float silu(float x) { return x * sigmoid(x); }
 //   SwiGLU: silu(g) * u
 //   SiTU-GLU: beta*tanh(g/beta)*sigmoid(g) * beta_lin*tanh(u/beta_lin)   (kimi_k3_spec.md §4.6)
 void swiglu(const float* g, const float* u, int64_t count, float* out);
+// x[i] = silu(x[i]) (serial; 16 lanes with glibc libmvec's expf when built with AVX-512).
+void silu_inplace(float* x, int64_t n);
 void situ_glu(const float* g, const float* u, int64_t count, float beta, float beta_lin, float* out);
 
 }  // namespace kestrel::kernels

@@ -37,14 +37,25 @@ KESTREL_AVX512BF16 void block(const uint16_t* W, int64_t in, const Bf16Acts& a, 
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
   const int64_t full = in / 32 * 32;
-  for (int64_t i = 0; i < a.stride; i += 32) {
-    __m512i xv[U];
-    for (int u = 0; u < U; ++u) xv[u] = _mm512_loadu_si512(a.x.data() + (t0 + u) * a.stride + i);
+  const uint16_t* X = a.x.data() + t0 * a.stride;
+  // Main loop over whole 32-element steps (no branch inside: a conditional load there made GCC keep
+  // the accumulators on the stack), then the masked tail through the same instruction.
+  for (int64_t i = 0; i < full; i += 32) {
+    __m512bh xv[U];
+    for (int u = 0; u < U; ++u) xv[u] = (__m512bh)_mm512_loadu_si512(X + u * a.stride + i);
     for (int r = 0; r < R; ++r) {
       const uint16_t* p = W + (r0 + r) * in + i;
       _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchElems), _MM_HINT_T0);
-      const __m512i wv = i < full ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16((1u << (in - full)) - 1, p);
-      for (int u = 0; u < U; ++u) acc[r][u] = _mm512_dpbf16_ps(acc[r][u], (__m512bh)wv, (__m512bh)xv[u]);
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(p);
+      for (int u = 0; u < U; ++u) acc[r][u] = _mm512_dpbf16_ps(acc[r][u], wv, xv[u]);
+    }
+  }
+  if (full < in) {
+    const __mmask32 m = static_cast<__mmask32>((uint64_t{1} << (in - full)) - 1);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, W + (r0 + r) * in + full);
+      for (int u = 0; u < U; ++u)
+        acc[r][u] = _mm512_dpbf16_ps(acc[r][u], wv, (__m512bh)_mm512_loadu_si512(X + u * a.stride + full));
     }
   }
   for (int r = 0; r < R; ++r)

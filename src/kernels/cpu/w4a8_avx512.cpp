@@ -73,17 +73,9 @@ KESTREL_AVX512 inline float scale_at(const uint8_t* s, int64_t i) {
   }
 }
 
-// 0.5 · 2^(e − 127) for every E8M0 code (e = 0: 2^−128, e = 255: NaN), as the scalar path computes it.
-const struct HalfE8m0 {
-  float v[256];
-  HalfE8m0() {
-    for (int e = 0; e < 256; ++e) v[e] = 0.5f * e8m0_to_f32(static_cast<uint8_t>(e));
-  }
-  float operator[](uint8_t e) const { return v[e]; }
-} kHalfE8m0;
 
 // Per-lane scales for the 16 words of chunk c. int4: 128/G bf16 values from group c·128/G;
-// MXFP4: 4 E8M0 bytes → 2^(e−128) through a 256-entry table.
+// MXFP4: 4 E8M0 bytes → 2^(e−128) built from the exponent bits (= 0.5 · e8m0_to_f32, NaN for 255).
 template <Int8Weights K>
 KESTREL_AVX512 inline __m512 chunk_scales(const uint8_t* row_scales, int64_t c, int64_t G, __m512i idx) {
   if constexpr (K == Int8Weights::kInt4) {
@@ -91,10 +83,14 @@ KESTREL_AVX512 inline __m512 chunk_scales(const uint8_t* row_scales, int64_t c, 
     const __m256i raw = _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1), row_scales + 2 * (c * n));
     const __m512i bits = _mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16);
     return _mm512_permutexvar_ps(idx, _mm512_castsi512_ps(bits));
-  } else {
-    const uint8_t* e = row_scales + 4 * c;
-    const __m128 f = _mm_setr_ps(kHalfE8m0[e[0]], kHalfE8m0[e[1]], kHalfE8m0[e[2]], kHalfE8m0[e[3]]);
-    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(f));
+  } else {  // 2^(e−128) from the bits, as 0.5 · e8m0_to_f32: e < 2 → subnormals 0x00200000 << e; e = 255 → NaN
+    int32_t four;
+    std::memcpy(&four, row_scales + 4 * c, 4);
+    const __m128i e = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(four));
+    __m128i bits = _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23);
+    bits = _mm_mask_mov_epi32(bits, _mm_cmplt_epu32_mask(e, _mm_set1_epi32(2)), _mm_sllv_epi32(_mm_set1_epi32(0x00200000), e));
+    bits = _mm_mask_mov_epi32(bits, _mm_cmpeq_epi32_mask(e, _mm_set1_epi32(255)), _mm_set1_epi32(0x7fc00000));
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_castsi128_ps(bits)));
   }
 }
 

@@ -73,75 +73,107 @@ KESTREL_AVX512 inline __m512i q8_pair(const uint8_t* blk, int n_present) {
   return _mm512_setzero_si512();
 }
 
-template <Kind K, int R, int U>
-KESTREL_AVX512 void block(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t t0) {
-  constexpr int64_t B = kBlockBytes<K>;
-  const int64_t nb = a.nb, nc = a.nc, P = nc * 128;
-  const uint8_t* W[R];
-  for (int r = 0; r < R; ++r) W[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * nb * B;
-  const int8_t* X[U];
-  const int32_t* C[U];
-  const float* D[U];
+// Shared per-chunk arithmetic of the generic and the VBMI kernels (they differ only in how a chunk's
+// codes and scales are loaded), so both give the same bits.
+// Lane → block of its chunk (Q4_0/MXFP4: lanes 4k..4k+3; Q8_0 half h: lanes 8j..8j+7 → block 2h + j).
+KESTREL_AVX512 inline __m512i lanes_idx4() { return _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3); }
+
+// Q4_0/MXFP4 activation side of chunk c for U tokens: the two int8 halves (qg order), the accumulator
+// start −c·Σx per block, and d_x expanded to its block's lanes.
+template <Kind K, int U>
+KESTREL_AVX512 inline void chunk_acts(const int8_t* const (&X)[U], const int32_t* const (&C)[U], const float* const (&D)[U],
+                                      int64_t c, __m512i (&xl)[U], __m512i (&xh)[U], __m512i (&nc_)[U], __m512 (&dx)[U]) {
+  for (int u = 0; u < U; ++u) {
+    xl[u] = _mm512_loadu_si512(X[u] + c * 128);
+    xh[u] = _mm512_loadu_si512(X[u] + c * 128 + 64);
+    const __m512i cs = _mm512_loadu_si512(C[u] + c * 16);
+    __m512i cm = _mm512_slli_epi32(cs, 3);                                                 // 8·Σx
+    if constexpr (K == Kind::kMxfp4) cm = _mm512_add_epi32(cm, _mm512_slli_epi32(cs, 2));  // 12·Σx
+    nc_[u] = _mm512_sub_epi32(_mm512_setzero_si512(), cm);
+    dx[u] = _mm512_permutexvar_ps(lanes_idx4(), _mm512_castps128_ps512(_mm_loadu_ps(D[u] + 4 * c)));
+  }
+}
+
+// One row's chunk (64 code bytes, lane-expanded d_w) against U tokens: acc[u] += Σ_block int · d_w·d_x.
+template <Kind K, int U>
+KESTREL_AVX512 inline void chunk_dot(__m512i bytes, __m512 dw, const __m512i (&xl)[U], const __m512i (&xh)[U],
+                                     const __m512i (&nc_)[U], const __m512 (&dx)[U], __m512* acc) {
+  const __m512i nib = _mm512_set1_epi8(15);
+  __m512i lo = _mm512_and_si512(bytes, nib);
+  __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nib);
+  if constexpr (K == Kind::kMxfp4) {  // code → 2·E2M1 + 12 ∈ [0, 24]
+    const __m512i tbl = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    lo = _mm512_shuffle_epi8(tbl, lo);
+    hi = _mm512_shuffle_epi8(tbl, hi);
+  }
+  for (int u = 0; u < U; ++u) {
+    const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(nc_[u], lo, xl[u]), hi, xh[u]);
+    acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx[u]), acc[u]);
+  }
+}
+
+// Q8_0: one row's two block pairs (w0: blocks 0, 1; w1: blocks 2, 3) and its 4 scales (lanes 0..3)
+// against U tokens; signed × signed through |w| (u8) × (x with w's sign).
+template <int U>
+KESTREL_AVX512 inline void q8_chunk_dot(__m512i w0, __m512i w1, __m512 dw, const int8_t* const (&X)[U], int64_t c,
+                                        const __m512 (&dx)[U], __m512* acc) {
+  const __m512i idx8lo = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i idx8hi = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __mmask64 s0 = _mm512_movepi8_mask(w0), s1 = _mm512_movepi8_mask(w1);
+  const __m512i a0 = _mm512_abs_epi8(w0), a1 = _mm512_abs_epi8(w1);
+  for (int u = 0; u < U; ++u) {
+    const __m512i x0 = _mm512_loadu_si512(X[u] + c * 128), x1 = _mm512_loadu_si512(X[u] + c * 128 + 64);
+    const __m512i z = _mm512_setzero_si512();
+    const __m512i p0 = _mm512_dpbusd_epi32(z, a0, _mm512_mask_sub_epi8(x0, s0, z, x0));
+    const __m512i p1 = _mm512_dpbusd_epi32(z, a1, _mm512_mask_sub_epi8(x1, s1, z, x1));
+    const __m512 sc = _mm512_mul_ps(dw, dx[u]);  // lanes 0..3: block scale products
+    acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(idx8lo, sc), acc[u]);
+    acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(idx8hi, sc), acc[u]);
+  }
+}
+
+// Token pointers into the activations for tokens t0..t0+U−1.
+template <Kind K, int U>
+inline void token_ptrs(const Q8Acts& a, int64_t t0, const int8_t* (&X)[U], const int32_t* (&C)[U], const float* (&D)[U]) {
+  const int64_t P = a.nc * 128;
   for (int u = 0; u < U; ++u) {
     X[u] = (K == Kind::kQ8_0 ? a.q.data() : a.qg.data()) + (t0 + u) * P;
     C[u] = a.comp.data() + (t0 + u) * (P / 8);
     D[u] = a.d.data() + (t0 + u) * (P / 32);
   }
-  // Lane → block of its chunk (Q4_0/MXFP4: lanes 4k..4k+3; Q8_0 half h: lanes 8j..8j+7 → block 2h + j).
-  const __m512i idx4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  const __m512i idx8lo = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  const __m512i idx8hi = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-  const __m512i nib = _mm512_set1_epi8(15);
+}
+
+template <Kind K, int R, int U>
+KESTREL_AVX512 void block(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t t0) {
+  constexpr int64_t B = kBlockBytes<K>;
+  const int64_t nb = a.nb, nc = a.nc;
+  const uint8_t* W[R];
+  for (int r = 0; r < R; ++r) W[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * nb * B;
+  const int8_t* X[U];
+  const int32_t* C[U];
+  const float* D[U];
+  token_ptrs<K, U>(a, t0, X, C, D);
   __m512 acc[R][U];
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
   for (int64_t c = 0; c < nc; ++c) {
     const int n = static_cast<int>(std::min<int64_t>(4, nb - 4 * c));
-    __m512 dx[U];
-    for (int u = 0; u < U; ++u) dx[u] = _mm512_castps128_ps512(_mm_loadu_ps(D[u] + 4 * c));
     if constexpr (K == Kind::kQ8_0) {
+      __m512 dx[U];
+      for (int u = 0; u < U; ++u) dx[u] = _mm512_castps128_ps512(_mm_loadu_ps(D[u] + 4 * c));
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = W[r] + 4 * c * B;
-        const __m512 dw = _mm512_castps128_ps512(block_scales<K>(blk, n));
-        const __m512i w0 = q8_pair(blk, std::min(n, 2)), w1 = q8_pair(blk + 2 * B, std::max(0, n - 2));
-        const __mmask64 s0 = _mm512_movepi8_mask(w0), s1 = _mm512_movepi8_mask(w1);
-        const __m512i a0 = _mm512_abs_epi8(w0), a1 = _mm512_abs_epi8(w1);
-        for (int u = 0; u < U; ++u) {
-          const __m512i x0 = _mm512_loadu_si512(X[u] + c * 128), x1 = _mm512_loadu_si512(X[u] + c * 128 + 64);
-          const __m512i z = _mm512_setzero_si512();
-          const __m512i p0 = _mm512_dpbusd_epi32(z, a0, _mm512_mask_sub_epi8(x0, s0, z, x0));
-          const __m512i p1 = _mm512_dpbusd_epi32(z, a1, _mm512_mask_sub_epi8(x1, s1, z, x1));
-          const __m512 sc = _mm512_mul_ps(dw, dx[u]);  // lanes 0..3: block scale products
-          acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(idx8lo, sc), acc[r][u]);
-          acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(idx8hi, sc), acc[r][u]);
-        }
+        q8_chunk_dot<U>(q8_pair(blk, std::min(n, 2)), q8_pair(blk + 2 * B, std::max(0, n - 2)),
+                        _mm512_castps128_ps512(block_scales<K>(blk, n)), X, c, dx, acc[r]);
       }
     } else {
       __m512i xl[U], xh[U], nc_[U];
-      for (int u = 0; u < U; ++u) {
-        xl[u] = _mm512_loadu_si512(X[u] + c * 128);
-        xh[u] = _mm512_loadu_si512(X[u] + c * 128 + 64);
-        const __m512i cs = _mm512_loadu_si512(C[u] + c * 16);
-        __m512i cm = _mm512_slli_epi32(cs, 3);                                           // 8·Σx
-        if constexpr (K == Kind::kMxfp4) cm = _mm512_add_epi32(cm, _mm512_slli_epi32(cs, 2));  // 12·Σx
-        nc_[u] = _mm512_sub_epi32(_mm512_setzero_si512(), cm);
-        dx[u] = _mm512_permutexvar_ps(idx4, dx[u]);
-      }
+      __m512 dx[U];
+      chunk_acts<K, U>(X, C, D, c, xl, xh, nc_, dx);
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = W[r] + 4 * c * B;
-        const __m512 dw = _mm512_permutexvar_ps(idx4, _mm512_castps128_ps512(block_scales<K>(blk, n)));
-        const __m512i bytes = gather_codes<K>(blk, n);
-        __m512i lo = _mm512_and_si512(bytes, nib);
-        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nib);
-        if constexpr (K == Kind::kMxfp4) {  // code → 2·E2M1 + 12 ∈ [0, 24]
-          const __m512i tbl = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-          lo = _mm512_shuffle_epi8(tbl, lo);
-          hi = _mm512_shuffle_epi8(tbl, hi);
-        }
-        for (int u = 0; u < U; ++u) {
-          const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(nc_[u], lo, xl[u]), hi, xh[u]);
-          acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx[u]), acc[r][u]);
-        }
+        const __m512 dw = _mm512_permutexvar_ps(lanes_idx4(), _mm512_castps128_ps512(block_scales<K>(blk, n)));
+        chunk_dot<K, U>(gather_codes<K>(blk, n), dw, xl, xh, nc_, dx, acc[r]);
       }
     }
   }
@@ -223,51 +255,27 @@ constexpr int64_t kPrefetchBytes = 1024;
 template <Kind K, int R, int U>
 KESTREL_AVX512_VBMI void block_vbmi(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t t0) {
   constexpr int64_t CB = 4 * kBlockBytes<K>;
-  const int64_t nc = a.nc, P = nc * 128;
+  const int64_t nc = a.nc;
   const uint8_t* W[R];
   for (int r = 0; r < R; ++r) W[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * nc * CB;
   const int8_t* X[U];
   const int32_t* C[U];
   const float* D[U];
-  for (int u = 0; u < U; ++u) {
-    X[u] = a.qg.data() + (t0 + u) * P;
-    C[u] = a.comp.data() + (t0 + u) * (P / 8);
-    D[u] = a.d.data() + (t0 + u) * (P / 32);
-  }
+  token_ptrs<K, U>(a, t0, X, C, D);
   const __m512i ci = _mm512_load_si512(kVbmiIdx<K>.codes), si = _mm512_load_si512(kVbmiIdx<K>.scales);
-  const __m512i idx4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  const __m512i nib = _mm512_set1_epi8(15);
   __m512 acc[R][U];
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
   for (int64_t c = 0; c < nc; ++c) {
     __m512i xl[U], xh[U], nc_[U];
     __m512 dx[U];
-    for (int u = 0; u < U; ++u) {
-      xl[u] = _mm512_loadu_si512(X[u] + c * 128);
-      xh[u] = _mm512_loadu_si512(X[u] + c * 128 + 64);
-      const __m512i cs = _mm512_loadu_si512(C[u] + c * 16);
-      __m512i cm = _mm512_slli_epi32(cs, 3);                                                 // 8·Σx
-      if constexpr (K == Kind::kMxfp4) cm = _mm512_add_epi32(cm, _mm512_slli_epi32(cs, 2));  // 12·Σx
-      nc_[u] = _mm512_sub_epi32(_mm512_setzero_si512(), cm);
-      dx[u] = _mm512_permutexvar_ps(idx4, _mm512_castps128_ps512(_mm_loadu_ps(D[u] + 4 * c)));
-    }
+    chunk_acts<K, U>(X, C, D, c, xl, xh, nc_, dx);
     for (int r = 0; r < R; ++r) {
       __m512i bytes;
       __m512 dw;
       if constexpr (U == 1) _mm_prefetch(reinterpret_cast<const char*>(W[r] + c * CB + kPrefetchBytes), _MM_HINT_T0);
       load_chunk<K>(W[r] + c * CB, ci, si, bytes, dw);
-      __m512i lo = _mm512_and_si512(bytes, nib);
-      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nib);
-      if constexpr (K == Kind::kMxfp4) {  // code → 2·E2M1 + 12 ∈ [0, 24]
-        const __m512i tbl = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-        lo = _mm512_shuffle_epi8(tbl, lo);
-        hi = _mm512_shuffle_epi8(tbl, hi);
-      }
-      for (int u = 0; u < U; ++u) {
-        const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(nc_[u], lo, xl[u]), hi, xh[u]);
-        acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx[u]), acc[r][u]);
-      }
+      chunk_dot<K, U>(bytes, dw, xl, xh, nc_, dx, acc[r]);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -293,15 +301,14 @@ inline constexpr Q8Idx kQ8Idx{};
 template <int R, int U>
 KESTREL_AVX512_VBMI void block_vbmi_q8(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t t0) {
   constexpr int64_t CB = 4 * 34;
-  const int64_t nc = a.nc, P = nc * 128;
+  const int64_t nc = a.nc;
   const uint8_t* W[R];
   for (int r = 0; r < R; ++r) W[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * nc * CB;
   const int8_t* X[U];
+  const int32_t* C[U];
   const float* D[U];
-  for (int u = 0; u < U; ++u) X[u] = a.q.data() + (t0 + u) * P, D[u] = a.d.data() + (t0 + u) * (P / 32);
+  token_ptrs<Kind::kQ8_0, U>(a, t0, X, C, D);
   const __m512i i0 = _mm512_load_si512(kQ8Idx.w0), i1 = _mm512_load_si512(kQ8Idx.w1), is = _mm512_load_si512(kQ8Idx.sc);
-  const __m512i idx8lo = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  const __m512i idx8hi = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
   __m512 acc[R][U];
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
@@ -315,20 +322,9 @@ KESTREL_AVX512_VBMI void block_vbmi_q8(const WeightMatrix& w, const Q8Acts& a, f
         _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64), _MM_HINT_T0);
       }
       const __m512i A = _mm512_loadu_si512(p), B = _mm512_loadu_si512(p + 64);
-      const __m512i C = _mm512_zextsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 128)));
-      const __m512i w0 = _mm512_permutex2var_epi8(A, i0, B), w1 = _mm512_permutex2var_epi8(B, i1, C);
+      const __m512i Ct = _mm512_zextsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 128)));
       const __m512 dw = _mm512_castps128_ps512(_mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi8(A, is, B))));
-      const __mmask64 s0 = _mm512_movepi8_mask(w0), s1 = _mm512_movepi8_mask(w1);
-      const __m512i a0 = _mm512_abs_epi8(w0), a1 = _mm512_abs_epi8(w1);
-      for (int u = 0; u < U; ++u) {
-        const __m512i x0 = _mm512_loadu_si512(X[u] + c * 128), x1 = _mm512_loadu_si512(X[u] + c * 128 + 64);
-        const __m512i z = _mm512_setzero_si512();
-        const __m512i p0 = _mm512_dpbusd_epi32(z, a0, _mm512_mask_sub_epi8(x0, s0, z, x0));
-        const __m512i p1 = _mm512_dpbusd_epi32(z, a1, _mm512_mask_sub_epi8(x1, s1, z, x1));
-        const __m512 sc = _mm512_mul_ps(dw, dx[u]);
-        acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(idx8lo, sc), acc[r][u]);
-        acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(idx8hi, sc), acc[r][u]);
-      }
+      q8_chunk_dot<U>(_mm512_permutex2var_epi8(A, i0, B), _mm512_permutex2var_epi8(B, i1, Ct), dw, X, c, dx, acc[r]);
     }
   }
   for (int r = 0; r < R; ++r)

@@ -255,53 +255,44 @@ bool MlaLayer::native_absorbed() const {
   return !kb_heads_.empty() && kernels::gguf_int8_applies(kb_heads_[0]) && kernels::gguf_int8_applies(vb_heads_[0]);
 }
 
-// q_lat[t, h] = k_b[h] q_nope[t, h] ‖ q_rope[t, h]: the absorbed tokens' q_nope gathered per head
-// ([H, n, dn]), one int8 product per head in one parallel region, scattered back.
-void MlaLayer::absorb_q_native(std::span<const Segment<MlaCache>> segs) {
-  const int64_t row = lora_ + dr_;
+// dst[t, h][0, out) = W[h] src[t, h][0, in) for every token of the absorbed segments: the tokens'
+// head-h inputs are gathered ([H, n, in]), one product per head runs in one parallel region
+// (matmul_many), and the outputs are scattered back. src / dst rows of (t, h) start at
+// (t·H + h)·stride.
+void MlaLayer::per_head_products(const std::vector<kernels::WeightMatrix>& w, const float* src, int64_t src_stride,
+                                 int64_t in, float* dst, int64_t dst_stride, int64_t out,
+                                 std::span<const Segment<MlaCache>> segs) {
   int64_t n = 0;
   for (const auto& sg : segs) n += sg.T;
-  hin_.resize(static_cast<size_t>(nh_ * n * dn_));
-  hout_.resize(static_cast<size_t>(nh_ * n * lora_));
+  hin_.resize(static_cast<size_t>(nh_ * n * in));
+  hout_.resize(static_cast<size_t>(nh_ * n * out));
   int64_t i = 0;
   for (const auto& sg : segs)
     for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t, ++i)
-      for (int64_t h = 0; h < nh_; ++h)
-        std::copy_n(q_.data() + (t * nh_ + h) * qk_, dn_, hin_.data() + (h * n + i) * dn_);
+      for (int64_t h = 0; h < nh_; ++h) std::copy_n(src + (t * nh_ + h) * src_stride, in, hin_.data() + (h * n + i) * in);
   head_tasks_.clear();
   for (int64_t h = 0; h < nh_; ++h)
-    head_tasks_.push_back({&kb_heads_[static_cast<size_t>(h)], hin_.data() + h * n * dn_, n, hout_.data() + h * n * lora_});
+    head_tasks_.push_back({&w[static_cast<size_t>(h)], hin_.data() + h * n * in, n, hout_.data() + h * n * out});
   kernels::matmul_many(head_tasks_);
   i = 0;
   for (const auto& sg : segs)
     for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t, ++i)
-      for (int64_t h = 0; h < nh_; ++h) {
-        float* ql = qlat_.data() + (t * nh_ + h) * row;
-        std::copy_n(hout_.data() + (h * n + i) * lora_, lora_, ql);
-        std::copy_n(q_.data() + (t * nh_ + h) * qk_ + dn_, dr_, ql + lora_);
-      }
+      for (int64_t h = 0; h < nh_; ++h) std::copy_n(hout_.data() + (h * n + i) * out, out, dst + (t * nh_ + h) * dst_stride);
+}
+
+// q_lat[t, h] = k_b[h] q_nope[t, h] ‖ q_rope[t, h], the k_b halves as int8 products per head.
+void MlaLayer::absorb_q_native(std::span<const Segment<MlaCache>> segs) {
+  const int64_t row = lora_ + dr_;
+  per_head_products(kb_heads_, q_.data(), qk_, dn_, qlat_.data(), row, lora_, segs);
+  for (const auto& sg : segs)
+    for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t)
+      for (int64_t h = 0; h < nh_; ++h)
+        std::copy_n(q_.data() + (t * nh_ + h) * qk_ + dn_, dr_, qlat_.data() + (t * nh_ + h) * row + lora_);
 }
 
 // out[t, h] = v_b[h] o_lat[t, h], the same way.
 void MlaLayer::expand_out_native(std::span<const Segment<MlaCache>> segs) {
-  int64_t n = 0;
-  for (const auto& sg : segs) n += sg.T;
-  hin_.resize(static_cast<size_t>(nh_ * n * lora_));
-  hout_.resize(static_cast<size_t>(nh_ * n * dv_));
-  int64_t i = 0;
-  for (const auto& sg : segs)
-    for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t, ++i)
-      for (int64_t h = 0; h < nh_; ++h)
-        std::copy_n(olat_.data() + (t * nh_ + h) * lora_, lora_, hin_.data() + (h * n + i) * lora_);
-  head_tasks_.clear();
-  for (int64_t h = 0; h < nh_; ++h)
-    head_tasks_.push_back({&vb_heads_[static_cast<size_t>(h)], hin_.data() + h * n * lora_, n, hout_.data() + h * n * dv_});
-  kernels::matmul_many(head_tasks_);
-  i = 0;
-  for (const auto& sg : segs)
-    for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t, ++i)
-      for (int64_t h = 0; h < nh_; ++h)
-        std::copy_n(hout_.data() + (h * n + i) * dv_, dv_, attn_.data() + (t * nh_ + h) * dv_);
+  per_head_products(vb_heads_, olat_.data(), lora_, lora_, attn_.data(), dv_, dv_, segs);
 }
 
 }  // namespace kestrel

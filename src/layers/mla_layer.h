@@ -54,6 +54,8 @@ class MlaLayer {
   void attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> segs);
   const float* head_rows(int64_t r0, int64_t n) const;
   bool native_absorbed() const;
+  void per_head_products(const std::vector<kernels::WeightMatrix>& w, const float* src, int64_t src_stride, int64_t in,
+                         float* dst, int64_t dst_stride, int64_t out, std::span<const Segment<MlaCache>> segs);
   void absorb_q_native(std::span<const Segment<MlaCache>> segs);
   void expand_out_native(std::span<const Segment<MlaCache>> segs);
   void apply_rope(int64_t off, int64_t T, int64_t pos0, int64_t row);

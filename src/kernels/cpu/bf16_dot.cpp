@@ -7,7 +7,6 @@
 
 #include <immintrin.h>
 
-#include <bit>
 #include <cstdlib>
 #include <cstring>
 
@@ -19,13 +18,6 @@
 
 namespace kestrel::kernels {
 namespace {
-
-// fp32 → bf16, round to nearest even (NaN kept quiet), as ggml_compute_fp32_to_bf16 and vcvtne2ps2bf16.
-uint16_t to_bf16(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 64);
-  return static_cast<uint16_t>((u + (0x7fffu + ((u >> 16) & 1))) >> 16);
-}
 
 // R row streams, prefetched ahead as in the GEMVs (1 KiB): at any T the first token block reads the
 // rows from memory.
@@ -97,7 +89,7 @@ void bf16_acts_prepare(Bf16Acts& a, int64_t T, int64_t in) {
 void bf16_acts_fill(const float* x, int64_t t0, int64_t t1, Bf16Acts& a) {
   for (int64_t t = t0; t < t1; ++t) {
     uint16_t* d = a.x.data() + t * a.stride;
-    for (int64_t i = 0; i < a.in; ++i) d[i] = to_bf16(x[t * a.in + i]);
+    for (int64_t i = 0; i < a.in; ++i) d[i] = f32_to_bf16(x[t * a.in + i]);  // RNE, NaN kept quiet: ggml_compute_fp32_to_bf16
     for (int64_t i = a.in; i < a.stride; ++i) d[i] = 0;
   }
 }

@@ -37,30 +37,49 @@ void l2_norm(float* x, int64_t rows, int64_t n, float eps) {
 }
 
 #if defined(__AVX512F__)
-extern "C" __m512 _ZGVeN16v_expf(__m512);  // glibc libmvec (see situ_glu below)
+// glibc's libmvec (the vector math library GCC itself calls under -ffast-math): 16-lane expf / tanhf,
+// ≤ 4 ulp by glibc's contract (SiTU measured against sglang's in tests/ops/layer_ops_test). Every
+// element, a masked tail included, goes through the same 16-lane code: an element's result does not
+// depend on its position, so a token's activations are the same alone or in any batch.
+extern "C" __m512 _ZGVeN16v_expf(__m512);
+extern "C" __m512 _ZGVeN16v_tanhf(__m512);
 
 namespace {
-inline __m512 silu16(__m512 x) {
+inline __m512 sigmoid16(__m512 x) {
   const __m512 one = _mm512_set1_ps(1.0f);
-  return _mm512_mul_ps(x, _mm512_div_ps(one, _mm512_add_ps(one, _ZGVeN16v_expf(_mm512_sub_ps(_mm512_setzero_ps(), x)))));
+  return _mm512_div_ps(one, _mm512_add_ps(one, _ZGVeN16v_expf(_mm512_sub_ps(_mm512_setzero_ps(), x))));
 }
+inline __m512 silu16(__m512 x) { return _mm512_mul_ps(x, sigmoid16(x)); }
+inline __m512 situ16(__m512 g, __m512 u, __m512 beta, __m512 inv_beta, __m512 beta_lin, __m512 inv_beta_lin) {
+  const __m512 a = _mm512_mul_ps(_mm512_mul_ps(beta, _ZGVeN16v_tanhf(_mm512_mul_ps(g, inv_beta))), sigmoid16(g));
+  const __m512 b = _mm512_mul_ps(beta_lin, _ZGVeN16v_tanhf(_mm512_mul_ps(u, inv_beta_lin)));
+  return _mm512_mul_ps(a, b);
+}
+inline __mmask16 lanes(int64_t i, int64_t count) { return static_cast<__mmask16>((1u << std::min<int64_t>(16, count - i)) - 1); }
 }  // namespace
 
-// 16 lanes at a time, the tail masked through the same code (position-independent results).
 void swiglu(const float* g, const float* u, int64_t count, float* out) {
-  const int64_t blocks = (count + 15) / 16;
 #pragma omp parallel for schedule(static) if (count >= kParallelMin)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t i = 16 * b, n = std::min<int64_t>(16, count - i);
-    const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
+  for (int64_t i = 0; i < count; i += 16) {
+    const __mmask16 m = lanes(i, count);
     _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(silu16(_mm512_maskz_loadu_ps(m, g + i)), _mm512_maskz_loadu_ps(m, u + i)));
   }
 }
 
 void silu_inplace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = static_cast<__mmask16>((1u << std::min<int64_t>(16, n - i)) - 1);
+    const __mmask16 m = lanes(i, n);
     _mm512_mask_storeu_ps(x + i, m, silu16(_mm512_maskz_loadu_ps(m, x + i)));
+  }
+}
+
+void situ_glu(const float* g, const float* u, int64_t count, float beta, float beta_lin, float* out) {
+  const __m512 vb = _mm512_set1_ps(beta), vib = _mm512_set1_ps(1.0f / beta);
+  const __m512 vl = _mm512_set1_ps(beta_lin), vil = _mm512_set1_ps(1.0f / beta_lin);
+#pragma omp parallel for schedule(static) if (count >= kParallelMin)
+  for (int64_t i = 0; i < count; i += 16) {
+    const __mmask16 m = lanes(i, count);
+    _mm512_mask_storeu_ps(out + i, m, situ16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i), vb, vib, vl, vil));
   }
 }
 #else
@@ -72,38 +91,7 @@ void swiglu(const float* g, const float* u, int64_t count, float* out) {
 void silu_inplace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = silu(x[i]);
 }
-#endif
 
-#if defined(__AVX512F__)
-// glibc's libmvec (the vector math library GCC itself calls under -ffast-math): 16-lane tanhf / expf,
-// ≤ 4 ulp by glibc's contract (measured against sglang's SiTU in tests/ops/layer_ops_test).
-extern "C" __m512 _ZGVeN16v_tanhf(__m512);
-
-namespace {
-inline __m512 situ16(__m512 g, __m512 u, __m512 beta, __m512 inv_beta, __m512 beta_lin, __m512 inv_beta_lin) {
-  const __m512 one = _mm512_set1_ps(1.0f);
-  const __m512 sig = _mm512_div_ps(one, _mm512_add_ps(one, _ZGVeN16v_expf(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-  const __m512 a = _mm512_mul_ps(_mm512_mul_ps(beta, _ZGVeN16v_tanhf(_mm512_mul_ps(g, inv_beta))), sig);
-  const __m512 b = _mm512_mul_ps(beta_lin, _ZGVeN16v_tanhf(_mm512_mul_ps(u, inv_beta_lin)));
-  return _mm512_mul_ps(a, b);
-}
-}  // namespace
-
-// Every element, the tail included (masked), goes through the same 16-lane code: an element's result
-// does not depend on its position, so a token's activations are the same alone or in any batch.
-void situ_glu(const float* g, const float* u, int64_t count, float beta, float beta_lin, float* out) {
-  const __m512 vb = _mm512_set1_ps(beta), vib = _mm512_set1_ps(1.0f / beta);
-  const __m512 vl = _mm512_set1_ps(beta_lin), vil = _mm512_set1_ps(1.0f / beta_lin);
-  const int64_t blocks = (count + 15) / 16;
-#pragma omp parallel for schedule(static) if (count >= kParallelMin)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t i = 16 * b, n = std::min<int64_t>(16, count - i);
-    const __mmask16 m = static_cast<__mmask16>((1u << n) - 1);
-    const __m512 r = situ16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i), vb, vib, vl, vil);
-    _mm512_mask_storeu_ps(out + i, m, r);
-  }
-}
-#else
 void situ_glu(const float* g, const float* u, int64_t count, float beta, float beta_lin, float* out) {
 #pragma omp parallel for schedule(static) if (count >= kParallelMin)
   for (int64_t i = 0; i < count; ++i) {

@@ -322,24 +322,24 @@ namespace {
 // Which activation quantization a product runs with (none: fp32 activations, matmul_rows).
 //   kPerToken: W4A8 unless weight-only mode, MXFP4 when opted in (w4a8_gemm.h);
 //   kQ8Blocks: GGUF Q4_0 / Q8_0 / MXFP4 in the default int8 mode (gguf_int8.h).
-//   kBf16: GGUF BF16 weights in the default GGUF mode (bf16_dot.h).
-enum class Int8Kind : uint8_t { kNone, kPerToken, kQ8Blocks, kBf16 };
+//   kBf16: BF16 weights flagged act_bf16 (GGUF, or KESTREL_BF16_ACTS=1) in the default GGUF mode (bf16_dot.h).
+enum class ActKind : uint8_t { kNone, kPerToken, kQ8Blocks, kBf16 };
 
-Int8Kind int8_kind(const WeightMatrix& w) {
-  if (gguf_int8_applies(w)) return Int8Kind::kQ8Blocks;
-  if (bf16_dot_applies(w)) return Int8Kind::kBf16;
+ActKind act_kind(const WeightMatrix& w) {
+  if (gguf_int8_applies(w)) return ActKind::kQ8Blocks;
+  if (bf16_dot_applies(w)) return ActKind::kBf16;
   if ((w.format == WeightFormat::kW4A8 && !w4a8_weight_only()) || (w.format == WeightFormat::kMxfp4 && mxfp4_int8_enabled()))
-    return Int8Kind::kPerToken;
-  return Int8Kind::kNone;
+    return ActKind::kPerToken;
+  return ActKind::kNone;
 }
 
 // The quantized inputs of one matmul_many call: one entry per distinct (x, T, in, kind), so products
 // sharing an input (q/k/v, gate/up) quantize it once. Per calling thread; buffers only grow.
-struct Int8Inputs {
+struct QuantInputs {
   struct Input {
     const float* x;
     int64_t T, in;
-    Int8Kind kind;
+    ActKind kind;
     size_t slot;  // index into q8 or tok
   };
   std::vector<Input> inputs;
@@ -350,15 +350,15 @@ struct Int8Inputs {
   size_t n_q8 = 0, n_tok = 0, n_bf = 0;
 
   void clear() { inputs.clear(), task_input.clear(), n_q8 = n_tok = n_bf = 0; }
-  int32_t add(const float* x, int64_t T, int64_t in, Int8Kind kind) {
+  int32_t add(const float* x, int64_t T, int64_t in, ActKind kind) {
     for (size_t i = 0; i < inputs.size(); ++i)
       if (inputs[i].x == x && inputs[i].T == T && inputs[i].in == in && inputs[i].kind == kind) return static_cast<int32_t>(i);
     size_t slot;
-    if (kind == Int8Kind::kQ8Blocks) {
+    if (kind == ActKind::kQ8Blocks) {
       if (q8.size() <= n_q8) q8.emplace_back();
       slot = n_q8++;
       q8_acts_prepare(q8[slot], T, in);
-    } else if (kind == Int8Kind::kBf16) {
+    } else if (kind == ActKind::kBf16) {
       if (bf.size() <= n_bf) bf.emplace_back();
       slot = n_bf++;
       bf16_acts_prepare(bf[slot], T, in);
@@ -401,12 +401,12 @@ double row_cost(const MatmulTask& t, bool int8) {
   return static_cast<double>(t.w->in) * (5.0 * bytes + static_cast<double>(t.T) * (int8 ? 0.25 : 1.0));
 }
 
-void run_chunk(const MatmulTask& t, const Int8Inputs& in8, int32_t input, int64_t r0, int64_t r1) {
+void run_chunk(const MatmulTask& t, const QuantInputs& in8, int32_t input, int64_t r0, int64_t r1) {
   const int64_t ldy = t.ldy ? t.ldy : t.w->out;
   if (input < 0) return matmul_rows(*t.w, t.x, t.T, t.y, ldy, r0, r1);
-  const Int8Inputs::Input& q = in8.inputs[static_cast<size_t>(input)];
-  if (q.kind == Int8Kind::kQ8Blocks) return gguf_int8_rows_avx512(*t.w, in8.q8[q.slot], t.y, ldy, r0, r1);
-  if (q.kind == Int8Kind::kBf16) return bf16_dot_rows(*t.w, in8.bf[q.slot], t.y, ldy, r0, r1);
+  const QuantInputs::Input& q = in8.inputs[static_cast<size_t>(input)];
+  if (q.kind == ActKind::kQ8Blocks) return gguf_int8_rows_avx512(*t.w, in8.q8[q.slot], t.y, ldy, r0, r1);
+  if (q.kind == ActKind::kBf16) return bf16_dot_rows(*t.w, in8.bf[q.slot], t.y, ldy, r0, r1);
   int8_matmul_rows(*t.w, in8.tok[q.slot], t.y, ldy, r0, r1);
 }
 
@@ -415,28 +415,28 @@ void run_chunk(const MatmulTask& t, const Int8Inputs& in8, int32_t input, int64_
 void matmul_many(std::span<const MatmulTask> tasks) {
   // (thread_local: the calling thread's buffers; the parallel region below must use this reference,
   // not the name, which would resolve to each worker's own empty instance.)
-  thread_local Int8Inputs in8_local;
-  Int8Inputs& in8 = in8_local;
+  thread_local QuantInputs in8_local;
+  QuantInputs& in8 = in8_local;
   in8.clear();
   double total = 0;
   for (const MatmulTask& t : tasks) {
     KCHECK(t.w != nullptr && t.T >= 0 && (t.ldy == 0 || t.ldy >= t.w->out), "bad matmul task");
     KCHECK(t.w->format != WeightFormat::kMxfp4 || (t.w->in % 32 == 0 && t.w->scales != nullptr), "bad MXFP4 matrix");
-    const Int8Kind kind = t.T > 0 ? int8_kind(*t.w) : Int8Kind::kNone;
-    in8.task_input.push_back(kind == Int8Kind::kNone ? -1 : in8.add(t.x, t.T, t.w->in, kind));
-    total += row_cost(t, kind != Int8Kind::kNone) * static_cast<double>(t.w->out);
+    const ActKind kind = t.T > 0 ? act_kind(*t.w) : ActKind::kNone;
+    in8.task_input.push_back(kind == ActKind::kNone ? -1 : in8.add(t.x, t.T, t.w->in, kind));
+    total += row_cost(t, kind != ActKind::kNone) * static_cast<double>(t.w->out);
   }
   thread_local std::vector<QuantPiece> pieces;
   pieces.clear();
   for (size_t i = 0; i < in8.inputs.size(); ++i) {
-    const Int8Inputs::Input& q = in8.inputs[i];
-    if (q.kind != Int8Kind::kQ8Blocks && q.kind != Int8Kind::kBf16) continue;
+    const QuantInputs::Input& q = in8.inputs[i];
+    if (q.kind != ActKind::kQ8Blocks && q.kind != ActKind::kBf16) continue;
     const int64_t step = std::max<int64_t>(1, 65536 / q.in);  // ~64K elements per piece
     for (int64_t t0 = 0; t0 < q.T; t0 += step) pieces.push_back({static_cast<int32_t>(i), t0, std::min(q.T, t0 + step)});
   }
   auto quantize_piece = [&](const QuantPiece& p) {
-    const Int8Inputs::Input& q = in8.inputs[static_cast<size_t>(p.input)];
-    if (q.kind == Int8Kind::kBf16) return bf16_acts_fill(q.x, p.t0, p.t1, in8.bf[q.slot]);
+    const QuantInputs::Input& q = in8.inputs[static_cast<size_t>(p.input)];
+    if (q.kind == ActKind::kBf16) return bf16_acts_fill(q.x, p.t0, p.t1, in8.bf[q.slot]);
     q8_acts_fill(q.x, p.t0, p.t1, in8.q8[q.slot]);
   };
   const int threads = omp_get_max_threads();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "base/check.h"
 #include "kernels/cpu/attention.h"
@@ -29,6 +30,32 @@ kernels::WeightMatrix row_view(const kernels::WeightMatrix& w, int64_t r0, int64
 
 }  // namespace
 
+// Float kv_b (safetensors BF16/F16/F32): the absorbed products as per-head matrices for matmul_many.
+// v_b[h] = rows [h·(dn+dv) + dn, +dv) of kv_b, in place; k_b[h] is needed transposed ([lora, dn]:
+// q_lat = W_UK^T q_nope), so those rows are copied once, element for element, into kb_t_.
+void MlaLayer::float_head_views() {
+  size_t esize = 0;
+  if (wkvb_.format == kernels::WeightFormat::kF32) esize = 4;
+  else if (wkvb_.format == kernels::WeightFormat::kBF16 || wkvb_.format == kernels::WeightFormat::kF16) esize = 2;
+  if (esize == 0 || wkvb_.data == nullptr) return;  // FP8 block / quantized kv_b: decoded per head per step
+  const int64_t per_head = dn_ + dv_;
+  const auto* src = static_cast<const uint8_t*>(wkvb_.data);
+  kb_t_.assign(static_cast<size_t>(nh_ * lora_ * dn_) * esize, 0);
+  for (int64_t h = 0; h < nh_; ++h)
+    for (int64_t d = 0; d < dn_; ++d) {
+      const uint8_t* r = src + static_cast<size_t>((h * per_head + d) * lora_) * esize;
+      for (int64_t c = 0; c < lora_; ++c)
+        std::memcpy(kb_t_.data() + static_cast<size_t>((h * lora_ + c) * dn_ + d) * esize, r + static_cast<size_t>(c) * esize, esize);
+    }
+  for (int64_t h = 0; h < nh_; ++h) {
+    kernels::WeightMatrix k = wkvb_, v = wkvb_;
+    k.out = lora_, k.in = dn_, k.data = kb_t_.data() + static_cast<size_t>(h * lora_ * dn_) * esize;
+    v.out = dv_, v.in = lora_, v.data = src + static_cast<size_t>((h * per_head + dn_) * lora_) * esize;
+    kb_heads_.push_back(k);
+    vb_heads_.push_back(v);
+  }
+}
+
 Status MlaLayer::bind(Binder& b, const std::string& p, const TextConfig& c, bool sparse) {
   c_ = &c;
   nh_ = c.num_attention_heads;
@@ -54,6 +81,7 @@ Status MlaLayer::bind(Binder& b, const std::string& p, const TextConfig& c, bool
     }
   }
   wkvb_ = b.linear(p + "kv_b_proj", nh_ * (dn_ + dv_), lora_);
+  if (kb_heads_.empty() && b.status().is_ok()) float_head_views();
   if (c.mla_use_output_gate) wg_ = b.linear(p + "g_proj", nh_ * dv_, hid);
   wo_ = b.linear(p + "o_proj", hid, nh_ * dv_);
   has_rope_ = c.mla_rope.has_value();
@@ -252,7 +280,9 @@ void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> seg
 }
 
 bool MlaLayer::native_absorbed() const {
-  return !kb_heads_.empty() && kernels::gguf_int8_applies(kb_heads_[0]) && kernels::gguf_int8_applies(vb_heads_[0]);
+  if (kb_heads_.empty()) return false;
+  if (!kb_t_.empty()) return true;  // float kv_b views (float_head_views)
+  return kernels::gguf_int8_applies(kb_heads_[0]) && kernels::gguf_int8_applies(vb_heads_[0]);
 }
 
 // dst[t, h][0, out) = W[h] src[t, h][0, in) for every token of the absorbed segments: the tokens'

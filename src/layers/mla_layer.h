@@ -54,6 +54,7 @@ class MlaLayer {
   void attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> segs);
   const float* head_rows(int64_t r0, int64_t n) const;
   bool native_absorbed() const;
+  void float_head_views();
   void per_head_products(const std::vector<kernels::WeightMatrix>& w, const float* src, int64_t src_stride, int64_t in,
                          float* dst, int64_t dst_stride, int64_t out, std::span<const Segment<MlaCache>> segs);
   void absorb_q_native(std::span<const Segment<MlaCache>> segs);
@@ -65,7 +66,9 @@ class MlaLayer {
   kernels::WeightMatrix wq_, wqa_, wqb_, wkva_, wkvb_, wg_, wo_;
   // GGUF files split kv_b (k_b transposed, v_b); when their format runs the int8 path the absorbed
   // form uses them in place per head (the products llama.cpp runs), else the merged fp32 kv_b.
+  // Float kv_b (safetensors): the same per-head products, v_b in place and k_b transposed into kb_t_.
   std::vector<kernels::WeightMatrix> kb_heads_, vb_heads_;
+  std::vector<uint8_t> kb_t_;
   std::vector<float> q_norm_, kv_norm_;
   bool has_rope_ = false;
   MlaRope rope_;

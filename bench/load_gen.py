@@ -6,7 +6,9 @@ concurrency levels, streaming chat completions with a fixed output length (ignor
     python bench/load_gen.py --url http://127.0.0.1:8000 ...      # an already running server
 
 Starts its own server (loopback, ephemeral port) unless --url is given. Bounded: each level runs
-max(8, 2*c) requests.
+max(8, 2*c) requests. --reps R runs the levels R times in turn (1, 16, 1, 16, ...) and reports the
+median of each column, so a noisy machine's drift hits every level alike; the per-repetition
+ratios are printed too. --kernels fast starts the server with `--kernels fast`.
 """
 import argparse
 import concurrent.futures as cf
@@ -71,6 +73,8 @@ def main():
     ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--reps", type=int, default=1, help="run the levels this many times in turn; report medians")
+    ap.add_argument("--kernels", choices=["exact", "fast"], help="the server's --kernels (when starting one)")
     args = ap.parse_args()
     proc = None
     if args.url:
@@ -81,6 +85,8 @@ def main():
         cmd = [args.kestrel, "serve", "--quiet", "--port", str(port), "--max-running", "64", "--max-waiting", "1024",
                "--cache-mib", "1024", "--max-batch-tokens", "512", "--prefill-chunk", "256"]
         cmd += ["--preset", args.preset]
+        if args.kernels:
+            cmd += ["--kernels", args.kernels]
         proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
         for _ in range(6000):
             try:
@@ -88,26 +94,33 @@ def main():
                 break
             except Exception:
                 time.sleep(0.1)
-    rows = []
+    levels = [int(x) for x in args.concurrency.split(",")]
+    runs = {c: [] for c in levels}
     try:
-        for c in [int(x) for x in args.concurrency.split(",")]:
-            n_req = max(8, 2 * c)
-            prompts = [f"Request {i}: topic {i % 7}" for i in range(n_req)]
-            t0 = time.perf_counter()
-            with cf.ThreadPoolExecutor(max_workers=c) as ex:
-                res = list(ex.map(lambda p: one(host, port, p, args.max_tokens), prompts))
-            wall = time.perf_counter() - t0
-            toks = sum(r[2] for r in res)
-            rows.append({"concurrency": c, "requests": n_req,
-                         "ttft_p50_ms": 1000 * statistics.median(r[0] for r in res),
-                         "tpot_p50_ms": 1000 * statistics.median(r[1] for r in res),
-                         "output_tok_s": toks / wall,
-                         # Aggregate decode rate while streams are running: c streams, one token per TPOT each.
-                         "decode_tok_s": c * 1000.0 / (1000 * statistics.median(r[1] for r in res))})
+        for _ in range(max(1, args.reps)):
+            for c in levels:
+                n_req = max(8, 2 * c)
+                prompts = [f"Request {i}: topic {i % 7}" for i in range(n_req)]
+                t0 = time.perf_counter()
+                with cf.ThreadPoolExecutor(max_workers=c) as ex:
+                    res = list(ex.map(lambda p: one(host, port, p, args.max_tokens), prompts))
+                wall = time.perf_counter() - t0
+                toks = sum(r[2] for r in res)
+                tpot = statistics.median(r[1] for r in res)
+                runs[c].append({"concurrency": c, "requests": n_req,
+                                "ttft_p50_ms": 1000 * statistics.median(r[0] for r in res),
+                                "tpot_p50_ms": 1000 * tpot,
+                                "output_tok_s": toks / wall,
+                                # Aggregate decode rate while streams are running: c streams, one token per TPOT each.
+                                "decode_tok_s": c / tpot})
     finally:
         if proc:
             proc.terminate()
             proc.wait(timeout=60)
+    keys = ("ttft_p50_ms", "tpot_p50_ms", "output_tok_s", "decode_tok_s")
+    rows = [{"concurrency": c, "requests": runs[c][0]["requests"], "reps": len(runs[c]),
+             **{k: statistics.median(r[k] for r in runs[c]) for k in keys},
+             "decode_tok_s_each": [r["decode_tok_s"] for r in runs[c]]} for c in levels]
     if args.json:
         print(json.dumps(rows))
     else:
@@ -118,6 +131,9 @@ def main():
         for r in rows[1:]:
             print(f"c={r['concurrency']} / c={rows[0]['concurrency']}: output {r['output_tok_s'] / rows[0]['output_tok_s']:.2f}x, "
                   f"decode {r['decode_tok_s'] / rows[0]['decode_tok_s']:.2f}x")
+            if len(runs[levels[0]]) > 1:
+                each = [a / b for a, b in zip(r["decode_tok_s_each"], rows[0]["decode_tok_s_each"])]
+                print("  decode ratio per repetition: " + ", ".join(f"{x:.2f}x" for x in each))
 
 
 if __name__ == "__main__":

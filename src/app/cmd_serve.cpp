@@ -11,6 +11,8 @@
 #include "app/commands.h"
 #include "app/k3_chat_format.h"
 #include "chat/model_tokenizer.h"
+#include "kernels/cpu/bf16_dot.h"
+#include "kernels/cpu/w4a8_gemm.h"
 #include "scheduler/scheduler.h"
 #include "server/api_handlers.h"
 #include "server/http_server.h"
@@ -78,8 +80,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
   server::HttpServer http(ho, api.make_router());
   Status st = http.start();
   if (!st.is_ok()) return fail(st);
-  std::fprintf(stderr, "kestrel serve: model %s (%s) on http://%s:%u%s\n", ac.model_id.c_str(), dir.c_str(),
-               ho.address.c_str(), static_cast<unsigned>(http.port()), ac.api_key.empty() ? "" : " (API key required)");
+  const bool fast = kernels::bf16_acts_opt_in() || kernels::mxfp4_int8_enabled();
+  std::fprintf(stderr, "kestrel serve: model %s (%s) on http://%s:%u%s, %s kernels\n", ac.model_id.c_str(), dir.c_str(),
+               ho.address.c_str(), static_cast<unsigned>(http.port()), ac.api_key.empty() ? "" : " (API key required)",
+               fast ? "fast (approximate)" : "exact");
   std::fflush(stderr);
   int sig = 0;
   sigwait(&sigs, &sig);

@@ -4,6 +4,8 @@
 #include <vector>
 
 #include "app/commands.h"
+#include "kernels/cpu/bf16_dot.h"
+#include "kernels/cpu/w4a8_gemm.h"
 #include "kernels/cpu/w4a8_isa.h"
 
 namespace {
@@ -28,7 +30,30 @@ void usage() {
                "With no command, kestrel runs `generate` on the embedded default model (random weights).\n"
                "Environment: KESTREL_ISA=scalar|avx2|avx512vnni|amx forces the int8 kernel path;\n"
                "KESTREL_MXFP4_INT8=1 runs MXFP4 experts with int8 activations (faster, approximate);\n"
-               "KESTREL_W4A8_WEIGHT_ONLY=1 runs W4A8 weights with fp32 activations (accuracy studies).\n");
+               "KESTREL_W4A8_WEIGHT_ONLY=1 runs W4A8 weights with fp32 activations (accuracy studies).\n"
+               "Every command: --kernels exact (default: fp32 activations) | fast (bf16 activations on BF16\n"
+               "weights, int8 on MXFP4 experts: what llama.cpp and vLLM compute; = KESTREL_BF16_ACTS=1\n"
+               "KESTREL_MXFP4_INT8=1).\n");
+}
+
+
+// `--kernels exact|fast`, accepted anywhere on the command line (every command that loads a model):
+// removed from args and applied before anything loads. fast = the approximate paths llama.cpp and vLLM
+// run by default: bf16-rounded activations on BF16 weights, int8 activations on MXFP4 experts.
+bool apply_kernels_flag(std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] != "--kernels") continue;
+    const std::string v = i + 1 < args.size() ? args[i + 1] : "";
+    if (v != "exact" && v != "fast") {
+      std::fprintf(stderr, "kestrel: --kernels takes exact or fast (got '%s')\n", v.c_str());
+      return false;
+    }
+    kestrel::kernels::set_bf16_acts(v == "fast");
+    kestrel::kernels::set_mxfp4_int8(v == "fast");
+    args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i + 2));
+    --i;
+  }
+  return true;
 }
 }  // namespace
 
@@ -38,6 +63,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kestrel: %s\n", isa.error().message().c_str());
     return 2;
   }
+  if (!apply_kernels_flag(args)) return 2;
   if (args.empty()) return kestrel::app::cmd_generate({});
   const std::string cmd = args.front();
   args.erase(args.begin());

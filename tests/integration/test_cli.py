@@ -59,3 +59,27 @@ def test_generate_from_gguf_without_tokenizer_rejects_text_prompt():
     p = run(["generate", "--model", path, "--prompt", "hello", "--quiet"])
     assert p.returncode != 0
     assert p.stderr.count(b"\n") == 1 and b"--prompt-ids" in p.stderr and b"tokenizer.ggml.model" in p.stderr
+
+
+def _logits(args, env):
+    p = subprocess.run([BIN, "generate", "--prompt-ids", "1,2,3", "--max-tokens", "3", "--json", "--top-logits", "3", *args],
+                       capture_output=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return [[e["logit"] for e in row] for row in json.loads(p.stdout)["top_logits"]]
+
+
+def test_kernels_flag_selects_the_same_paths_as_the_environment_switches():
+    plain = {k: v for k, v in ENV.items() if k not in ("KESTREL_BF16_ACTS", "KESTREL_MXFP4_INT8")}
+    exact = _logits([], plain)
+    assert _logits(["--kernels", "exact"], plain) == exact
+    fast = _logits(["--kernels", "fast"], plain)
+    # The default model has BF16 projections and MXFP4 experts: bf16 / int8 activations change the logits
+    # (slightly), and exactly as the two environment switches do; --kernels exact overrides them.
+    assert fast != exact
+    assert max(abs(a - b) for ra, rb in zip(fast, exact) for a, b in zip(ra, rb)) < 0.5
+    both = dict(plain, KESTREL_BF16_ACTS="1", KESTREL_MXFP4_INT8="1")
+    assert _logits([], both) == fast
+    assert _logits(["--kernels", "exact"], both) == exact
+    for bad in (["--kernels", "turbo"], ["--kernels"]):
+        p = subprocess.run([BIN, "generate", *bad], capture_output=True, env=plain, timeout=60)
+        assert p.returncode == 2 and p.stderr.count(b"\n") == 1 and b"--kernels" in p.stderr, p.stderr

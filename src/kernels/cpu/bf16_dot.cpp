@@ -7,6 +7,7 @@
 
 #include <immintrin.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -68,13 +69,21 @@ bool cpu_has_avx512bf16() {
   return has;
 }
 
+namespace {
+std::atomic<int> g_bf16_acts{-1};  // -1: read KESTREL_BF16_ACTS on first use
+}  // namespace
+
 bool bf16_acts_opt_in() {
-  static const bool on = [] {
+  int v = g_bf16_acts.load(std::memory_order_relaxed);
+  if (v < 0) {
     const char* e = std::getenv("KESTREL_BF16_ACTS");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
-  return on;
+    v = e != nullptr && std::strcmp(e, "1") == 0 ? 1 : 0;
+    g_bf16_acts.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
 }
+
+void set_bf16_acts(bool on) { g_bf16_acts.store(on ? 1 : 0, std::memory_order_relaxed); }
 
 bool bf16_dot_applies(const WeightMatrix& w) {
   return w.format == WeightFormat::kBF16 && w.act_bf16 && gguf_int8_enabled() && cpu_has_avx512bf16();

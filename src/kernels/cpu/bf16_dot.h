@@ -22,9 +22,11 @@ struct Bf16Acts {
 void bf16_acts_prepare(Bf16Acts& a, int64_t T, int64_t in);
 void bf16_acts_fill(const float* x, int64_t t0, int64_t t1, Bf16Acts& a);
 
-// Safetensors BF16 weights opt in with KESTREL_BF16_ACTS=1 (read once): faster batched decode and
-// prefill at llama.cpp's / vLLM's CPU rounding instead of exact fp32 activations.
+// Safetensors BF16 weights opt in with KESTREL_BF16_ACTS=1 (read once) or set_bf16_acts(true)
+// (`--kernels fast`): faster batched decode and prefill at llama.cpp's / vLLM's CPU rounding instead
+// of exact fp32 activations. Read when a model binds its weights, so set it before loading.
 bool bf16_acts_opt_in();
+void set_bf16_acts(bool on);
 // Whether matmul runs `w` on this path (BF16, flagged act_bf16, GGUF mode on, CPU with AVX512-BF16).
 bool bf16_dot_applies(const WeightMatrix& w);
 bool cpu_has_avx512bf16();

@@ -208,8 +208,10 @@ class Int8Paths : public ::testing::TestWithParam<std::tuple<Path, Case>> {
   }
 };
 
-// in: 32/64/96 (tail chunks only), 128, 160 and 416 (full chunks + tails); out with row tails.
-constexpr int64_t kIns[] = {32, 64, 96, 128, 160, 416};
+// in: 32/64/96 (tail chunks only), 128, 160 and 416 (full chunks + tails), 544 and 1184 (MXFP4 on
+// AVX-512 decodes 4 chunks' scales at once: one group + a tail; two groups + one lone chunk + a tail);
+// out with row tails.
+constexpr int64_t kIns[] = {32, 64, 96, 128, 160, 416, 544, 1184};
 
 TEST_P(Int8Paths, ExactWithPowerOfTwoScales) {
   const auto [p, c] = GetParam();
@@ -267,13 +269,19 @@ INSTANTIATE_TEST_SUITE_P(
              (c.f == WeightFormat::kW4A8 ? "w4a8_g" + std::to_string(c.G) : std::string("mxfp4"));
     });
 
-// E8M0 edge codes: 0 (2^-127, subnormal) and 255 (NaN) behave as in the scalar path.
+// E8M0 edge codes: 0 and 1 (subnormal scales), 254 and 255 (NaN) behave as in the scalar path, in
+// every kind of chunk: inside a 4-chunk scale group, a lone chunk after the groups, the tail.
 TEST(Int8Mxfp4, E8m0EdgeScales) {
-  const int64_t out = 4, in = 160, T = 2;
+  const int64_t out = 5, in = 1184, T = 2, nb = in / 32;  // 9 full chunks (2 groups + 1) + a 32-tail
   Mat m = random_matrix(WeightFormat::kMxfp4, out, in, 32, true, 3);
-  m.scales[0] = 0;          // row 0, block 0
-  m.scales[in / 32] = 255;  // row 1, block 0 → NaN
-  m.scales[2 * in / 32 + 4] = 0;  // row 2, tail block
+  m.scales[0] = 0;                // row 0, block 0
+  m.scales[nb] = 255;             // row 1, block 0 → NaN
+  m.scales[2 * nb + 36] = 0;      // row 2, tail block
+  m.scales[2 * nb + 13] = 1;      // row 2, chunk 3 (group 0, last)
+  m.scales[3 * nb + 21] = 0;      // row 3, chunk 5 (group 1)
+  m.scales[3 * nb + 33] = 1;      // row 3, chunk 8 (lone chunk)
+  m.scales[4 * nb + 30] = 254;    // row 4, chunk 7 (2^126)
+  m.scales[4 * nb + 34] = 255;    // row 4, chunk 8 → NaN
   const auto x = random_x(T, in, 4);
   std::vector<float> ref(static_cast<size_t>(T * out)), y(ref.size());
   int8_matmul(m.w, x.data(), T, ref.data(), Isa::kScalar);

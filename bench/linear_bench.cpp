@@ -1,6 +1,6 @@
 // Linear kernel microbenchmark: y[T, out] = x[T, in] W^T for every weight format, best of N calls.
 //   linear_bench [out=4096] [in=4096] [T=1] [reps=20]
-// Reports ms per call and weight bytes read per second (the decode-time limit: T = 1 reads every
+// Reports ms per call, (int or fp) ops per second, and weight bytes read per second (the decode-time limit: T = 1 reads every
 // weight byte once). Formats: BF16, MXFP4 (compressed-tensors: packed + separate E8M0 scales, fused
 // decode+dot for T ≤ 4), GGUF Q8_0 / Q4_0 / MXFP4 blocks (decode row → fp32 dot).
 #include <chrono>
@@ -24,6 +24,7 @@ double now_s() {
 struct Fmt {
   const char* name;
   WeightFormat f;
+  bool act_bf16 = false;  // BF16 only: bf16-rounded activations on vdpbf16ps (bf16_dot.h; GGUF default, --kernels fast)
 };
 
 }  // namespace
@@ -40,7 +41,7 @@ int main(int argc, char** argv) {
   for (auto& v : x) v = d(rng);
   std::printf("linear_bench out %ld in %ld T %ld (best of %d)\n", static_cast<long>(out), static_cast<long>(in),
               static_cast<long>(T), reps);
-  for (const Fmt& f : {Fmt{"BF16", WeightFormat::kBF16}, Fmt{"MXFP4 (compressed-tensors)", WeightFormat::kMxfp4},
+  for (const Fmt& f : {Fmt{"BF16", WeightFormat::kBF16}, Fmt{"BF16 x bf16 acts", WeightFormat::kBF16, true}, Fmt{"MXFP4 (compressed-tensors)", WeightFormat::kMxfp4},
                        Fmt{"GGUF Q8_0", WeightFormat::kGgufQ8_0}, Fmt{"GGUF Q4_0", WeightFormat::kGgufQ4_0},
                        Fmt{"GGUF MXFP4", WeightFormat::kGgufMxfp4}}) {
     const int64_t bb = kestrel::kernels::gguf_block_bytes(f.f);
@@ -56,7 +57,7 @@ int main(int argc, char** argv) {
       else p[1] = static_cast<uint8_t>(0x1c + rng() % 4);
     }
     WeightMatrix w;
-    w.format = f.f, w.out = out, w.in = in, w.data = data.data();
+    w.format = f.f, w.out = out, w.in = in, w.data = data.data(), w.act_bf16 = f.act_bf16;
     if (f.f == WeightFormat::kMxfp4) w.scales = scales.data();
     double best = 1e30;
     for (int r = 0; r < reps + 1; ++r) {
@@ -65,7 +66,8 @@ int main(int argc, char** argv) {
       if (r > 0) best = std::min(best, now_s() - t0);  // first call warms caches / thread pool
     }
     const double total = static_cast<double>(bytes + (f.f == WeightFormat::kMxfp4 ? out * in / 32 : 0));
-    std::printf("  %-28s %8.3f ms   %6.2f GB/s of weights\n", f.name, best * 1e3, total / best / 1e9);
+    std::printf("  %-28s %8.3f ms   %6.2f GB/s of weights   %7.1f G(FL)OP/s\n", f.name, best * 1e3, total / best / 1e9,
+                2.0 * static_cast<double>(out * in * T) / best / 1e9);
   }
   return 0;
 }

@@ -31,9 +31,10 @@ tensors, one embedding row, top-k/n_expert of each routed-expert tensor); achiev
 % of the DRAM read roofline measured in the same run (bench/membw_bench, 2 threads, the better of before
 and after the cells; --dram-gb-s overrides); prefill GOP/s = pp t/s ×
 2 × active matrix params; % of the VNNI int8 peak measured in the same run (bench/w4a8_bench BM_VnniPeak,
-2 threads). The int8-activation mode (KESTREL_MXFP4_INT8=1) applies only to compressed-tensors MXFP4 weights,
-not to GGUF blocks, so it is run on the K3 safetensors checkpoint the MXFP4 GGUF was converted from (same
-expert bits, same BF16 rest) as an extra Kestrel row.
+2 threads). Kestrel's `--kernels fast` mode (KESTREL_MXFP4_INT8=1 KESTREL_BF16_ACTS=1: int8 activations on
+compressed-tensors MXFP4 experts, bf16 activations on BF16 weights) applies to safetensors checkpoints (GGUF
+files already run that way by default), so it is run on the K3 safetensors checkpoint the MXFP4 GGUF was
+converted from (same expert bits, same BF16 rest) as an extra Kestrel row.
 """
 import argparse
 import json
@@ -193,7 +194,7 @@ def main():
     ap.add_argument("-p", "--pp", type=int, default=512)
     ap.add_argument("-n", "--tg", type=int, default=128)
     ap.add_argument("--cells", default="all", help="comma-separated cell indices (0..%d) or 'all'" % (len(CELLS) - 1))
-    ap.add_argument("--no-int8", action="store_true", help="skip the KESTREL_MXFP4_INT8=1 rows")
+    ap.add_argument("--no-int8", action="store_true", help="skip the --kernels fast safetensors rows")
     ap.add_argument("--dram-gb-s", type=float, default=0.0,
                     help="roofline to use instead of this run's membw_bench (e.g. a quiet-machine figure)")
     ap.add_argument("--out-json", default="llama_cpp_compare.json")
@@ -249,12 +250,12 @@ def main():
         if "int8" in extra and not args.no_int8:
             # Same expert bits and BF16 rest, as compressed-tensors safetensors (the only MXFP4 the int8 mode
             # covers). Gate: against llama.cpp on the MXFP4 GGUF, like the other rows.
-            env = {"KESTREL_MXFP4_INT8": "1"}
+            env = {"KESTREL_MXFP4_INT8": "1", "KESTREL_BF16_ACTS": "1"}  # = --kernels fast
             gen8, ours8 = kestrel_gate(args.kestrel, ckpt, prompt, GATE_GEN, os.path.join(args.work_dir, "gate.f32"), env)
             ref8 = ref if gen8 == gen else llama_gate(llama_cpp, path, args.threads, prompt, gen8)
             g8 = gate_stats(ours8, ref8, gen8)
             lm.log(f"   int8 gate: {g8}")
-            row = {"engine": "kestrel KESTREL_MXFP4_INT8=1 (safetensors)", "gate": g8}
+            row = {"engine": "kestrel --kernels fast (safetensors)", "gate": g8}
             if g8["pass"]:
                 warm_page_cache(ckpt)
                 row.update(kestrel_bench(args.kestrel, ckpt, args.threads, args.pp, args.tg, args.reps, env))

@@ -8,11 +8,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "base/check.h"
+#include "base/env_switch.h"
 #include "kernels/cpu/gguf_int8.h"
 #include "tensor/dtype.h"
 
@@ -82,20 +80,12 @@ bool cpu_has_avx512bf16() {
 }
 
 namespace {
-std::atomic<int> g_bf16_acts{-1};  // -1: read KESTREL_BF16_ACTS on first use
+EnvSwitch g_bf16_acts("KESTREL_BF16_ACTS", /*default_on=*/false);
 }  // namespace
 
-bool bf16_acts_opt_in() {
-  int v = g_bf16_acts.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const char* e = std::getenv("KESTREL_BF16_ACTS");
-    v = e != nullptr && std::strcmp(e, "1") == 0 ? 1 : 0;
-    g_bf16_acts.store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
-}
+bool bf16_acts_opt_in() { return g_bf16_acts.on(); }
 
-void set_bf16_acts(bool on) { g_bf16_acts.store(on ? 1 : 0, std::memory_order_relaxed); }
+void set_bf16_acts(bool on) { g_bf16_acts.set(on); }
 
 bool bf16_dot_applies(const WeightMatrix& w) {
   return w.format == WeightFormat::kBF16 && w.act_bf16 && gguf_int8_enabled() && cpu_has_avx512bf16();

@@ -1,12 +1,11 @@
 #include "kernels/cpu/gguf_int8.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 
 #include "base/check.h"
+#include "base/env_switch.h"
 #include "kernels/cpu/linear_gguf.h"
 #include "kernels/cpu/w4a8_isa.h"
 #include "tensor/dtype.h"
@@ -14,8 +13,7 @@
 namespace kestrel::kernels {
 namespace {
 
-// -1: read KESTREL_GGUF_INT8 once (default on; "0" turns it off).
-std::atomic<int> g_enabled{-1};
+EnvSwitch g_enabled("KESTREL_GGUF_INT8", /*default_on=*/true);
 
 }  // namespace
 
@@ -68,17 +66,9 @@ bool is_gguf_int8_format(WeightFormat f) {
   return f == WeightFormat::kGgufQ4_0 || f == WeightFormat::kGgufQ8_0 || f == WeightFormat::kGgufMxfp4;
 }
 
-bool gguf_int8_enabled() {
-  int v = g_enabled.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const char* e = std::getenv("KESTREL_GGUF_INT8");
-    v = e != nullptr && std::strcmp(e, "0") == 0 ? 0 : 1;
-    g_enabled.store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
-}
+bool gguf_int8_enabled() { return g_enabled.on(); }
 
-void set_gguf_int8(bool on) { g_enabled.store(on ? 1 : 0, std::memory_order_relaxed); }
+void set_gguf_int8(bool on) { g_enabled.set(on); }
 
 bool gguf_int8_applies(const WeightMatrix& w) {
   if (!is_gguf_int8_format(w.format) || !gguf_int8_enabled()) return false;

@@ -1,11 +1,9 @@
 #include "kernels/cpu/w4a8_gemm.h"
 
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "base/check.h"
+#include "base/env_switch.h"
 #include "kernels/cpu/w4a8_kernels.h"
 
 namespace kestrel::kernels {
@@ -49,19 +47,8 @@ void run_rows(const Int8GemmTask& t, RowsFn fn) {
   for (int64_t b = 0; b < blocks; ++b) fn(t, b * kRowBlock, std::min(t.out, (b + 1) * kRowBlock));
 }
 
-// -1: read the environment variable once.
-std::atomic<int> g_mxfp4_int8{-1};
-std::atomic<int> g_weight_only{-1};
-
-bool env_flag(std::atomic<int>& flag, const char* name) {
-  int v = flag.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const char* e = std::getenv(name);
-    v = e != nullptr && std::strcmp(e, "1") == 0 ? 1 : 0;
-    flag.store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
-}
+EnvSwitch g_mxfp4_int8("KESTREL_MXFP4_INT8", /*default_on=*/false);
+EnvSwitch g_weight_only("KESTREL_W4A8_WEIGHT_ONLY", /*default_on=*/false);
 
 }  // namespace
 
@@ -91,12 +78,12 @@ void int8_matmul(const WeightMatrix& w, const float* x, int64_t T, float* y, int
   int8_matmul(w, x, T, y, active_isa(), ldy);
 }
 
-bool mxfp4_int8_enabled() { return env_flag(g_mxfp4_int8, "KESTREL_MXFP4_INT8"); }
+bool mxfp4_int8_enabled() { return g_mxfp4_int8.on(); }
 
-void set_mxfp4_int8(bool on) { g_mxfp4_int8.store(on ? 1 : 0, std::memory_order_relaxed); }
+void set_mxfp4_int8(bool on) { g_mxfp4_int8.set(on); }
 
-bool w4a8_weight_only() { return env_flag(g_weight_only, "KESTREL_W4A8_WEIGHT_ONLY"); }
+bool w4a8_weight_only() { return g_weight_only.on(); }
 
-void set_w4a8_weight_only(bool on) { g_weight_only.store(on ? 1 : 0, std::memory_order_relaxed); }
+void set_w4a8_weight_only(bool on) { g_weight_only.set(on); }
 
 }  // namespace kestrel::kernels

@@ -16,14 +16,18 @@ if ! "$venv/bin/python" -c "import tiktoken, tokenizers, openai, pytest, splintr
   "$venv/bin/pip" install -q --disable-pip-version-check -r tools/requirements-test.txt
 fi
 
-# The real Kimi K2/K3 vocabulary (163,584 ranks), rebuilt from the splintr-rs package: the tokenizer
-# unit and parity tests run on it too.
-mkdir -p build/kimi
-[ -s build/kimi/tiktoken.model ] || "$venv/bin/python" tools/extract_kimi_vocab.py --out build/kimi/tiktoken.model
-export KESTREL_KIMI_VOCAB="$PWD/build/kimi/tiktoken.model"
+# The real vocabularies the tokenizer, renderer and server tests read (cl100k_base, o200k_base, llama3,
+# deepseek_v3, Kimi K3), rebuilt from the splintr-rs package and checked against their published SHA-256.
+vocabs=(cl100k_base o200k_base llama3 deepseek_v3 kimi_k3)
+for v in "${vocabs[@]}"; do
+  if [ ! -s "build/vocab/$v.tiktoken" ]; then
+    "$venv/bin/python" tools/extract_vocabs.py --out-dir build/vocab
+    break
+  fi
+done
 
 echo "== [1/3] release build + tests"
-cmake --preset release -DKESTREL_PYTHON="$venv/bin/python" >/dev/null
+cmake --preset release -DKESTREL_PYTHON="$venv/bin/python" -DKESTREL_VOCAB_DIR="$PWD/build/vocab" >/dev/null
 cmake --build build/release -j"$jobs"
 ctest --test-dir build/release --output-on-failure -j"$jobs" --timeout 900
 

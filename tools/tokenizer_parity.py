@@ -11,7 +11,7 @@ Configurations (each on its own corpus slice):
   deepseek_v3 with its 3-pass pre-tokenizer (HF `tokenizers` Split passes, as in DeepSeek's tokenizer.json) and
     tiktoken BPE on the byte-level vocabulary;
   the K3/Kimi pattern + tokenization_kimi.py chunk caps + K3 special table on the o200k and cl100k vocabularies;
-  the real Kimi vocabulary when --kimi-vocab points to one (tools/extract_kimi_vocab.py).
+  the real Kimi vocabulary when --kimi-vocab points to one (tools/extract_vocabs.py writes all of them).
 
 Usage: tokenizer_parity.py --cli build/tok/.../tokenize_cli [--mb 12] [--data-dir DIR] [--kimi-vocab FILE]
 """
@@ -35,7 +35,7 @@ except ImportError:
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# tokenization_kimi.py pat_str (spec §7); tiktoken's fancy-regex understands `&&`.
+# tokenization_kimi.py pat_str (docs/model-math.md §4.2); tiktoken's fancy-regex understands `&&`.
 from kimi_pattern import KIMI_PAT  # noqa: E402  (tools/ is on sys.path: scripts run by path)
 LLAMA3_PAT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 DEEPSEEK_PASSES = [
@@ -306,18 +306,18 @@ def write_goldens(path, encoders):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cli", required=True)
-    ap.add_argument("--data-dir", default=os.environ.get("KESTREL_TIKTOKEN_DIR", ""))
+    ap.add_argument("--data-dir", default=os.environ.get("KESTREL_TIKTOKEN_DIR", os.path.join(ROOT, "build", "vocab")),
+                    help="directory of the .tiktoken files tools/extract_vocabs.py writes")
     ap.add_argument("--kimi-vocab", default=os.environ.get("KESTREL_KIMI_VOCAB", ""))
     ap.add_argument("--mb", type=float, default=12.0, help="total corpus size over all configurations")
     ap.add_argument("--seed", type=int, default=20260101)
     ap.add_argument("--write-goldens", metavar="FILE", help="write the small unit-test goldens and exit")
     args = ap.parse_args()
 
-    dirs = [args.data_dir] if args.data_dir else [os.path.join(ROOT, "..", "shared", "data", "tiktoken"),
-                                                  os.path.join(ROOT, "shared", "data", "tiktoken")]
-    data = next((d for d in dirs if os.path.isfile(os.path.join(d, "cl100k_base.tiktoken"))), None)
-    if data is None:
-        print("tokenizer_parity.py: FATAL: no tiktoken vocabularies in %s" % dirs)
+    data = args.data_dir
+    if not os.path.isfile(os.path.join(data, "cl100k_base.tiktoken")):
+        print("tokenizer_parity.py: FATAL: no tiktoken vocabularies in %s (tools/extract_vocabs.py --out-dir %s)"
+              % (data, data))
         return 2
     vf = lambda n: os.path.join(data, n + ".tiktoken")
 
@@ -336,7 +336,7 @@ def main():
     ll_sp = {t: 128000 + i for i, t in enumerate(ll_names)}
 
     # The patterns are those of the installed tiktoken's tiktoken_ext/openai_public.py (checked below; its
-    # constructors would download the ranks, so the Encoding objects are built from the shared files).
+    # constructors would download the ranks, so the Encoding objects are built from the files in --data-dir).
     import tiktoken_ext.openai_public as op
     src = open(op.__file__, encoding="utf-8").read()
     cl_pat = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""

@@ -11,6 +11,7 @@
 #include "chat/k2_renderer.h"
 #include "chat/k3_renderer.h"
 #include "chat/tokenizer.h"
+#include "common/vocab_path.h"
 
 namespace kestrel::chat {
 namespace {
@@ -81,8 +82,7 @@ ChatRequest request_from_row(const Json& row) {
 // cl100k_base ranks + the Kimi split pattern + the K3 special table at 163584.. (same as the golden script).
 const Tokenizer& k3_on_cl100k() {
   static const Tokenizer t = [] {
-    const char* dir = std::getenv("KESTREL_TIKTOKEN_DIR");
-    TokenizerConfig c = cl100k_config(std::string(dir ? dir : KESTREL_TIKTOKEN_DIR) + "/cl100k_base.tiktoken");
+    TokenizerConfig c = cl100k_config(kestrel::testing::vocab_file("cl100k_base"));
     c.pattern = Pattern::kKimi;
     c.specials = kimi_k3_specials(163584);
     auto r = Tokenizer::create(c);

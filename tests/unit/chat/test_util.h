@@ -7,16 +7,11 @@
 
 #include "base/check.h"
 #include "chat/tokenizer.h"
+#include "common/vocab_path.h"
 
 namespace kestrel::chat::test {
 
-// Directory of the shared real vocabularies (shared/data/tiktoken); KESTREL_TIKTOKEN_DIR overrides.
-inline std::string tiktoken_dir() {
-  if (const char* e = std::getenv("KESTREL_TIKTOKEN_DIR")) return e;
-  return KESTREL_TIKTOKEN_DIR;
-}
-
-inline std::string vocab_path(const std::string& name) { return tiktoken_dir() + "/" + name + ".tiktoken"; }
+inline std::string vocab_path(const std::string& name) { return kestrel::testing::vocab_file(name); }
 
 // A base64 line for a token.
 inline std::string b64(std::string_view s) {

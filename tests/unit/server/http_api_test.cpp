@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/vocab_path.h"
 #include "server/api_handlers.h"
 #include "server/http_server.h"
 #include "test_support.h"
@@ -18,7 +19,7 @@ using testing::http_post;
 
 const chat::Tokenizer& tokenizer() {
   static chat::Tokenizer* tok = [] {
-    auto t = chat::Tokenizer::create(chat::cl100k_config(std::string(KESTREL_TIKTOKEN_DIR) + "/cl100k_base.tiktoken"));
+    auto t = chat::Tokenizer::create(chat::cl100k_config(kestrel::testing::vocab_file("cl100k_base")));
     if (!t) throw std::runtime_error(t.error().message());
     return new chat::Tokenizer(std::move(*t));
   }();

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/vocab_path.h"
 #include "server/api_handlers.h"
 #include "server/http_server.h"
 #include "test_support.h"
@@ -75,7 +76,7 @@ std::string build(const json& c) {
 }
 
 TEST(Malformed, EveryCaseGets4xxAndServerKeepsServing) {
-  auto tok = chat::Tokenizer::create(chat::cl100k_config(std::string(KESTREL_TIKTOKEN_DIR) + "/cl100k_base.tiktoken"));
+  auto tok = chat::Tokenizer::create(chat::cl100k_config(kestrel::testing::vocab_file("cl100k_base")));
   ASSERT_TRUE(tok);
   testing::FakeEngine engine(tok->encode("ok then", chat::SpecialMode::kAsText));
   testing::TrivialFormat format(*tok);

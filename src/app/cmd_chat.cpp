@@ -37,6 +37,7 @@ int cmd_chat(const std::vector<std::string>& argv) {
   if (!tok) return fail(tok.error());
   auto eng = Engine::load(dir);
   if (!eng) return fail(eng.error());
+  print_load_notes(**eng, dir, !a->has("quiet"));
   auto max_tokens = a->integer("max-tokens", 512);
   auto temp = a->number("temperature", 0.7);
   auto top_p = a->number("top-p", 0.95);

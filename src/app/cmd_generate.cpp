@@ -29,6 +29,11 @@ std::string resolve_model_or_default(const std::string& model_flag, bool verbose
   return *d;
 }
 
+void print_load_notes(const Engine& engine, const std::string& dir, bool verbose) {
+  if (!verbose) return;
+  for (const auto& n : engine.load_notes()) std::fprintf(stderr, "kestrel: %s: %s\n", dir.c_str(), n.c_str());
+}
+
 namespace {
 
 int fail(const Status& s) {
@@ -94,6 +99,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
 
   auto eng = Engine::load(dir);
   if (!eng) return fail(eng.error());
+  print_load_notes(**eng, dir, !quiet);
   Engine& e = **eng;
   SamplingParams sp{static_cast<float>(*temp), static_cast<int>(*top_k), static_cast<float>(*top_p),
                     static_cast<float>(*min_p), static_cast<uint64_t>(*seed)};

@@ -55,6 +55,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   if (!tok) return fail(tok.error());
   auto eng = Engine::load(dir);
   if (!eng) return fail(eng.error());
+  print_load_notes(**eng, dir, !a->has("quiet"));
   SchedulerConfig sc;
   sc.max_waiting = static_cast<int>(max_waiting);
   sc.max_batch_tokens = batch;

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/engine.h"
+
 namespace kestrel::app {
 
 int cmd_generate(const std::vector<std::string>& args);
@@ -18,5 +20,8 @@ int cmd_plan(const std::vector<std::string>& args);
 // default (preset k3-default).
 std::string resolve_model_or_default(const std::string& model_flag, bool verbose, int& rc,
                                      const std::string& preset = "");
+
+// Prints the model's load notes (one stderr line each, prefixed with the model directory) when verbose.
+void print_load_notes(const Engine& engine, const std::string& dir, bool verbose);
 
 }  // namespace kestrel::app

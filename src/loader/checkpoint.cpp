@@ -81,8 +81,8 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   return c;
 }
 
-Result<TensorView> Checkpoint::get(const std::string& name, const std::vector<DType>& dtypes,
-                                   const std::vector<int64_t>& shape) {
+Status Checkpoint::expect(const std::string& name, const std::vector<DType>& dtypes,
+                          const std::vector<int64_t>& shape) {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) return not_found(dir_ + ": missing tensor '" + name + "'");
   const SafetensorsFile& f = *files_[it->second.file];
@@ -94,6 +94,15 @@ Result<TensorView> Checkpoint::get(const std::string& name, const std::vector<DT
     return corrupt(f.path() + ": tensor '" + name + "' has shape " + shape_str(e.shape) + ", expected " +
                    shape_str(shape));
   used_.insert(name);
+  return Status::ok();
+}
+
+Result<TensorView> Checkpoint::get(const std::string& name, const std::vector<DType>& dtypes,
+                                   const std::vector<int64_t>& shape) {
+  KESTREL_RETURN_IF_ERROR(expect(name, dtypes, shape));
+  const auto it = tensors_.find(name);
+  const SafetensorsFile& f = *files_[it->second.file];
+  const SafetensorsEntry& e = *it->second.entry;
   TensorView v = f.view(e);
   const auto align = static_cast<uintptr_t>(dtype_size(e.dtype));
   if (reinterpret_cast<uintptr_t>(v.data) % align != 0) {

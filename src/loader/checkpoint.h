@@ -25,6 +25,9 @@ class Checkpoint {
   // misaligned tensor is copied once into owned, aligned memory (typed loads stay defined).
   Result<TensorView> get(const std::string& name, const std::vector<DType>& dtypes,
                          const std::vector<int64_t>& shape);
+  // The checks of get() without touching the data: the tensor exists with one of `dtypes` and `shape`.
+  // It then counts as used (a tensor the model accounts for but does not bind yet, e.g. the vision tower).
+  Status expect(const std::string& name, const std::vector<DType>& dtypes, const std::vector<int64_t>& shape);
   // Every tensor name, sorted.
   std::vector<std::string> names() const;
   // Names never fetched through get().

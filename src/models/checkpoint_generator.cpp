@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "loader/vision_config.h"
 #include "models/checkpoint_writer.h"
 
 namespace kestrel {
@@ -57,7 +58,7 @@ void write_kda(Writer& w, const GenSpec& s, const std::string& p) {
   w.linear(p + "o_proj", hid, P);
 }
 
-// DeepSeek-V3.2 indexer tensors (dsa_mla_moe_quant.md §2.2), bf16.
+// DeepSeek-V3.2 indexer tensors (docs/model-math.md §6.2), bf16.
 void write_indexer(Writer& w, const GenSpec& s, const std::string& p) {
   w.linear(p + "wq_b", static_cast<int64_t>(s.index_heads) * s.index_dim, s.q_lora);
   w.linear(p + "wk", s.index_dim, s.hidden);
@@ -165,6 +166,37 @@ json text_config(const GenSpec& s) {
   return t;
 }
 
+// K3's vision_config with every key of the released one (docs/configs/kimi-k3/config.json), widths from the spec.
+json vision_config(const GenSpec& s) {
+  return {{"patch_size", s.vt_patch}, {"init_pos_emb_height", s.vt_pos_grid}, {"init_pos_emb_width", s.vt_pos_grid},
+          {"init_pos_emb_time", 4}, {"pos_emb_type", "divided_fixed"}, {"pos_emb_interpolation_mode", "bilinear"},
+          {"vt_num_hidden_layers", s.vt_layers}, {"vt_hidden_size", s.vt_hidden},
+          {"vt_intermediate_size", s.vt_intermediate}, {"vt_num_attention_heads", s.vt_heads},
+          {"qkv_hidden_size", s.vt_qkv}, {"merge_kernel_size", {2, 2}}, {"merge_type", "sd2_tpool"},
+          {"mm_projector_type", "patchmergerv2"}, {"mm_hidden_size", s.vt_hidden}, {"projector_hidden_act", "gelu"},
+          {"projector_ln_eps", 1e-5}, {"text_hidden_size", s.hidden}, {"norm_type", "rmsnorm"}, {"mlp_type", "mlp2"},
+          {"activation_func", "gelu_pytorch_tanh"}, {"attn_bias", false}, {"linear_bias", false},
+          {"patch_embed_proj_bias", false}};
+}
+
+// The tower and projector tensors vision_config implies (loader/vision_config.h), after the text tensors as in
+// the release; RMSNorm weights near 1, the rest uniform with a 1/sqrt(fan-in) scale.
+Status write_vision(Writer& w, const json& vision) {
+  auto v = parse_vision_config(vision.dump(), "generated");
+  if (!v) return v.error();
+  for (const VisionTensor& t : vision_tensors(*v)) {
+    if (t.shape.size() == 1) {
+      w.norm(t.name, t.shape[0]);
+    } else {
+      int64_t fan_in = 1;
+      for (size_t i = 1; i < t.shape.size(); ++i) fan_in *= t.shape[i];
+      if (t.name.find("pos_emb") != std::string::npos) fan_in = 1;
+      w.bf16(t.name, t.shape, 1.0f / std::sqrt(static_cast<float>(fan_in)));
+    }
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 std::vector<std::string> gen_preset_names() {
@@ -231,7 +263,7 @@ Result<GenSpec> gen_preset(const std::string& name) {
   // Real per-layer widths, fewer layers and experts (issue 5 "Measure", bench/llama_cpp_compare.py): the
   // weights are far above the 32 MiB LLC but the whole model stays a few GB. Vocab cut to 32768 (the
   // embedding and lm_head are not per-layer widths; 163840 would make lm_head dominate the active bytes).
-  if (name == "kimi-linear-bench") {  // Kimi-Linear-48B-A3B layer shapes (kda_kimi_linear.md), one 3:1 period
+  if (name == "kimi-linear-bench") {  // Kimi-Linear-48B-A3B layer shapes (docs/model-math.md §3.8), one 3:1 period
     s.arch = "kimi_linear";
     s.vocab = 32768, s.hidden = 2304, s.layers = 4, s.intermediate = 9216;
     s.mla_heads = 32, s.kda_heads = 32, s.head_dim = 128;
@@ -244,7 +276,7 @@ Result<GenSpec> gen_preset(const std::string& name) {
     s.shards = 4;
     return s;
   }
-  if (name == "k3-shape-bench") {  // K3 layer shapes (kimi_k3_spec.md): layer 0 KDA + dense, layer 1 MLA + LatentMoE
+  if (name == "k3-shape-bench") {  // K3 layer shapes (docs/model-math.md §1.3): layer 0 KDA + dense, layer 1 MLA + LatentMoE
     s.vocab = 32768, s.hidden = 7168, s.layers = 2, s.intermediate = 33792;
     s.mla_heads = 96, s.kda_heads = 96, s.head_dim = 128;
     s.full_attn_layers = {2};
@@ -342,6 +374,8 @@ Status generate_checkpoint(const GenSpec& s, const std::string& dir) {
     w.bf16(root + "output_attn_res_proj.weight", {1, s.hidden}, 2.0f / std::sqrt(static_cast<float>(s.hidden)));
   }
   w.linear(std::string(k3 ? "language_model." : "") + "lm_head", s.vocab, s.hidden);
+  const json vision = k3 ? vision_config(s) : json();
+  if (k3) KESTREL_RETURN_IF_ERROR(write_vision(w, vision));
 
   KESTREL_RETURN_IF_ERROR(gen_detail::write_shards(w.tensors, s.shards, dir));
 
@@ -350,8 +384,7 @@ Status generate_checkpoint(const GenSpec& s, const std::string& dir) {
     cfg = {{"architectures", {"KimiK3ForConditionalGeneration"}}, {"model_type", "kimi_k3"},
            {"bos_token_id", s.vocab - 256}, {"eos_token_id", s.vocab - 254}, {"pad_token_id", s.vocab - 1},
            {"tie_word_embeddings", false}, {"dtype", "bfloat16"}, {"text_config", text_config(s)},
-           {"vision_config", {{"patch_size", 14}, {"vt_num_hidden_layers", 2}, {"vt_hidden_size", 64},
-                              {"text_hidden_size", s.hidden}}}};
+           {"vision_config", vision}};
   } else {
     cfg = text_config(s);
     cfg["architectures"] = {"KimiLinearForCausalLM"};

@@ -39,6 +39,9 @@ struct GenSpec {
   // (no bias tensor); norm_topk_prob as written to config.json.
   std::string topk_method = "noaux_tc";
   bool norm_topk_prob = true;
+  // K3 only: the vision tower + projector in the released layout (MoonViT3d blocks, PatchMergerMLPV2), with
+  // small widths (the text path validates and skips them); a full vision_config with these values is written.
+  int vt_layers = 2, vt_hidden = 64, vt_intermediate = 128, vt_heads = 2, vt_qkv = 64, vt_patch = 14, vt_pos_grid = 8;
 };
 
 // Named presets: "k3-tiny", "k3-tiny-bf16", "kimi-linear-tiny", "k3-bench", "k3-default",

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <cstdio>
 #include <cstring>
 
 #include "base/check.h"
@@ -9,6 +10,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "layers/attn_res.h"
 #include "loader/gguf_config.h"
+#include "loader/vision_config.h"
 
 namespace kestrel {
 
@@ -35,6 +37,18 @@ Result<std::unique_ptr<KimiModel>> KimiModel::load(const std::string& dir) {
   Binder b(*m->ckpt_);
   b.set_int4_group_size(m->cfg_.text.int4_group_size);
   KESTREL_RETURN_IF_ERROR(m->bind(b));
+  if (m->cfg_.arch == Arch::kKimiK3) {
+    // The released K3 checkpoint carries the vision tower and projector: validated, not bound (text only).
+    auto vision = check_vision_tensors(*m->ckpt_, m->cfg_.vision_config_json, m->cfg_.text.hidden_size);
+    if (!vision) return vision.error();
+    if (vision->tensors > 0) {
+      char note[256];
+      std::snprintf(note, sizeof note, "vision tower + projector: %lld tensors, %.2f M params, match vision_config; "
+                    "not loaded (text input only)", static_cast<long long>(vision->tensors),
+                    static_cast<double>(vision->params) / 1e6);
+      m->load_notes_.push_back(note);
+    }
+  }
   const auto unused = m->ckpt_->unused();
   if (!unused.empty())
     return corrupt(m->ckpt_->file_of(unused.front()) + ": unexpected tensor '" + unused.front() + "' (" +
@@ -173,7 +187,7 @@ void KimiModel::forward_linear(int64_t T, const ForwardOptions& o) {
   }
 }
 
-// Block Attention Residuals (kimi_k3_spec.md §4.2). h_ holds the running block sum ("prefix");
+// Block Attention Residuals (docs/model-math.md §2.1). h_ holds the running block sum ("prefix");
 // bank_ the frozen block sums. On return h_ holds the final AttnRes mixture.
 void KimiModel::forward_k3(int64_t T, const ForwardOptions& o) {
   const TextConfig& c = cfg_.text;

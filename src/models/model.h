@@ -70,6 +70,9 @@ class Model {
   virtual ~Model() = default;
   const ModelConfig& config() const { return cfg_; }
   const CacheGeometry& cache_geometry() const { return geom_; }
+  // One line each about what loading found and left aside (e.g. a vision tower not loaded); the commands
+  // print them unless --quiet.
+  const std::vector<std::string>& load_notes() const { return load_notes_; }
   // A standalone sequence that owns its storage (pages of kOwnPageTokens tokens, grown on demand).
   SequenceState new_sequence() const;
   static constexpr int64_t kOwnPageTokens = 256;
@@ -107,6 +110,7 @@ class Model {
   ModelConfig cfg_;
   CacheGeometry geom_;
   size_t num_layers_ = 0;
+  std::vector<std::string> load_notes_;
 
  private:
   std::vector<SeqRun> one_;

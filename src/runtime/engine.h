@@ -26,6 +26,7 @@ class Engine {
   Status decode_into(SequenceState& seq, int32_t id, std::vector<float>& logits, const ForwardOptions& base = {});
   void reserve(SequenceState& seq, int64_t n_tokens) const { model_->reserve(seq, n_tokens); }
   Model& model() { return *model_; }
+  const std::vector<std::string>& load_notes() const { return model_->load_notes(); }
 
  private:
   Status check_ids(std::span<const int32_t> ids) const;

@@ -2,15 +2,19 @@
 // tensor (or key), and never crashes. Runs under ASan+UBSan in CI (debug preset).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
 
 #include "common/test_util.h"
 #include "loader/checkpoint.h"
 #include "loader/model_config.h"
 #include "loader/safetensors.h"
+#include "loader/vision_config.h"
 #include "runtime/engine.h"
 
 namespace kestrel {
@@ -269,6 +273,172 @@ TEST_F(LoaderTest, CliReportsOneLineAndNonZeroExit) {
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   EXPECT_NE(out.find(kQ), std::string::npos) << out;
   EXPECT_NE(out.find(shard), std::string::npos) << out;
+}
+
+// ---- The vision tower and projector of the released K3 layout (docs/model-math.md §1.3) ----------------
+
+const char* kVisWqkv = "vision_tower.encoder.blocks.1.wqkv.weight";
+const char* kVisPost = "mm_projector.post_norm.weight";
+
+TEST(VisionLayout, PublishedConfigGivesTheReleasedTensorTable) {
+  // docs/configs/kimi-k3/config.json is the released config; the shapes below are the released checkpoint's
+  // tensor table (27 blocks; all bf16, no biases), typed here from it, not computed.
+  std::ifstream in(std::string(KESTREL_DOCS_CONFIGS) + "/kimi-k3/config.json");
+  ASSERT_TRUE(in);
+  const auto cfg = nlohmann::json::parse(in);
+  auto v = parse_vision_config(cfg["vision_config"].dump(), "kimi-k3/config.json");
+  ASSERT_TRUE(v.has_value()) << v.error().message();
+  const auto t = vision_tensors(*v);
+  EXPECT_EQ(t.size(), 27u * 6 + 6);
+  std::map<std::string, std::vector<int64_t>> shape;
+  int64_t params = 0;
+  for (const auto& x : t) {
+    EXPECT_EQ(x.dtype, DType::kBF16) << x.name;
+    EXPECT_TRUE(shape.emplace(x.name, x.shape).second) << "duplicate " << x.name;
+    int64_t n = 1;
+    for (int64_t d : x.shape) n *= d;
+    params += n;
+  }
+  const std::map<std::string, std::vector<int64_t>> released = {
+      {"vision_tower.patch_embed.proj.weight", {1024, 3, 14, 14}},
+      {"vision_tower.patch_embed.pos_emb.weight", {64, 64, 1024}},
+      {"vision_tower.encoder.blocks.0.norm0.weight", {1024}},
+      {"vision_tower.encoder.blocks.26.norm1.weight", {1024}},
+      {"vision_tower.encoder.blocks.13.wqkv.weight", {4608, 1024}},
+      {"vision_tower.encoder.blocks.13.wo.weight", {1024, 1536}},
+      {"vision_tower.encoder.blocks.26.mlp.fc0.weight", {4096, 1024}},
+      {"vision_tower.encoder.blocks.26.mlp.fc1.weight", {1024, 4096}},
+      {"vision_tower.encoder.final_layernorm.weight", {1024}},
+      {"mm_projector.proj.0.weight", {4096, 4096}},
+      {"mm_projector.proj.2.weight", {7168, 4096}},
+      {"mm_projector.post_norm.weight", {7168}}};
+  for (const auto& [name, s] : released) {
+    ASSERT_TRUE(shape.count(name)) << name;
+    EXPECT_EQ(shape[name], s) << name;
+  }
+  EXPECT_FALSE(shape.count("vision_tower.encoder.blocks.27.wo.weight"));
+  EXPECT_EQ(params, 447358976);  // ≈ 0.447 B, the vision share of the published parameter count
+}
+
+TEST(VisionLayout, ConfigErrorsNameTheKey) {
+  auto bad = [](const std::string& text, const std::string& want) {
+    auto v = parse_vision_config(text, "config.json");
+    ASSERT_FALSE(v.has_value()) << text;
+    expect_one_line_naming(v.error().message(), {"config.json vision_config", want});
+  };
+  const nlohmann::json good = {{"vt_num_hidden_layers", 2}, {"vt_hidden_size", 64}, {"vt_intermediate_size", 128},
+                               {"vt_num_attention_heads", 2}, {"qkv_hidden_size", 64}, {"patch_size", 14},
+                               {"init_pos_emb_height", 8}, {"init_pos_emb_width", 8}, {"merge_kernel_size", {2, 2}},
+                               {"text_hidden_size", 256}};
+  ASSERT_TRUE(parse_vision_config(good.dump(), "config.json").has_value());
+  auto with = [&](const char* key, const nlohmann::json& value) {
+    nlohmann::json j = good;
+    if (value.is_null()) j.erase(key);
+    else j[key] = value;
+    return j.dump();
+  };
+  bad("[1, 2]", "must be an object");
+  bad(with("vt_hidden_size", nullptr), "'vt_hidden_size': missing required key");
+  bad(with("qkv_hidden_size", "64"), "'qkv_hidden_size': must be an integer");
+  bad(with("vt_num_hidden_layers", 0), "'vt_num_hidden_layers': 0 is outside");
+  bad(with("merge_kernel_size", {2}), "'merge_kernel_size'");
+  bad(with("qkv_hidden_size", 63), "not a multiple of vt_num_attention_heads");
+}
+
+TEST_F(LoaderTest, ReleasedK3LayoutWithVisionTowerLoadsAndGenerates) {
+  // Every generated K3 checkpoint carries the tower + projector, as the release does (here 2 blocks).
+  auto ck = Checkpoint::open(dir());
+  ASSERT_TRUE(ck.has_value()) << ck.error().message();
+  int vision = 0;
+  for (const auto& n : ck->names()) vision += is_vision_tensor_name(n);
+  EXPECT_EQ(vision, 2 * 6 + 6);
+  auto e = Engine::load(dir());
+  ASSERT_TRUE(e.has_value()) << e.error().message();
+  ASSERT_EQ((*e)->load_notes().size(), 1u);
+  EXPECT_NE((*e)->load_notes()[0].find("18 tensors"), std::string::npos) << (*e)->load_notes()[0];
+  auto seq = (*e)->new_sequence();
+  const std::vector<int32_t> ids = {1, 2, 3, 4};
+  auto logits = (*e)->prefill(seq, ids);
+  ASSERT_TRUE(logits.has_value()) << logits.error().message();
+  auto next = (*e)->decode(seq, 5);
+  ASSERT_TRUE(next.has_value()) << next.error().message();
+  for (float x : *next) ASSERT_TRUE(std::isfinite(x));
+}
+
+TEST_F(LoaderTest, TextOnlyK3CheckpointLoadsWithoutNote) {
+  // A checkpoint stripped of the tower is still a valid text model (no note, no error).
+  auto idx = testing::read_json(dir() + "/model.safetensors.index.json");
+  std::map<std::string, std::vector<std::string>> by_shard;
+  for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it)
+    if (is_vision_tensor_name(it.key())) by_shard[it.value().get<std::string>()].push_back(it.key());
+  ASSERT_FALSE(by_shard.empty());
+  for (const auto& [shard, names] : by_shard) {
+    testing::edit_header(dir() + "/" + shard, [&](nlohmann::json& j) {
+      for (const auto& n : names) j.erase(n);
+    });
+    for (const auto& n : names) idx["weight_map"].erase(n);
+  }
+  testing::write_json(dir() + "/model.safetensors.index.json", idx);
+  auto e = Engine::load(dir());
+  ASSERT_TRUE(e.has_value()) << e.error().message();
+  EXPECT_TRUE((*e)->load_notes().empty());
+}
+
+TEST_F(LoaderTest, VisionTensorWithWrongShapeIsOneLine) {
+  const std::string shard = testing::shard_of(dir(), kVisWqkv);
+  testing::edit_header(shard, [](nlohmann::json& j) {
+    j[kVisWqkv]["shape"] = {j[kVisWqkv]["shape"][1], j[kVisWqkv]["shape"][0]};  // transposed: same bytes
+  });
+  expect_one_line_naming(load_error(dir()), {shard, kVisWqkv, "has shape [64, 192], expected [192, 64]"});
+}
+
+TEST_F(LoaderTest, VisionTensorWithWrongDtypeIsOneLine) {
+  const std::string shard = testing::shard_of(dir(), kVisPost);
+  testing::edit_header(shard, [](nlohmann::json& j) {
+    j[kVisPost]["dtype"] = "F16";  // same element size
+  });
+  expect_one_line_naming(load_error(dir()), {shard, kVisPost, "dtype F16", "expected BF16"});
+}
+
+TEST_F(LoaderTest, UnknownVisionTensorIsOneLine) {
+  const std::string shard = testing::shard_of(dir(), kVisWqkv);
+  const std::string extra = "vision_tower.encoder.blocks.1.wqkv.bias";
+  testing::edit_header(shard, [&](nlohmann::json& j) {
+    j[extra] = {{"dtype", "BF16"}, {"shape", {0}}, {"data_offsets", {0, 0}}};
+  });
+  auto idx = testing::read_json(dir() + "/model.safetensors.index.json");
+  idx["weight_map"][extra] = fs::path(shard).filename().string();
+  testing::write_json(dir() + "/model.safetensors.index.json", idx);
+  expect_one_line_naming(load_error(dir()), {shard, extra, "unknown vision tensor"});
+  // A block past vision_config's count is unknown too.
+  testing::make_checkpoint("k3-tiny", dir());
+  const std::string past = "vision_tower.encoder.blocks.2.wo.weight";
+  testing::edit_header(shard, [&](nlohmann::json& j) {
+    j[past] = {{"dtype", "BF16"}, {"shape", {0}}, {"data_offsets", {0, 0}}};
+  });
+  idx = testing::read_json(dir() + "/model.safetensors.index.json");
+  idx["weight_map"][past] = fs::path(shard).filename().string();
+  testing::write_json(dir() + "/model.safetensors.index.json", idx);
+  expect_one_line_naming(load_error(dir()), {shard, past, "unknown vision tensor", "2 blocks"});
+}
+
+TEST_F(LoaderTest, PartialVisionTowerIsOneLine) {
+  const std::string shard = testing::shard_of(dir(), kVisWqkv);
+  testing::edit_header(shard, [](nlohmann::json& j) { j.erase(kVisWqkv); });
+  auto idx = testing::read_json(dir() + "/model.safetensors.index.json");
+  idx["weight_map"].erase(kVisWqkv);
+  testing::write_json(dir() + "/model.safetensors.index.json", idx);
+  expect_one_line_naming(load_error(dir()), {kVisWqkv, "missing tensor", "17 of the vision tower's 18"});
+}
+
+TEST_F(LoaderTest, VisionTensorsNeedAMatchingVisionConfig) {
+  auto cfg = testing::read_json(dir() + "/config.json");
+  cfg["vision_config"]["text_hidden_size"] = 255;
+  testing::write_json(dir() + "/config.json", cfg);
+  expect_one_line_naming(load_error(dir()), {"vision_config", "text_hidden_size", "255", "256"});
+  cfg.erase("vision_config");
+  testing::write_json(dir() + "/config.json", cfg);
+  expect_one_line_naming(load_error(dir()), {"has no vision_config", "mm_projector.post_norm.weight"});
 }
 
 TEST(Checkpoint, MisalignedTensorsAreCopiedAligned) {

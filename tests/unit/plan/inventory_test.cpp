@@ -83,7 +83,8 @@ void check_preset(const std::string& preset, const std::function<void(GenSpec&)>
   const ModelCosts m = compute_costs(*cfg, *inv, {});
   EXPECT_EQ(m.total_bytes, stored_bytes);
   EXPECT_EQ(m.total_tensors, static_cast<int64_t>(stored.size()));
-  EXPECT_FALSE(inv->vision_counted);  // generated checkpoints carry a stub vision_config, no tower
+  // Generated K3 checkpoints carry the vision tower and projector in the released layout (small widths).
+  EXPECT_EQ(inv->vision_counted, cfg->arch == Arch::kKimiK3) << inv->vision_note;
 }
 
 TEST(PlanInventory, MatchesK3Tiny) { check_preset("k3-tiny"); }

@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
-"""Side-by-side benchmark, Kestrel vs llama.cpp, on the very same GGUF files (issue 5 "Measure").
+"""Side-by-side benchmark, Kestrel vs llama.cpp, on the very same GGUF files.
 
-    /work/venv/bin/python bench/llama_cpp_compare.py --kestrel build/release/kestrel \\
-        --llama-cpp-src /work/dl/llama_cpp_python-0.3.36/vendor/llama.cpp --work-dir /tmp/llbench -r 3 \\
+`python` is one with the `llama_cpp` package (llama-cpp-python from PyPI, built from its source package) and
+SDIST that source package unpacked (`pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36`), whose
+vendor/llama.cpp holds the converter and gguf-py.
+
+    python bench/llama_cpp_compare.py --kestrel build/release/kestrel \\
+        --llama-cpp-src SDIST/vendor/llama.cpp --work-dir /tmp/llbench -r 3 \\
         --out-json bench_llama_cpp.json --out-md bench_llama_cpp.md
 
 Models (made once under --work-dir, reused afterwards; sha256 recorded):
@@ -15,7 +19,7 @@ Models (made once under --work-dir, reused afterwards; sha256 recorded):
 Pipeline: `kestrel make-model` (HF layout) -> llama.cpp's convert_hf_to_gguf.py -> llama_model_quantize
 (Q4_0; output and token_embd forced to Q4_0, F32 norms/routers kept as llama.cpp keeps them).
 
-Protocol per file (cpu_performance.md §6; llama-bench semantics):
+Protocol per file (docs/model-math.md §9.3; llama-bench semantics):
   * page cache warmed (one full read of the file) before each engine;
   * correctness gate first: a fixed random 32-token prompt, Kestrel's greedy 16-token continuation and the
     logits behind each choice (`kestrel bench --gate-*`) against llama.cpp's logits at the same positions
@@ -187,7 +191,8 @@ def main():
     ap.add_argument("--kestrel", default="build/release/kestrel")
     ap.add_argument("--membw", default="build/release/bench/membw_bench")
     ap.add_argument("--w4a8-bench", default="build/release/bench/w4a8_bench")
-    ap.add_argument("--llama-cpp-src", default="/work/dl/llama_cpp_python-0.3.36/vendor/llama.cpp")
+    ap.add_argument("--llama-cpp-src", required=True,
+                    help="vendor/llama.cpp of the unpacked llama-cpp-python source package (converter, gguf-py)")
     ap.add_argument("--work-dir", default="/tmp/llbench")
     ap.add_argument("-r", "--reps", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=2)

@@ -8,7 +8,7 @@ CONTROL specials, pre "kimi-k2") from a tiktoken vocabulary — by default the r
 (docs/, src/, the tokenizer golden texts) with llama_cpp (vocab_only, special=False) and with
 `tokenize_cli --gguf FILE --mode text`, and reports mismatching documents. Exit 0 iff all ids agree.
 
-    /work/venv/bin/python tools/check_gguf_tokenizer.py --cli build/release/tests/unit/chat/tokenize_cli \\
+    python tools/check_gguf_tokenizer.py --cli build/release/tests/unit/chat/tokenize_cli \\
         --llama-cpp-src <sdist>/vendor/llama.cpp [--vocab $KESTREL_KIMI_VOCAB]
 """
 import argparse

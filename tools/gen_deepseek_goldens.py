@@ -4,13 +4,13 @@ reference transformers `DeepseekV3ForCausalLM` / `DeepseekV32ForCausalLM` (float
 
 Run with the project venv (transformers + torch CPU):
 
-    /work/venv/bin/python tools/gen_deepseek_goldens.py --kestrel build/release/kestrel \
+    python tools/gen_deepseek_goldens.py --kestrel build/release/kestrel \
         --preset deepseek-v3-tiny --out tests/data/models/deepseek_v3_tiny.safetensors
-    /work/venv/bin/python tools/gen_deepseek_goldens.py --kestrel build/release/kestrel \
+    python tools/gen_deepseek_goldens.py --kestrel build/release/kestrel \
         --preset deepseek-v32-tiny --out tests/data/models/deepseek_v32_tiny.safetensors
-    /work/venv/bin/python tools/gen_deepseek_goldens.py --kestrel build/release/kestrel \
+    python tools/gen_deepseek_goldens.py --kestrel build/release/kestrel \
         --preset deepseek-v2style-tiny --out tests/data/models/deepseek_v2style_tiny.safetensors
-    /work/venv/bin/python tools/gen_deepseek_goldens.py --kestrel build/release/kestrel \
+    python tools/gen_deepseek_goldens.py --kestrel build/release/kestrel \
         --preset deepseek-v32-sparse-tiny --out tests/data/models/deepseek_v32_sparse_tiny.safetensors
 
 `deepseek-v2style-tiny` is a deepseek_v3-typed checkpoint with V2-Lite-like choices (no q_lora, softmax
@@ -65,7 +65,6 @@ Outputs (safetensors):
 import argparse
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -79,6 +78,7 @@ from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Con
                           DeepseekV32Config, DeepseekV32ForCausalLM, DynamicCache)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from golden_command import recorded_command  # noqa: E402
 from gen_dsa_goldens import act_quant, rotate_activation  # noqa: E402  (reference transcription)
 from transformers.models.deepseek_v32 import modeling_deepseek_v32 as tf_v32  # noqa: E402
 
@@ -263,7 +263,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    command = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
+    command = recorded_command("gen_deepseek_goldens.py")
     v32 = args.preset in ("deepseek-v32-tiny", "deepseek-v32-sparse-tiny")
     sparse = args.preset == "deepseek-v32-sparse-tiny"
     global TOPK_LOG

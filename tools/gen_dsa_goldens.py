@@ -2,7 +2,7 @@
 """Goldens for the DSA lightning indexer and sparse MLA (src/kernels/cpu/dsa_indexer.h,
 src/layers/dsa_indexer.h), from a PyTorch-on-CPU transcription of DeepSeek's reference.
 
-Run with the project venv:  /work/venv/bin/python tools/gen_dsa_goldens.py [--out tests/data/dsa]
+Run with the project venv:  python tools/gen_dsa_goldens.py [--out tests/data/dsa]
 
 Reference transcribed (semantics, not code copied into the engine):
   github.com/deepseek-ai/DeepSeek-V3.2-Exp @3b99a53 inference/model.py
@@ -11,7 +11,7 @@ Reference transcribed (semantics, not code copied into the engine):
     fp8_index, causal mask, topk(min(index_topk, end_pos))) and MLA.forward's index mask;
   inference/kernel.py act_quant_kernel (amax ≥ 1e-4, s = amax/448, ue8m0 → 2^ceil(log2 s),
     clamp ±448, cast e4m3fn) and fp8_index_kernel (ReLU(q8·k8) · q_s summed over heads, · k_s);
-  plus the 2025-11-17 fix (dsa_mla_moe_quant.md §2.3 step 3): indexer RoPE is NON-interleaved (NeoX,
+  plus the 2025-11-17 fix (docs/model-math.md §6.3 step 3): indexer RoPE is NON-interleaved (NeoX,
     pairs (i, i + rope/2)); weights_proj computed in fp32.
 Deliberate differences from the demo, all documented in the engine: everything runs in fp32 (the
 engine's activation dtype) instead of bf16 before quantization; the Hadamard transform is applied as

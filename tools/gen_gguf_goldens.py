@@ -7,7 +7,7 @@ tools/gen_k3_goldens.py.
 
 Run (from the repository root, with the project venv):
 
-    /work/venv/bin/python tools/gen_gguf_goldens.py --kestrel build/release/kestrel \\
+    python tools/gen_gguf_goldens.py --kestrel build/release/kestrel \\
         --llama-cpp-src <sdist>/vendor/llama.cpp --out-dir tests/data/gguf
 
 For each case below:
@@ -33,7 +33,7 @@ Tokenizer golden (tests/data/gguf/tokenizer_cl100k4k.gguf + .json): a GGUF holdi
 tokenizer built exactly as conversion/kimi_linear.py's set_vocab builds Kimi's (GPT-2 byte-level token
 strings via QwenModel.token_bytes_to_string, merges via QwenModel.bpe, CONTROL specials, UNUSED padding,
 pre-tokenizer "kimi-k2") from the first 4096 ranks of the public cl100k_base vocabulary
-(/work/shared/data/tiktoken, --tiktoken-dir) plus six Kimi special tokens; the ids llama.cpp's tokenizer
+(tools/extract_vocabs.py writes it; --tiktoken-dir) plus six Kimi special tokens; the ids llama.cpp's tokenizer
 (llama_cpp.Llama(vocab_only=True).tokenize, special=False and special=True) gives for a fixed list of texts.
 
 Also writes the fuzz_gguf seed corpus (tests/fuzz/corpus/gguf: a tiny file with every value type and
@@ -49,6 +49,9 @@ import sys
 import tempfile
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from golden_command import recorded_command  # noqa: E402
 
 GGML_TYPE_F32 = 0
 GGML_TYPE_Q4_0 = 2
@@ -299,7 +302,7 @@ def main():
     ap.add_argument("--out-dir", default="tests/data/gguf")
     ap.add_argument("--blocks-out", default="tests/data/ops/gguf_blocks.safetensors")
     ap.add_argument("--fuzz-seeds", default="tests/fuzz/corpus/gguf")
-    ap.add_argument("--tiktoken-dir", default="/work/shared/data/tiktoken")
+    ap.add_argument("--tiktoken-dir", default="build/vocab", help="tools/extract_vocabs.py --out-dir")
     ap.add_argument("--only", default="", help="comma-separated case names")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -358,7 +361,7 @@ def main():
             "native_vs_exact_nmse_max": f"{np.max(r):.3e}",
             "native_vs_exact_rows_nmse_over_1e-2": f"{int(np.sum(r > 1e-2))}/{len(r)}",
             "native_vs_exact_argmax_mismatch_rows": f"{int(np.sum(logits.argmax(1) != exact.argmax(1)))}/{len(r)}",
-            "command": "python tools/gen_gguf_goldens.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+            "command": recorded_command("gen_gguf_goldens.py"),
         }
         save_file({"prompt": prompt, "logits": logits, "logits_exact": exact}, os.path.join(args.out_dir, name + ".logits.safetensors"),
                   metadata=meta)

@@ -5,13 +5,13 @@ Reference: the llama.cpp vendored in the PyPI package llama-cpp-python 0.3.36 (s
 conversion/kimi_k3.py). Nothing of llama.cpp lives in this repository; it has to be installed next to it:
 
     CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF" \\
-        CMAKE_BUILD_PARALLEL_LEVEL=2 /work/venv/bin/pip install <unpacked llama_cpp_python-0.3.36 sdist>
+        CMAKE_BUILD_PARALLEL_LEVEL=2 pip install <unpacked llama_cpp_python-0.3.36 sdist>
 
 and the converter (convert_hf_to_gguf.py of the same vendored tree) needs torch + transformers in the venv.
 
 Run (from the repository root, with the project venv):
 
-    /work/venv/bin/python tools/gen_k3_goldens.py --kestrel build/release/kestrel \\
+    python tools/gen_k3_goldens.py --kestrel build/release/kestrel \\
         --llama-cpp-src <sdist>/vendor/llama.cpp --preset k3-tiny-bf16 \\
         --out tests/data/models/k3_tiny_bf16.safetensors
 
@@ -50,6 +50,9 @@ import sys
 import tempfile
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from golden_command import recorded_command  # noqa: E402
 
 REFERENCE = "llama.cpp (llama-cpp-python 0.3.36 vendored) kimi-k3, f32 GGUF, f32 KV"
 REFERENCE_DEQ = REFERENCE + ", MXFP4 experts decoded exactly to f32 before conversion"
@@ -107,7 +110,7 @@ def greedy_decode(llama_cpp, gguf_path, prompt, n_new, args):
 
 def dequantize_mxfp4_checkpoint(src, dst):
     """Copy of an MXFP4 (compressed-tensors mxfp4-pack-quantized) checkpoint with the routed experts decoded
-    exactly (kimi_k3_spec.md 3.6: adjacent elements low/high nibble, E2M1 codes, E8M0 block scale 2^(s-127))
+    exactly (docs/model-math.md §1.4: adjacent elements low/high nibble, E2M1 codes, E8M0 block scale 2^(s-127))
     and stored as BF16 (every MXFP4 value is exactly representable in BF16); quantization_config removed."""
     import torch
     from safetensors.torch import load_file, save_file as save_pt
@@ -260,7 +263,7 @@ def main():
                "parity regenerate with --dequant-experts")
     else:
         tol = "BF16 experts, all f32 in llama.cpp: expect tight fp32 parity (NMSE ~1e-7 or better)"
-    command = " ".join(shlex.quote(a) for a in ["python", "tools/gen_k3_goldens.py"] + sys.argv[1:])
+    command = recorded_command("gen_k3_goldens.py")
     meta = {
         "reference": REFERENCE_DEQ if args.dequant_experts else REFERENCE,
         "preset": args.preset,

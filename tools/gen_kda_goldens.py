@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate KDA kernel goldens from the independent reference fla-core (pure-PyTorch naive kernels).
 
-Run with the project venv:  /work/venv/bin/python tools/gen_kda_goldens.py [--out tests/data/kda]
+Run with the project venv:  python tools/gen_kda_goldens.py [--out tests/data/kda]
 
 Reference code (fla-core, version recorded in each file's metadata):
   * fla/ops/kda/naive.py : naive_recurrent_kda, naive_chunk_kda   -- loaded by file path with importlib,

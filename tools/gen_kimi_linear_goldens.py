@@ -4,7 +4,7 @@
 
 Run with the project venv (transformers + torch CPU):
 
-    /work/venv/bin/python tools/gen_kimi_linear_goldens.py \
+    python tools/gen_kimi_linear_goldens.py \
         --kestrel build/release/kestrel --out tests/data/models/kimi_linear_tiny.safetensors
 
 Steps
@@ -36,7 +36,6 @@ import inspect
 import json
 import math
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from golden_command import recorded_command  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.numpy import save_file  # noqa: E402
 from transformers import DynamicCache, KimiLinearConfig, KimiLinearForCausalLM  # noqa: E402
@@ -219,7 +221,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    command = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
+    command = recorded_command("gen_kimi_linear_goldens.py")
 
     with tempfile.TemporaryDirectory(prefix="kimi_linear_tiny_") as tmp:
         ckpt_dir = os.path.join(tmp, "ckpt")

@@ -3,7 +3,7 @@
 
 Writes tests/data/ops/{mxfp4,situ,attn_res,latent_moe_golden}.safetensors and the tiny checkpoint
 tests/data/ops/latent_moe/model.safetensors. Deterministic (fixed seeds). Run with
-    /work/venv/bin/python tools/gen_op_goldens.py
+    python tools/gen_op_goldens.py
 (needs torch CPU, numpy, safetensors, compressed-tensors 0.20).
 
 Sources transcribed below (third-party code, cited; the few lines are re-typed, not imported, except
@@ -137,7 +137,7 @@ def gen_situ():
 # c. Block Attention Residuals
 # ----------------------------------------------------------------------------------------------
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # sglang RMSNorm forward_native form (fp32 variance), spec §4.7.
+    # sglang RMSNorm forward_native form (fp32 variance), docs/model-math.md §2.6.
     xf = x.float()
     var = xf.pow(2).mean(dim=-1, keepdim=True)
     return (xf * torch.rsqrt(var + eps)).to(x.dtype) * weight

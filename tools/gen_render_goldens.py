@@ -12,12 +12,13 @@ Reference renderers (NOT vendored here; pass their paths on the command line):
       llama.cpp vendors it as models/templates/Kimi-K2-Instruct.jinja), rendered with transformers' own jinja
       environment (trim_blocks, lstrip_blocks, HF `tojson`).
 
-Token ids: no Kimi vocabulary ships with the repo, so ids are computed with tiktoken on the shared cl100k_base
+Token ids: computed with tiktoken on the cl100k_base
 ranks + the Kimi split pattern + the K3 special table at 163584.. (tests/unit/chat/renderer_test.cpp builds the same
 tokenizer). Each segment is encoded on its own: allow_special -> allowed_special="all", else disallowed_special=().
 
-  tools/gen_render_goldens.py --encoding-k3 /work/ref/encoding_k3.py \
-      --k2-template .../Kimi-K2-Instruct.jinja --tiktoken-dir ../shared/data/tiktoken --out tests/data/chat
+  tools/gen_render_goldens.py --encoding-k3 .../encoding_k3.py \
+      --k2-template .../Kimi-K2-Instruct.jinja --tiktoken-dir build/vocab --out tests/data/chat
+(encoding_k3.py from the moonshotai/Kimi-K3 model repository; build/vocab from tools/extract_vocabs.py)
 """
 import argparse
 import importlib.util

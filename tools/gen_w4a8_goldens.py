@@ -2,7 +2,7 @@
 """W4A8 weight-format goldens for tests/ops/w4a8_test.cpp, from compressed-tensors itself.
 
 Writes tests/data/ops/w4a8_pack.safetensors. Deterministic. Run with
-    /work/venv/bin/python tools/gen_w4a8_goldens.py
+    python tools/gen_w4a8_goldens.py
 (needs torch CPU, safetensors, compressed-tensors 0.20).
 
 Reference (imported and called, not re-implemented): compressed-tensors 0.20

@@ -1,4 +1,4 @@
-"""Kimi K2/K3 pre-tokenizer pattern, verbatim (fancy-regex syntax; kimi_k3_spec.md §7 [TOK-PAT]).
+"""Kimi K2/K3 pre-tokenizer pattern, verbatim (fancy-regex syntax; docs/model-math.md §4.2).
 Shared by the tools that run the Python references (tiktoken) on the K3 pattern."""
 
 KIMI_PAT = "|".join([

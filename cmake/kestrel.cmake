@@ -25,7 +25,7 @@ if(KESTREL_FUZZ)
 endif()
 
 # kestrel_library(<name> SOURCES <files...> DEPS <targets...>)
-# Creates target kestrel_<name>; dependencies must point down the tree (docs/ARCHITECTURE.md).
+# Creates target kestrel_<name>; dependencies must point down the tree (docs/architecture.md §1).
 function(kestrel_library name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
   add_library(kestrel_${name} STATIC ${ARG_SOURCES})

@@ -1,4 +1,4 @@
-// The two per-request cache pools of a hybrid model (ARCHITECTURE.md §3):
+// The two per-request cache pools of a hybrid model (docs/architecture.md §3):
 //   - KDA state slots: one slot per running sequence = conv history + fp32 recurrent state for
 //     every KDA layer (constant size);
 //   - MLA latent pages: blocks of `page_tokens` tokens; one block holds that many latent rows for

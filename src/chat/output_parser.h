@@ -5,8 +5,9 @@
 // whole once its closing marker arrives (OpenAI clients accept a call in one delta). Input the grammar does not
 // expect never fails: it is emitted as plain content (a malformed or truncated call included, verbatim).
 //
-// K3 (XTML, spec §7; the generation prompt opened `<|open|>think<|sep|>`, or `<|open|>response<|sep|>` with thinking
-// off): REASONING <|close|>think<|sep|> <|open|>response<|sep|> CONTENT <|close|>response<|sep|>
+// K3 (XTML, docs/model-math.md §4.6; the generation prompt opened `<|open|>think<|sep|>`, or
+// `<|open|>response<|sep|>` with thinking off): REASONING <|close|>think<|sep|> <|open|>response<|sep|> CONTENT
+// <|close|>response<|sep|>
 //   [<|open|>tools<|sep|> (<|open|>call tool="N" index="i"<|sep|> (<|open|>argument key="K" type="T"<|sep|>V
 //   <|close|>argument<|sep|>)* <|close|>call<|sep|>)* <|close|>tools<|sep|>] <|close|>message<|sep|> <|end_of_msg|>
 //   Arguments are assembled into a JSON object `{"K": V, ...}`: type="string" values are JSON-quoted, other

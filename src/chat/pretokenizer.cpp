@@ -33,7 +33,7 @@ constexpr std::string_view kDeepSeekPass2 = "[\u4E00-\u9FA5\u3040-\u309F\u30A0-\
 constexpr std::string_view kDeepSeekPass3 =
     R"([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
-// Kimi K2/K3 `tokenization_kimi.py` pat_str (spec §7), verbatim (fancy-regex syntax with `&&`).
+// Kimi K2/K3 `tokenization_kimi.py` pat_str (docs/model-math.md §4.2), verbatim (fancy-regex syntax with `&&`).
 constexpr std::string_view kKimi =
     R"([\p{Han}]+)"
     R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"

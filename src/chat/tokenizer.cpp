@@ -14,7 +14,7 @@ TokenizerConfig kimi_k3_config(std::string vocab_path) {
 }
 
 std::vector<SpecialToken> kimi_k3_specials(int32_t first_id) {
-  // Spec §7 table, as offsets from the first special id (163584 in K3).
+  // docs/model-math.md §4.4 table, as offsets from the first special id (163584 in K3).
   static const std::unordered_map<int32_t, std::string_view> kNamed = {
       {0, "[BOS]"},           {1, "[EOS]"},          {2, "<|end_of_msg|>"},    {3, "<|open|>"},
       {4, "<|close|>"},       {5, "<|sep|>"},        {6, "[start_header_id]"}, {7, "[end_header_id]"},

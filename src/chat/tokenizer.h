@@ -54,9 +54,10 @@ struct TokenizerConfig {
   std::vector<SpecialToken> specials;
 };
 
-// Kimi K3 (spec §7): 163,584 ranks + 256 specials/reserved (163584..163839), Kimi pattern and caps.
+// Kimi K3 (docs/model-math.md §4.1-4.4): 163,584 ranks + 256 specials/reserved (163584..163839), Kimi
+// pattern and caps.
 TokenizerConfig kimi_k3_config(std::string vocab_path);
-// The Kimi K3 special-token table (named ones from spec §7, the rest `<|reserved_token_ID|>`).
+// The Kimi K3 special-token table (named ones from docs/model-math.md §4.4, the rest `<|reserved_token_ID|>`).
 std::vector<SpecialToken> kimi_k3_specials(int32_t first_id = 163584);
 // Reference vocabularies with their own patterns and specials (tiktoken / upstream tables).
 TokenizerConfig cl100k_config(std::string vocab_path);

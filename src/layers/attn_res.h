@@ -1,4 +1,4 @@
-// Block Attention Residuals (kimi_k3_spec.md §4.2): a softmax-over-depth mixture of the frozen
+// Block Attention Residuals (docs/model-math.md §2.1): a softmax-over-depth mixture of the frozen
 // block sums (bank) and the current partial sum. Scores use RMSNorm WITHOUT weight on each row
 // and c = res_norm.weight ⊙ res_proj.weight; the mixture is over the raw rows. fp32 throughout.
 #pragma once

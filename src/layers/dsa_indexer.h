@@ -1,4 +1,4 @@
-// DSA lightning indexer layer (DeepSeek-V3.2, dsa_mla_moe_quant.md §2.2-2.3), attached to an MLA
+// DSA lightning indexer layer (DeepSeek-V3.2, docs/model-math.md §6.2-6.3), attached to an MLA
 // layer listed in `sparse_attn_layers`. Tensors (DeepSeek names, under `<layer>.self_attn.indexer.`):
 //   wq_b [H·D, q_lora]  (query from the MLA q latent c_q, after q_a_layernorm)
 //   wk [D, hidden], k_norm.{weight,bias} [D]  (one LayerNorm'd key per token, eps 1e-6)
@@ -11,11 +11,11 @@
 //  - DeepSeek V3.2 (config has the MLA's decoupled RoPE): the MODEL's table — the same (YaRN) inv_freq
 //    and cos/sin magnitude as the MLA rope dims (layers/rope.h), but applied NeoX / half-split, not
 //    interleaved (DeepSeek's 2025-11-17 indexer fix; transformers DeepseekV32Indexer passes the model's
-//    position_embeddings to apply_rotary_pos_emb; dsa_mla_moe_quant.md §2.3 step 3). The magnitude
+//    position_embeddings to apply_rotary_pos_emb; docs/model-math.md §6.3 step 3). The magnitude
 //    follows transformers (its cos/sin carry the YaRN attention factor); DeepSeek's reference uses unit
 //    cos/sin. Both are 1 for every released config (mscale == mscale_all_dim); a config where they
 //    differ has not been checked against any reference.
-//  - K3 assumption (no public K3.1 config): the DSA template of kimi_k3_spec.md §4.9 — partial NeoX
+//  - K3 assumption (no public K3.1 config): the DSA template of docs/model-math.md §2.8 — partial NeoX
 //    RoPE with plain frequencies (index_rope_theta) although K3's MLA itself is NoPE.
 #pragma once
 

@@ -1,5 +1,5 @@
 // Feed-forward blocks: gated MLP (dense layer 0, shared experts, each routed expert) and the MoE
-// block in both forms (kimi_k3_spec.md §4.5 LatentMoE; kda_kimi_linear.md §5 Kimi Linear MoE).
+// block in both forms (docs/model-math.md §2.4 LatentMoE; §7.3 Kimi Linear MoE).
 #pragma once
 
 #include <string>
@@ -41,7 +41,7 @@ struct ExpertNames {
 };
 inline constexpr ExpertNames kHfExpertNames{"gate_proj", "up_proj", "down_proj"};
 
-// Routing (dsa_mla_moe_quant.md §3), fp32: scores = sigmoid or softmax of the router logits; the
+// Routing (docs/model-math.md §7), fp32: scores = sigmoid or softmax of the router logits; the
 // choice uses scores + e_score_correction_bias (when present); with n_group > 1 only the top
 // topk_group groups (group score = sum of the top-2 biased scores, or the max without a bias) are
 // eligible (others −inf); weights = the chosen UNBIASED scores, renormalised (norm_topk_prob) and

@@ -1,4 +1,4 @@
-// Kimi Delta Attention layer (kimi_k3_spec.md §4.3, kda_kimi_linear.md §3).
+// Kimi Delta Attention layer (docs/model-math.md §2.2, §3).
 // Both gate forms (bounded sigmoid with gate_lower_bound; -exp(A_log)·softplus) and both output
 // gates (full-rank g_proj; low-rank g_a/g_b) are typed config choices.
 #pragma once

@@ -1,6 +1,6 @@
-// MLA layer. Kimi (kimi_k3_spec.md §4.4, kda_kimi_linear.md §4): NoPE — the 64 "rope" dims are
+// MLA layer. Kimi (docs/model-math.md §2.3, §3.9): NoPE — the 64 "rope" dims are
 // kept but never rotated; softmax scale 1/sqrt(qk_nope + qk_rope); optional per-channel sigmoid
-// output gate from the layer input (K3). DeepSeek V3 / K2 (dsa_mla_moe_quant.md §1, config
+// output gate from the layer input (K3). DeepSeek V3 / K2 (docs/model-math.md §5, config
 // `mla_rope` set): q_pe and k_pe are rotated (interleaved pairs, YaRN) at the token's position
 // before k_pe is cached; softmax scale = config mla_softmax_scale (YaRN mscale² folded in).
 // Cache per token: [c_kv normed (kv_lora) | k_r (rope, post-RoPE)].

@@ -1,4 +1,4 @@
-// Decoupled RoPE of DeepSeek MLA (dsa_mla_moe_quant.md §1.4): the qk_rope_head_dim slice of every
+// Decoupled RoPE of DeepSeek MLA (docs/model-math.md §5.4): the qk_rope_head_dim slice of every
 // query head and the shared k_pe are rotated in ADJACENT pairs (x[2i], x[2i+1]) by angle
 // pos · inv_freq[i] (GPT-J / "interleaved" layout, as DeepSeek's HF weights are stored), with
 // optional YaRN frequency blending and cos/sin magnitude. The table is built in fp32 in the same

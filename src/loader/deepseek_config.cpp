@@ -169,7 +169,7 @@ Status parse_deepseek_config(const json& j, const std::string& label, ModelConfi
     if (t.num_experts_per_token > t.topk_group * (t.num_experts / t.num_expert_group))
       return invalid_argument(label + ": key 'num_experts_per_tok': more than the experts in topk_group groups");
   }
-  // Routing variants (dsa_mla_moe_quant.md §3): noaux_tc = sigmoid + correction bias, group score =
+  // Routing variants (docs/model-math.md §7): noaux_tc = sigmoid + correction bias, group score =
   // top-2 sum; greedy / group_limited_greedy = softmax (V2), group score = max, no bias.
   if (scoring == "sigmoid") t.router_scoring = RouterScoring::kSigmoid;
   else if (scoring == "softmax") t.router_scoring = RouterScoring::kSoftmax;
@@ -214,7 +214,7 @@ Status parse_deepseek_config(const json& j, const std::string& label, ModelConfi
   KESTREL_RETURN_IF_ERROR(parse_fp8(j, label, t));
 
   // Softmax scale qk^-0.5 · mscale(factor, mscale_all_dim)² (transformers / vLLM: only when
-  // mscale_all_dim is set; dsa_mla_moe_quant.md §1.3 item 6).
+  // mscale_all_dim is set; docs/model-math.md §5.3 item 6).
   double scale = 1.0 / std::sqrt(static_cast<double>(t.qk_head_dim()));
   if (rope.yarn && rope.mscale_all_dim != 0.0) {
     const double m = yarn_mscale(rope.factor, rope.mscale_all_dim);

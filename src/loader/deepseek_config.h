@@ -1,6 +1,6 @@
 // DeepSeek V3 / Kimi K2 / DeepSeek V3.2 config.json → typed ModelConfig (internal to loader/;
 // model_config.cpp dispatches here on model_type). Key names and defaults follow the HF configs
-// (dsa_mla_moe_quant.md §1.1, §2.1, §3, §4a); every error names the file and the key.
+// (docs/model-math.md §5.1, §6.1, §7, §8); every error names the file and the key.
 #pragma once
 
 #include <nlohmann/json.hpp>

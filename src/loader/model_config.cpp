@@ -111,7 +111,7 @@ Status parse_text(const json& j, const std::string& where, Arch arch, TextConfig
     return invalid_argument(where + ": num_experts_per_token must be in 1..num_experts");
   KESTREL_RETURN_IF_ERROR(parse_linear_attn(j["linear_attn_config"], where, t.num_hidden_layers, t.linear_attn));
   // Kimi Linear's reference builds its q/kv MLA norms with the RMSNorm class default eps (1e-6);
-  // K3 uses rms_norm_eps for every norm (kimi_k3_spec.md §4.7, kda_kimi_linear.md §9.6).
+  // K3 uses rms_norm_eps for every norm (docs/model-math.md §2.6, §3.10).
   t.mla_q_norm_eps = arch == Arch::kKimiK3 ? t.rms_norm_eps : 1e-6f;
   t.mla_kv_norm_eps = arch == Arch::kKimiK3 ? t.rms_norm_eps : 1e-6f;
   t.mla_softmax_scale = 1.0f / std::sqrt(static_cast<float>(t.qk_head_dim()));

@@ -20,7 +20,7 @@ enum class AttnKind { kKda, kMla };  // kMla layers listed in sparse_attn_layers
 enum class FfnKind { kDense, kMoe };
 enum class RouterScoring { kSigmoid, kSoftmax };
 
-// Decoupled RoPE on the MLA rope dims (DeepSeek; dsa_mla_moe_quant.md §1.4). Absent for NoPE MLA.
+// Decoupled RoPE on the MLA rope dims (DeepSeek; docs/model-math.md §5.4). Absent for NoPE MLA.
 // Pairs (2i, 2i+1) of q_pe / k_pe are rotated by pos · inv_freq[i] (interleaved, GPT-J style).
 struct MlaRopeConfig {
   double theta = 10000.0;
@@ -84,7 +84,7 @@ struct TextConfig {
   // DSA (DeepSeek-V3.2 lightning indexer) on some full-attention layers. DeepSeek V3.2 (deepseek_v32):
   // every layer, sizes from its config (index_n_heads, index_head_dim, index_topk), rope dims =
   // qk_rope_head_dim with the model's own RoPE table. K3: these keys are OURS until a
-  // K3.1 config is public (kimi_k3_spec.md §2.4, §4.9): `sparse_attn_layers` (one-based, each must be a
+  // K3.1 config is public (docs/model-math.md §2.8): `sparse_attn_layers` (one-based, each must be a
   // full_attn layer), `index_n_heads`, `index_head_dim` (128: one FP8 scale per vector, as V3.2),
   // `index_topk`, plus `index_rope_head_dim` (default qk_rope_head_dim; 0 = no RoPE) and
   // `index_rope_theta` (default 10000, plain frequencies — K3 has no rope block). Scales are ue8m0.

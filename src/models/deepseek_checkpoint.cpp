@@ -1,5 +1,5 @@
-// Random DeepSeek V3 / V3.2 checkpoints in the released HF layout (dsa_mla_moe_quant.md §1.2, §2.2,
-// §4a): config.json as DeepSeek ships it (rope_scaling yarn, noaux_tc, fp8 quantization_config),
+// Random DeepSeek V3 / V3.2 checkpoints in the released HF layout (docs/model-math.md §5.2, §6.2,
+// §8): config.json as DeepSeek ships it (rope_scaling yarn, noaux_tc, fp8 quantization_config),
 // FP8 e4m3 linears with weight_scale_inv, bf16 embeddings / lm_head / norms / router, fp32 router bias.
 #include <cmath>
 

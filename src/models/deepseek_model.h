@@ -1,5 +1,5 @@
 // DeepSeek V3 / Kimi K2 (model_type deepseek_v3, kimi_k2) and DeepSeek V3.2 (deepseek_v32) text
-// models on CPU (dsa_mla_moe_quant.md §1, §3, §4a), built from layers/: every layer is MLA with
+// models on CPU (docs/model-math.md §5, §7, §8), built from layers/: every layer is MLA with
 // decoupled YaRN RoPE; the first first_k_dense_replace layers have a dense SwiGLU MLP, the rest a
 // noaux_tc MoE (group-limited) with shared experts; plain pre-norm residual. Weights stay in
 // checkpoint format (bf16 or FP8 128×128 blocks) and are decoded inside the kernels; math in fp32.

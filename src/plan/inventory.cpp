@@ -29,7 +29,7 @@ class Builder {
     const Component c = Component::kRoutedExperts;
     const Placement p = Placement::kExpert;
     switch (f) {
-      case ExpertFormat::kMxfp4:  // E2M1 codes, two per byte + one E8M0 scale per 32 (kimi_k3_spec.md §3.6)
+      case ExpertFormat::kMxfp4:  // E2M1 codes, two per byte + one E8M0 scale per 32 (docs/model-math.md §1.4)
         add(name + ".weight_packed", DType::kU8, {out, in / 2}, c, p, layer, copies);
         inv_.tensors.back().params = out * in;
         add(name + ".weight_scale", DType::kU8, {out, in / 32}, c, p, layer, copies);
@@ -96,7 +96,7 @@ void add_mla(Builder& b, const TextConfig& t, const std::string& p, int l) {
   b.linear(p + "o_proj", hid, nh * t.v_head_dim, M, T, l);
 }
 
-// DeepSeek-V3.2 indexer tensors (dsa_mla_moe_quant.md §2.2), counted bf16 and replicated under TP
+// DeepSeek-V3.2 indexer tensors (docs/model-math.md §6.2), counted bf16 and replicated under TP
 // (the reference builds them as plain Linear layers). The query reads the MLA q latent when there is one.
 void add_indexer(Builder& b, const TextConfig& t, const std::string& p, int l) {
   const int64_t nih = t.index_n_heads, d = t.index_head_dim, hid = t.hidden_size;
@@ -114,7 +114,7 @@ void add_moe(Builder& b, const TextConfig& t, const std::string& p, int l, Exper
   const auto R = Placement::kReplicated, T = Placement::kTensor;
   b.linear(p + "gate", E, hid, Component::kRouter, R, l);
   b.vec(p + "gate.e_score_correction_bias", E, Component::kRouter, R, l, DType::kF32);
-  if (t.latent_moe()) {  // latent projections stay bf16 and replicated (kimi_k3_spec.md §4.5)
+  if (t.latent_moe()) {  // latent projections stay bf16 and replicated (docs/model-math.md §2.4)
     b.linear(p + "routed_expert_down_proj", in, hid, Component::kLatentProj, R, l);
     if (t.latent_moe_use_norm) b.vec(p + "routed_expert_norm.weight", in, Component::kNorms, R, l);
     b.linear(p + "routed_expert_up_proj", hid, in, Component::kLatentProj, R, l);
@@ -131,7 +131,7 @@ void add_moe(Builder& b, const TextConfig& t, const std::string& p, int l, Exper
   }
 }
 
-// MoonViT3d + PatchMergerMLPV2 (kimi_k3_spec.md §3.7). Counted only when vision_config names every
+// MoonViT3d + PatchMergerMLPV2 (docs/model-math.md §1.3). Counted only when vision_config names every
 // width it needs; our generated checkpoints carry a stub vision_config and no vision tensors.
 void add_vision(Builder& b, const ModelConfig& cfg, Inventory& inv) {
   if (cfg.vision_config_json.empty()) return void(inv.vision_note = "no vision_config");

@@ -90,8 +90,8 @@ ModelCosts compute_costs(const ModelConfig& cfg, const Inventory& inv, const Sta
   m.index_dim = t.index_head_dim;
   m.index_topk = t.index_topk;
 
-  // Cache per token: MLA latent rows [c_kv | k_r] (kimi_k3_spec.md §5.1); indexer keys in fp8 with
-  // one fp32 scale per 128 elements (dsa_mla_moe_quant.md §2.4: 128 + 4 = 132 B for DeepSeek-V3.2).
+  // Cache per token: MLA latent rows [c_kv | k_r] (docs/model-math.md §2.7); indexer keys in fp8 with
+  // one fp32 scale per 128 elements (docs/model-math.md §6.4: 128 + 4 = 132 B for DeepSeek-V3.2).
   m.mla_bytes_per_token_per_layer = static_cast<int64_t>(m.latent) * (st.kv == CacheDType::kBF16 ? 2 : 1);
   if (m.sparse_layers > 0)
     m.indexer_bytes_per_token_per_layer = m.index_dim + 4 * ((static_cast<int64_t>(m.index_dim) + 127) / 128);

@@ -15,7 +15,7 @@ enum class StateDType { kF32, kBF16 };  // KDA recurrent / conv state element ty
 
 struct StateOptions {
   CacheDType kv = CacheDType::kBF16;
-  StateDType conv = StateDType::kBF16;  // vLLM keeps the conv state in the model dtype (kimi_k3_spec.md §5.1)
+  StateDType conv = StateDType::kBF16;  // vLLM keeps the conv state in the model dtype (docs/model-math.md §2.7)
   StateDType ssm = StateDType::kF32;    // recurrent state fp32 (vLLM, ours); sglang can use bf16
 };
 

@@ -1,5 +1,5 @@
 // The scheduler as seen by the server: submit / cancel / stats. Thread-safe: HTTP threads call it;
-// one scheduler thread owns requests, caches and the runner (docs: ARCHITECTURE.md §4).
+// one scheduler thread owns requests, caches and the runner (docs/architecture.md §4).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The single-owner scheduler loop (ARCHITECTURE.md §4): one thread owns the waiting queue, the
+// The single-owner scheduler loop (docs/architecture.md §4): one thread owns the waiting queue, the
 // running sequences, the cache pools and the engine. Each step: take new requests and cancels →
 // admit while KDA slots are free → plan (every decode first, then whole prefill chunks while the
 // token budget lasts) → give each run its MLA pages (preempting the youngest sequence by

@@ -18,7 +18,7 @@
 //                                   (complex-multiply) implementation of the interleaved RoPE.
 //   k3_tiny_mxfp4_allexp.safetensors ← llama.cpp's native MXFP4 path, every expert routed. llama.cpp rounds
 //                                   the expert inputs to Q8_0 there, which with top-k routing flips expert
-//                                   choices and then diverges (kimi_k3_spec.md §10); with all experts routed the
+//                                   choices and then diverges (docs/model-math.md §2.9); with all experts routed the
 //                                   difference is the Q8_0 noise alone, so a loose bound applies.
 // Each golden holds a 200-token prompt, the reference logits at every position, and a greedy
 // 32-token continuation of the first 65 tokens. The engine runs prompts of length 1, 63, 64, 65

@@ -295,7 +295,7 @@ TEST(Kda, NonSquareHeadsAndLayout) {
   }
 }
 
-// fp64 transcription of the definition (kda.h / reference §3.5) on a small K != V case.
+// fp64 transcription of the definition (kda.h / docs/model-math.md §3.5) on a small K != V case.
 TEST(Kda, RecurrentMatchesFp64Definition) {
   const int64_t T = 20, H = 2, K = 8, V = 12;
   const RandomSeq r(T, H, K, V, 9, 4.0f);

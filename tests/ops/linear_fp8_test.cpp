@@ -1,4 +1,4 @@
-// FP8 128×128 block weights (DeepSeek, dsa_mla_moe_quant.md §4a): decode against values fixed by the
+// FP8 128×128 block weights (DeepSeek, docs/model-math.md §8): decode against values fixed by the
 // OCP E4M3 spec (not by our converter), the block → scale mapping on partial edge blocks, and the
 // matmul paths agreeing with the fp64 scalar reference.
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // DeepSeek Sparse Attention (DSA) kernels: the lightning indexer (DeepSeek-V3.2,
-// dsa_mla_moe_quant.md §2.3) and sparse MLA attention over gathered latent rows (§2.5).
+// docs/model-math.md §6.3) and sparse MLA attention over gathered latent rows (§6.5).
 //
 // Indexer key cache row (one per token per sparse layer), `indexer_row_bytes(D)` bytes:
 //   [ D × e4m3 codes (Hadamard-rotated, quantized key) | fp32 scale ]       (132 B for D = 128)

@@ -16,7 +16,7 @@ inline float silu(float x) { return x * sigmoid(x); }
 
 // Gated linear unit over separate gate and up arrays [rows, n] → out [rows, n].
 //   SwiGLU: silu(g) * u
-//   SiTU-GLU: beta*tanh(g/beta)*sigmoid(g) * beta_lin*tanh(u/beta_lin)   (kimi_k3_spec.md §4.6)
+//   SiTU-GLU: beta*tanh(g/beta)*sigmoid(g) * beta_lin*tanh(u/beta_lin)   (docs/model-math.md §2.5)
 void swiglu(const float* g, const float* u, int64_t count, float* out);
 // x[i] = silu(x[i]) (serial; 16 lanes with glibc libmvec's expf when built with AVX-512).
 void silu_inplace(float* x, int64_t n);

@@ -1,4 +1,4 @@
-// Kimi Delta Attention core, fp32 CPU kernels. Math: ../shared/reference/kda_kimi_linear.md §3.5
+// Kimi Delta Attention core, fp32 CPU kernels. Math: docs/model-math.md §3.5
 // (recurrence order) and §3.6 (chunked WY/UT form, numerics notes).
 //
 // Chunked form, per head and chunk of n <= C rows (r, j index rows; chunk-local cumsum Γ_r = Σ_{s<=r} g_s):

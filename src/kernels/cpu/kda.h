@@ -1,5 +1,5 @@
 // Kimi Delta Attention core (fp32), one sequence, all heads. Inputs are already projected, conv'd,
-// L2-normalised (q, k) and gated; see ../shared/reference/kda_kimi_linear.md §3.5-3.6.
+// L2-normalised (q, k) and gated; see docs/model-math.md §3.4-3.6.
 //
 // Shapes (row-major, contiguous):
 //   q, k   [T, H, K]     (L2-normalised per head; `scale` is applied to q inside)

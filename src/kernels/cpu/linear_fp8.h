@@ -1,4 +1,4 @@
-// DeepSeek FP8 block weights (dsa_mla_moe_quant.md §4a): W [out, in] as float8_e4m3fn bytes and
+// DeepSeek FP8 block weights (docs/model-math.md §8): W [out, in] as float8_e4m3fn bytes and
 // `weight_scale_inv` fp32 [ceil(out/128), ceil(in/128)]; W(i, j) = e4m3(i, j) · scale_inv[i/128, j/128].
 // Edge blocks are partial (the checkpoint's scales were computed over the zero-padded block).
 // Activations stay fp32 (no 1×128 activation quantisation): the matmul runs on the exact

@@ -8,7 +8,7 @@
 // group: tilezero C, tdpbusd over the group's steps, tilestored C, and in fp32
 // acc += (C − c·Σ_group x) · scale — the scalar path's exact expression and order.
 //
-// GCC 12 hazard (reference/cpu_performance.md §2.3): its _tile_loadconfig declares an 8-byte
+// GCC 12 hazard (docs/model-math.md §9.1): its _tile_loadconfig declares an 8-byte
 // memory read, so the stores filling the 64-byte config are dead-store-eliminated and tiles stay
 // unconfigured (#UD). We do not use GCC's tile intrinsics at all: every tile instruction is our own
 // asm. ldtilecfg takes the whole 64-byte struct as its "m" operand (the compiler must materialise

@@ -177,7 +177,7 @@ TEST_F(DeepseekConfigTest, MtpTensorsAcceptedOnlyWhenDeclared) {
 }
 
 // The released DeepSeek-V3 config.json (HF deepseek-ai/DeepSeek-V3, auto_map dropped) and the Kimi K2
-// keys that differ (dsa_mla_moe_quant.md §1.1). Derived constants are the spec's: softmax scale
+// keys that differ (docs/model-math.md §5.1). Derived constants are those of docs/model-math.md §5.1: softmax scale
 // 192^-0.5 · mscale² = 0.135234 (V3) and 0.130861 (K2).
 const char* kDeepseekV3Released = R"({
   "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
@@ -208,7 +208,7 @@ TEST(DeepseekReleasedConfigs, DeepseekV3) {
   EXPECT_EQ(t.ffn_kind[2], FfnKind::kDense);
   EXPECT_EQ(t.ffn_kind[3], FfnKind::kMoe);
   EXPECT_TRUE(t.weights_fp8_block);
-  // YaRN ramp low/high = 10/23 (spec §1.1): pairs ≤ 10 keep the original frequency, ≥ 23 are ÷ 40.
+  // YaRN ramp low/high = 10/23 (docs/model-math.md §5.1): pairs ≤ 10 keep the original frequency, ≥ 23 are ÷ 40.
   const MlaRope rope(*t.mla_rope, 64);
   EXPECT_FLOAT_EQ(rope.inv_freq()[10], std::pow(10000.0f, -20.0f / 64.0f));
   EXPECT_FLOAT_EQ(rope.inv_freq()[23], std::pow(10000.0f, -46.0f / 64.0f) / 40.0f);
@@ -255,7 +255,7 @@ TEST(DeepseekReleasedConfigs, DeepseekV32Exp) {
 
 TEST(YarnMscale, MatchesFormula) {
   EXPECT_DOUBLE_EQ(yarn_mscale(1.0, 1.0), 1.0);
-  EXPECT_NEAR(yarn_mscale(40.0, 1.0), 1.368888, 1e-6);  // dsa_mla_moe_quant.md §1.1: DSV3 mscale 1.36889
+  EXPECT_NEAR(yarn_mscale(40.0, 1.0), 1.368888, 1e-6);  // docs/model-math.md §5.1: DSV3 mscale 1.36889
   EXPECT_NEAR(yarn_mscale(32.0, 1.0), 1.346574, 1e-6);  // Kimi K2: 1.34657
 }
 

@@ -1,4 +1,4 @@
-// Shared by the plan tests: the published K3 config (docs/configs, numbers from kimi_k3_spec.md §2.1).
+// Shared by the plan tests: the published K3 config (docs/configs, numbers from docs/model-math.md §1.2).
 #pragma once
 
 #include <fstream>

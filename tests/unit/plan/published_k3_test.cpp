@@ -1,6 +1,6 @@
-// The plan's model arithmetic for the full-size K3 config against the figures published in
-// /work/shared/reference/kimi_k3_spec.md (independent: tensor tables dumped from the real checkpoint
-// and serving-engine shapes, not our code). Tolerances are the rounding of the published figure.
+// The plan's model arithmetic for the full-size K3 config against the published figures collected in
+// docs/model-math.md §10 (independent: tensor tables dumped from the real checkpoint and
+// serving-engine shapes, not our code). Tolerances are the rounding of the published figure.
 #include <gtest/gtest.h>
 
 #include "plan/inventory.h"
@@ -25,7 +25,7 @@ int64_t comp(const ModelCosts& m, Component c, bool bytes = false) {
   return bytes ? t.bytes : t.params;
 }
 
-// §1 / §0: 497,220 tensors, 1453.7 GiB download, 2.78 T params (2.7795e12 text + 0.447e9 vision),
+// docs/model-math.md §10.1: 497,220 tensors, 1453.7 GiB download, 2.78 T params (2.7795e12 text + 0.447e9 vision),
 // ≈104 B active per token.
 TEST(PlanPublishedK3, CheckpointTotals) {
   K3 k;
@@ -39,8 +39,8 @@ TEST(PlanPublishedK3, CheckpointTotals) {
   EXPECT_NEAR(static_cast<double>(k.m.active_params), 104e9, 0.5e9);  // "≈104 B active"
 }
 
-// §2.2: one expert = 3 × 3584 × 3072 = 33,030,144 params = 17,547,264 B in MXFP4; 92 × 896 experts;
-// §1: routed-expert bytes ≈ 1.446e12 ("the 1.42/1.44 TB figures count experts only").
+// docs/model-math.md §1.5: one expert = 3 × 3584 × 3072 = 33,030,144 params = 17,547,264 B in MXFP4; 92 × 896 experts;
+// §10.1: routed-expert bytes ≈ 1.446e12 ("the 1.42/1.44 TB figures count experts only").
 TEST(PlanPublishedK3, Experts) {
   K3 k;
   EXPECT_EQ(k.m.expert_params, 33030144);
@@ -52,7 +52,7 @@ TEST(PlanPublishedK3, Experts) {
   EXPECT_EQ(k.m.mla_layers, 24);
 }
 
-// §5.1: MLA cache 576 elements × 24 layers = 27,648 B/token bf16 (27 GiB per 1M-token request),
+// docs/model-math.md §2.7: MLA cache 576 elements × 24 layers = 27,648 B/token bf16 (27 GiB per 1M-token request),
 // 13,824 B fp8; KDA per request at TP1: 6 MiB fp32 recurrent + 216 KiB bf16 conv per layer →
 // 414 MiB + 14.6 MiB over 69 layers.
 TEST(PlanPublishedK3, CacheAndState) {
@@ -63,7 +63,7 @@ TEST(PlanPublishedK3, CacheAndState) {
   EXPECT_EQ(k.m.kda_conv_bytes, 69LL * 216 * 1024);
   EXPECT_NEAR(static_cast<double>(k.m.kda_recurrent_bytes) / kMiB, 414, 0.5);
   EXPECT_NEAR(static_cast<double>(k.m.kda_conv_bytes) / kMiB, 14.6, 0.05);
-  // §5.1 (vLLM blog): "One KDA layer's state is roughly the MLA cache for a few thousand tokens".
+  // §2.7 (vLLM blog): "One KDA layer's state is roughly the MLA cache for a few thousand tokens".
   const double kda_layer = static_cast<double>(k.m.state_bytes_per_request()) / k.m.kda_layers;
   const double tokens = kda_layer / static_cast<double>(k.m.mla_bytes_per_token_per_layer);
   EXPECT_GT(tokens, 2000);
@@ -72,7 +72,7 @@ TEST(PlanPublishedK3, CacheAndState) {
   EXPECT_EQ(fp8.cache_bytes_per_token(), 13824);
 }
 
-// §5.5: "Minimum: one 8×B300 / GB300 node, or 16×B200" — with the default 0.9 utilization and
+// docs/model-math.md §10.2: "Minimum: one 8×B300 / GB300 node, or 16×B200" — with the default 0.9 utilization and
 // 4 GiB reserve the weights fit on 8 × B300 and 16 × B200 but not on 8 × B200.
 TEST(PlanPublishedK3, MinimumDeployments) {
   K3 k;
@@ -91,7 +91,7 @@ TEST(PlanPublishedK3, MinimumDeployments) {
   EXPECT_FALSE(fits("h200", 8));
 }
 
-// §8 measured throughput must not beat the roofline (a roofline is an upper bound), and the
+// docs/model-math.md §10.3: measured throughput must not beat the roofline (a roofline is an upper bound), and the
 // roofline must not be absurdly loose (within 10× of what was measured).
 // 8×B300 sglang TP8 MXFP4, bs=1, 8192/1024: TPOT 8.57 ms.
 TEST(PlanPublishedK3, Bs1DecodeRooflineBoundsMeasuredTpot) {

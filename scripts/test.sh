@@ -26,6 +26,9 @@ for v in "${vocabs[@]}"; do
   fi
 done
 
+# The repository stands alone: no tracked file names a path outside the checkout.
+scripts/check-standalone.sh
+
 echo "== [1/3] release build + tests"
 cmake --preset release -DKESTREL_PYTHON="$venv/bin/python" -DKESTREL_VOCAB_DIR="$PWD/build/vocab" >/dev/null
 cmake --build build/release -j"$jobs"

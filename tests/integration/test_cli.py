@@ -26,6 +26,11 @@ def test_generate_prompt_json():
     assert p.returncode == 0, p.stderr
     j = json.loads(p.stdout)
     assert len(j["tokens"]) == 6 and len(j["top_logits"]) == 6
+    # One row per generated token, each exactly --top-logits entries, descending; greedy picks the first.
+    for tok, row in zip(j["tokens"], j["top_logits"]):
+        assert len(row) == 2, row
+        assert row[0]["logit"] >= row[1]["logit"], row
+        assert tok == row[0]["id"], (tok, row)
     # The special-token string in the prompt was encoded as text, not as the <|open|> id.
     assert len(j["prompt_ids"]) == len("Hello <|open|> world".encode())
 
@@ -65,7 +70,9 @@ def _logits(args, env):
     p = subprocess.run([BIN, "generate", "--prompt-ids", "1,2,3", "--max-tokens", "3", "--json", "--top-logits", "3", *args],
                        capture_output=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr
-    return [[e["logit"] for e in row] for row in json.loads(p.stdout)["top_logits"]]
+    rows = json.loads(p.stdout)["top_logits"]
+    assert len(rows) == 3 and all(len(row) == 3 for row in rows), rows  # --max-tokens 3, --top-logits 3
+    return [[e["logit"] for e in row] for row in rows]
 
 
 def test_kernels_flag_selects_the_same_paths_as_the_environment_switches():

@@ -4,6 +4,7 @@ client disconnects mid-stream free their slots and pages (checked on /metrics)."
 import concurrent.futures as cf
 import http.client
 import json
+import threading
 import time
 
 import pytest
@@ -15,12 +16,17 @@ PROMPTS = [f"Request number {i}: tell me something about {w}" for i, w in
            enumerate(["rivers", "owls", "compilers", "tea", "glaciers", "jazz", "bridges", "moss"])]
 
 
-def stream_chat(port, prompt, max_tokens, timeout=300):
-    """Raw SSE client; returns (text, reasoning, finish_reason, usage, saw_done)."""
+def stream_chat(port, prompt, max_tokens, timeout=300, extra=None, trace=None, chat=True):
+    """Raw SSE client; returns (text, reasoning, finish_reason, usage, saw_done). `extra`: more request fields;
+    chat=False: /v1/completions with `prompt` as the raw prompt. `trace` (a dict with a threading.Event under
+    "started"): gets the time.monotonic() of the first chunk that carries generated text ("first", and "started"
+    is set) and of the chunk with the finish reason ("finish")."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-                       "temperature": 0, "stream": True, "stream_options": {"include_usage": True}})
-    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    req = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
+    body = json.dumps({"model": MODEL, **req, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": True}, **(extra or {})})
+    conn.request("POST", "/v1/chat/completions" if chat else "/v1/completions", body,
+                 {"Content-Type": "application/json"})
     r = conn.getresponse()
     assert r.status == 200, r.read()
     text, reasoning, finish, usage, done = "", "", None, None, False
@@ -42,11 +48,17 @@ def stream_chat(port, prompt, max_tokens, timeout=300):
                 usage = j["usage"]
             for ch in j.get("choices", []):
                 d = ch.get("delta", {})
-                text += d.get("content") or ""
+                piece = (d.get("content") or "") + (ch.get("text") or "")  # chat delta / completions text
+                text += piece
                 reasoning += d.get("reasoning_content") or ""
+                if trace is not None and "first" not in trace and (piece or d.get("reasoning_content")):
+                    trace["first"] = time.monotonic()
+                    trace["started"].set()
                 if ch.get("finish_reason"):
                     assert finish is None, "two finish reasons"
                     finish = ch["finish_reason"]
+                    if trace is not None:
+                        trace["finish"] = time.monotonic()
     conn.close()
     return text, reasoning, finish, usage, done
 
@@ -117,14 +129,30 @@ def test_disconnects_free_resources(busy_server):
 
 
 def test_sigterm_drains_and_exits_zero():
+    # Four long completion streams (raw prompts + ignore_eos: no end-of-message or stop token can end them
+    # early, unlike chat, whose output parser stops at the end of the assistant message); SIGTERM goes out only
+    # once every one of them has streamed generated text, and each must still end AFTER the signal, drained
+    # to its length limit (not cancelled, not cut), with [DONE], and the server exits 0 within the 30 s drain.
+    n = 512  # ~2 s per stream here; far beyond the time between the first tokens and the signal
     s = Server()
+    traces = [{"started": threading.Event()} for _ in range(4)]
     with cf.ThreadPoolExecutor(max_workers=4) as ex:
-        futs = [ex.submit(stream_chat, s.port, p, 24) for p in PROMPTS[:4]]
-        time.sleep(0.5)
-        t0 = time.time()
+        futs = [ex.submit(stream_chat, s.port, p, n, 300, {"ignore_eos": True}, tr, False)
+                for p, tr in zip(PROMPTS, traces)]
+        for f, tr in zip(futs, traces):
+            if not tr["started"].wait(60):
+                s.stop(sig=9)
+                raise AssertionError(f"no generated text within 60 s: {f.result() if f.done() else 'still waiting'}")
+        t_sig = time.monotonic()
         rc = s.stop(sig=15, timeout=60)
         assert rc == 0
-        assert time.time() - t0 < 35
-        for f in futs:
-            text, reasoning, finish, usage, done = f.result()
-            assert finish is not None  # finished or cancelled, never cut without a final event
+        assert time.monotonic() - t_sig < 35
+        results = [f.result() for f in futs]
+        print("SIGTERM %.2f s after the last first token; streams ended %s s after it" %
+              (t_sig - max(tr["first"] for tr in traces), [round(tr.get("finish", 0) - t_sig, 2) for tr in traces]))
+        for (text, reasoning, finish, usage, done), tr in zip(results, traces):
+            assert tr["first"] < t_sig, "no token streamed before SIGTERM"
+            assert "finish" in tr and tr["finish"] > t_sig, "stream was not in flight at SIGTERM"
+            assert finish == "length", finish  # drained: ran to max_tokens, never cancelled or cut
+            assert usage is not None and usage["completion_tokens"] == n, usage
+            assert done, "stream ended without [DONE]"

@@ -68,12 +68,24 @@ def test_n_and_logprobs(server):
                                                 max_tokens=5, n=3, temperature=0.8, seed=7, logprobs=True,
                                                 top_logprobs=3)
     assert sorted(ch.index for ch in r.choices) == [0, 1, 2]
+    entries = 0
     for ch in r.choices:
-        assert ch.logprobs is not None
+        assert ch.logprobs is not None and ch.logprobs.content is not None
+        # One entry per generated token: exactly max_tokens when the choice ran to its length limit.
+        n = len(ch.logprobs.content)
+        assert 1 <= n <= 5, n
+        if ch.finish_reason == "length":
+            assert n == 5, (n, ch.finish_reason)
+        entries += n
         for item in ch.logprobs.content:
             assert item.logprob <= 0.0
-            assert len(item.top_logprobs) == 3
-            assert item.top_logprobs[0].logprob >= item.top_logprobs[-1].logprob
+            assert len(item.top_logprobs) == 3, item.top_logprobs
+            tops = [t.logprob for t in item.top_logprobs]
+            assert tops == sorted(tops, reverse=True), tops
+            assert all(t <= 0.0 for t in tops), tops
+            assert item.logprob <= tops[0] + 1e-5  # nothing is more likely than the top entry
+    # usage.completion_tokens sums the choices: every generated token has its logprob entry.
+    assert entries == r.usage.completion_tokens, (entries, r.usage.completion_tokens)
 
 
 def test_completions_and_stop(server):
@@ -88,18 +100,38 @@ def test_completions_and_stop(server):
     assert r.choices[0].text == text[: text.index(stop)]
 
 
+def tokenize(server, **body):
+    req = urllib.request.Request(server.base + "/tokenize", data=json.dumps({"model": MODEL, **body}).encode(),
+                                 method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())["tokens"]
+
+
 def test_tools_round_trip(server):
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
                                                "parameters": {"type": "object",
                                                               "properties": {"city": {"type": "string"}},
                                                               "required": ["city"]}}}]
-    msgs = [{"role": "user", "content": "Weather in Paris?"},
+    result = "18 C, sunny; humidity 64 %, wind 12 km/h from the north-west, no rain expected before Thursday"
+    call = [{"role": "user", "content": "Weather in Paris?"},
             {"role": "assistant", "content": None,
              "tool_calls": [{"id": "call_0", "type": "function",
-                             "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]},
-            {"role": "tool", "tool_call_id": "call_0", "content": "18 C, sunny"}]
-    r = client(server).chat.completions.create(model=MODEL, messages=msgs, tools=tools, max_tokens=6)
+                             "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]}]
+    msgs = call + [{"role": "tool", "tool_call_id": "call_0", "content": result}]
+    c = client(server)
+    r = c.chat.completions.create(model=MODEL, messages=msgs, tools=tools, max_tokens=6)
     assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
+    # The tool result reached the prompt: the same request without the tool message has at least
+    # len(tokens of the result) fewer prompt tokens (the result plus its message framing).
+    result_ids = tokenize(server, prompt=result)
+    assert len(result_ids) >= 20, result_ids
+    without = c.chat.completions.create(model=MODEL, messages=call, tools=tools, max_tokens=1)
+    grown = r.usage.prompt_tokens - without.usage.prompt_tokens
+    assert grown >= len(result_ids), (r.usage.prompt_tokens, without.usage.prompt_tokens, len(result_ids))
+    # ... and as those very tokens: the rendered conversation contains the result's ids contiguously.
+    rendered = tokenize(server, messages=msgs, add_generation_prompt=True)
+    n = len(result_ids)
+    assert any(rendered[i:i + n] == result_ids for i in range(len(rendered) - n + 1)), "tool result not in prompt"
 
 
 def status_of(server, body, path="/v1/chat/completions", headers=None):
@@ -140,19 +172,25 @@ def test_api_key():
 def test_queue_full_gives_429():
     s = Server(extra_args=["--max-running", "1", "--max-waiting", "1"])
     try:
-        results = []
+        results, lock = [], threading.Lock()
 
         def one():
             try:
                 client(s).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "go"}],
                                                   max_tokens=64, temperature=0)
-                results.append(200)
-            except openai.RateLimitError:
-                results.append(429)
+                status = 200
+            except openai.APIStatusError as e:  # any HTTP error status, 429 included
+                status = e.status_code
+            except Exception as e:  # connection reset, timeout, ...: recorded, fails below
+                status = repr(e)
+            with lock:
+                results.append(status)
 
         ts = [threading.Thread(target=one) for _ in range(8)]
         [t.start() for t in ts]
         [t.join() for t in ts]
-        assert 429 in results and 200 in results
+        assert len(results) == 8, results
+        assert all(r in (200, 429) for r in results), results
+        assert 429 in results and 200 in results, results
     finally:
         assert s.stop() == 0

@@ -8,7 +8,10 @@
 //  - no heap buffer grows with the context: after the first chunk, the peak live heap never rises
 //    more than 1 MiB (an L×L fp32 score matrix at 16K tokens would be 1 GiB; even one L-sized row
 //    per query would exceed this) — global operator new is tracked in this binary;
-//  - every query of the last chunk and every decode step selects exactly top-k valid positions.
+//  - selection (MlaLayer::last_topk(), what Model::last_topk(layer) returns): every query of the first
+//    chunk (where the first top-k rows see fewer than top-k keys), of the last prefill chunk and of every
+//    decode step selects exactly min(top-k, pos + 1) DISTINCT causal positions 0 <= p <= pos, in
+//    ascending order, followed only by -1 padding.
 // Length: 65536 tokens by default (~20 s on 2 cores: the indexer is O(L) per token, so the prefill is
 // O(L²) in compute but not in memory); KESTREL_LONG_CONTEXT_TOKENS overrides (more, or less for loops).
 #include <gtest/gtest.h>
@@ -21,6 +24,8 @@
 #include <fstream>
 #include <new>
 #include <random>
+#include <span>
+#include <string>
 
 #include "cache/cache_pools.h"
 #include "models/kimi_model.h"
@@ -112,14 +117,40 @@ TEST(LongContext, SparseLayerMemoryIsLinearAndMatchesFormula) {
   std::vector<float> x(static_cast<size_t>(chunk * D)), out(x.size());
   std::mt19937 rng(5);
   std::normal_distribution<float> nd;
+  int64_t last_T = 0;
   auto run = [&](int64_t T) {
+    last_T = T;
     for (int64_t i = 0; i < T * D; ++i) x[static_cast<size_t>(i)] = nd(rng);
     ASSERT_TRUE((*pools)->grow(st, blocks, cache.n_tokens + T));
     const Segment<MlaCache> seg{0, T, &cache};
     layer.forward(x.data(), T, std::span(&seg, 1), out.data());
   };
 
+  // The last forward()'s selection: query t of its last_T tokens is at position pos = n - last_T + t and
+  // must list exactly min(topk, pos + 1) distinct positions in [0, pos], strictly ascending, then -1s.
+  // No allocation unless a row is wrong (the heap-peak check spans these calls).
+  auto check_selection = [&](const char* what) {
+    const std::span<const int32_t> sel = layer.last_topk();
+    ASSERT_EQ(static_cast<int64_t>(sel.size()), last_T * topk) << what;
+    int64_t bad = 0;
+    for (int64_t t = 0; t < last_T; ++t) {
+      const int64_t pos = cache.n_tokens - last_T + t, want = std::min(topk, pos + 1);
+      const int32_t* r = sel.data() + t * topk;
+      bool ok = true;
+      for (int64_t j = 0; j < topk; ++j)
+        ok = ok && (j < want ? r[j] >= 0 && r[j] <= pos && (j == 0 || r[j] > r[j - 1]) : r[j] == -1);
+      if (!ok && bad++ < 3) {
+        std::string row;
+        for (int64_t j = 0; j < topk; ++j) row += " " + std::to_string(r[j]);
+        ADD_FAILURE() << what << ": query at position " << pos << " should select " << want
+                      << " distinct ascending positions in [0, " << pos << "] then -1:" << row;
+      }
+    }
+    EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << last_T << " queries have a malformed selection";
+  };
+
   run(chunk);  // warm-up: scratch buffers reach their steady size
+  check_selection("first chunk");
   const int64_t heap_peak_warm = g_peak.load(), rss0 = rss_bytes();
   const size_t blocks0 = blocks.size();
   const auto t0 = std::chrono::steady_clock::now();
@@ -128,7 +159,12 @@ TEST(LongContext, SparseLayerMemoryIsLinearAndMatchesFormula) {
   // The last chunk's queries: exactly top-k valid positions each (the context is ≫ top-k).
   const DsaIndexer* ix = layer.indexer();
   ASSERT_NE(ix, nullptr);
-  for (int step = 0; step < 4; ++step) run(1);
+  ASSERT_EQ(ix->dims().topk, topk);
+  check_selection("last prefill chunk");
+  for (int step = 0; step < 4; ++step) {
+    run(1);
+    check_selection("decode step");
+  }
   const int64_t rss1 = rss_bytes(), heap_peak = g_peak.load();
 
   EXPECT_EQ(cache.n_tokens, N + 4);

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Mutation harness: applies named small mutations to the source, one at a time, rebuilds, runs the tests that
+should notice, and reports which tests fail. A mutation that no test catches is a hole in the test suite: the
+script exits 1 and names it.
+
+Each mutation is an exact text replacement that must match once. The file is restored afterwards (also on
+Ctrl-C or error) and the tree is rebuilt, so the working tree ends as it started; files with uncommitted
+changes are refused, so nothing of yours is ever overwritten.
+
+  tools/mutate.py                       # every mutation (several minutes each on 2 cores: each rebuilds)
+  tools/mutate.py --only sampler_uniform,kda_state_reset --build-dir build/release
+  tools/mutate.py --list
+
+Needs a configured and built tree (scripts/test.sh makes build/release).
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# name: (file, old text, new text, ctest regex of the tests expected to catch it, what the defect is)
+MUTATIONS = {
+    "sampler_uniform": (
+        "src/runtime/sampler.cpp",
+        "    c += cand_[i].first;\n    if (r < c) return cand_[i].second;",
+        "    c += total / static_cast<double>(n);\n    if (r < c) return cand_[i].second;",
+        "Sampler",
+        "draws uniformly over the kept tokens instead of by probability"),
+    "rope_neox_for_interleaved": (
+        "src/layers/rope.cpp",
+        "    const float a = x[2 * i], b = x[2 * i + 1];\n"
+        "    x[2 * i] = a * cos[i] - b * sin[i];\n"
+        "    x[2 * i + 1] = b * cos[i] + a * sin[i];",
+        "    const size_t h = inv_freq_.size();\n"
+        "    const float a = x[i], b = x[i + h];\n"
+        "    x[i] = a * cos[i] - b * sin[i];\n"
+        "    x[i + h] = b * cos[i] + a * sin[i];",
+        "GoldenTest.*deepseek",
+        "MLA rope dims rotated as NeoX halves instead of DeepSeek's interleaved pairs"),
+    "kda_state_reset_per_chunk": (
+        "src/kernels/cpu/kda.cpp",
+        "        kda_chunk_head(a, h, t0, n, C, S, w);",
+        "        if (t0 > 0) std::fill(S, S + a.K * a.V, 0.0f);\n        kda_chunk_head(a, h, t0, n, C, S, w);",
+        "Kda|RecurrentKdaEqualsChunked|ChunkedPrefillEqualsOneChunk|GoldenTest.*(k3|kimi_linear)",
+        "KDA recurrent state not carried from one chunk to the next"),
+    "indexer_rope_plain_theta": (
+        "src/layers/dsa_indexer.cpp",
+        "  if (c.mla_rope && d.rope > 0) {  // DeepSeek V3.2",
+        "  if (false && c.mla_rope && d.rope > 0) {  // DeepSeek V3.2",
+        "GoldenTest.*deepseek_v32",
+        "DSA indexer RoPE with plain theta instead of the model's YaRN table"),
+    "mxfp4_scale_off_by_one": (
+        "src/tensor/dtype.h",
+        "  return std::bit_cast<float>(static_cast<uint32_t>(s) << 23);",
+        "  return std::bit_cast<float>(static_cast<uint32_t>(s + 1) << 23);",
+        "GoldenTest.*mxfp4|LayerOps|Mxfp4|W4a8|Int8",
+        "E8M0 block scale one exponent too large"),
+    "batch_dependent_reduction": (
+        "src/kernels/cpu/linear.cpp",
+        "      for (int k = 0; k < 16; ++k) s += acc[r][u][k];\n      for (int64_t j = i; j < n; ++j) s += w[r * ws + j] * x[u * xs + j];",
+        "      for (int k = 0; k < 16; ++k) s += acc[r][u][U > 1 ? 15 - k : k];\n      for (int64_t j = i; j < n; ++j) s += w[r * ws + j] * x[u * xs + j];",
+        "BatchedEqualsAlone|Linear|ModelConsistency",
+        "lane sum order depends on how many tokens share the block (batch-dependent bits)"),
+}
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, **kw)
+
+
+def build(build_dir):
+    r = run(["cmake", "--build", build_dir, "-j%d" % os.cpu_count()])
+    if r.returncode != 0:
+        tail = "\n".join((r.stdout + r.stderr).splitlines()[-20:])
+        raise RuntimeError("build failed:\n" + tail)
+
+
+def failing_tests(build_dir, regex, timeout):
+    r = run(["ctest", "--test-dir", build_dir, "-R", regex, "-j%d" % os.cpu_count(), "--timeout", str(timeout)])
+    out = r.stdout + r.stderr
+    # Summary lines: "\t253 - Name  # GetParam() = ... (Failed)"; parameterised names carry a GetParam note.
+    failed = re.findall(r"^\s*\d+ - (\S+).*\((?:Failed|Timeout|SEGFAULT|Subprocess aborted|Exception|Child aborted)\)\s*$",
+                        out, re.M)
+    ran = re.search(r"tests passed, (\d+) tests? failed out of (\d+)", out)
+    if not ran:
+        raise RuntimeError("no ctest summary for -R %r:\n%s" % (regex, out[-2000:]))
+    if int(ran.group(1)) != len(failed):
+        raise RuntimeError("ctest reports %s failures, parsed %d" % (ran.group(1), len(failed)))
+    return failed, int(ran.group(2)), r.returncode
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build-dir", default="build/release")
+    ap.add_argument("--only", default="", help="comma-separated mutation names")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--timeout", type=int, default=600, help="per-test timeout (s)")
+    args = ap.parse_args()
+    if args.list:
+        for name, m in MUTATIONS.items():
+            print("%-28s %-28s %s" % (name, m[0], m[4]))
+        return 0
+    names = [n for n in args.only.split(",") if n] or list(MUTATIONS)
+    for n in names:
+        if n not in MUTATIONS:
+            sys.exit("mutate.py: unknown mutation %r (--list)" % n)
+    dirty = run(["git", "status", "--porcelain", "--"] + sorted({MUTATIONS[n][0] for n in names})).stdout.strip()
+    if dirty:
+        sys.exit("mutate.py: uncommitted changes in files it would mutate:\n" + dirty)
+
+    results = []
+    for name in names:
+        path, old, new, regex, what = MUTATIONS[name]
+        full = os.path.join(ROOT, path)
+        original = open(full, encoding="utf-8").read()
+        if original.count(old) != 1:
+            sys.exit("mutate.py: %s: the text to mutate occurs %d times in %s (update the mutation)"
+                     % (name, original.count(old), path))
+        t0 = time.time()
+        try:
+            with open(full, "w", encoding="utf-8") as f:
+                f.write(original.replace(old, new))
+            build(args.build_dir)
+            failed, total, _ = failing_tests(args.build_dir, regex, args.timeout)
+        finally:
+            with open(full, "w", encoding="utf-8") as f:
+                f.write(original)
+        caught = bool(failed)
+        results.append((name, what, caught, failed, total, time.time() - t0))
+        print("%-28s %s: %d of %d selected tests fail%s" % (
+            name, "CAUGHT" if caught else "SURVIVED", len(failed), total,
+            (" (" + ", ".join(failed[:4]) + (", ..." if len(failed) > 4 else "") + ")") if failed else ""),
+            flush=True)
+    build(args.build_dir)  # back to the unmutated binaries
+    survived = [r[0] for r in results if not r[2]]
+    print("\n| mutation | defect | failing tests (of those selected) |\n|---|---|---|")
+    for name, what, caught, failed, total, secs in results:
+        print("| `%s` | %s | %s |" % (name, what, ("%d of %d: " % (len(failed), total)) + ", ".join(
+            "`%s`" % f for f in failed[:3]) + (" …" if len(failed) > 3 else "") if caught else "**none**"))
+    if survived:
+        print("mutate.py: not caught by any test: " + ", ".join(survived))
+        return 1
+    print("mutate.py: every mutation is caught")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -26,7 +26,7 @@ Result<std::unique_ptr<CachePools>> CachePools::create(const CacheGeometry& g, c
   if (p->index_block_bytes_ > 0) p->index_mem_.reset(new uint8_t[static_cast<size_t>(blocks * p->index_block_bytes_)]);
   p->slot_used_.assign(static_cast<size_t>(c.max_slots), false);
   for (int i = c.max_slots - 1; i >= 0; --i) p->free_slots_.push_back(i);
-  p->block_free_flag_.assign(static_cast<size_t>(blocks), true);
+  p->refs_.assign(static_cast<size_t>(blocks), 0);
   p->free_blocks_.reserve(static_cast<size_t>(blocks));
   for (int64_t b = blocks - 1; b >= 0; --b) p->free_blocks_.push_back(static_cast<int32_t>(b));
   return p;
@@ -71,29 +71,53 @@ bool CachePools::grow(SequenceState& s, std::vector<int32_t>& blocks, int64_t n_
   for (int64_t i = 0; i < need; ++i) {
     const int32_t b = free_blocks_.back();
     free_blocks_.pop_back();
-    block_free_flag_[static_cast<size_t>(b)] = false;
+    refs_[static_cast<size_t>(b)] = 1;
     blocks.push_back(b);
-    float* base = block_mem_.get() + static_cast<int64_t>(b) * block_floats_;
-    for (size_t m = 0; m < geom_.mla_layers.size(); ++m)
-      s.mla[static_cast<size_t>(geom_.mla_layers[m])].pages.push_back(
-          base + static_cast<int64_t>(m) * cfg_.page_tokens * geom_.mla_row_floats);
-    uint8_t* ibase = index_mem_.get() + static_cast<int64_t>(b) * index_block_bytes_;
-    for (size_t m = 0; m < geom_.sparse_layers.size(); ++m)
-      s.mla[static_cast<size_t>(geom_.sparse_layers[m])].indexer.pages.push_back(
-          ibase + static_cast<int64_t>(m) * cfg_.page_tokens * geom_.index_row_bytes);
+    append_views(s, b);
   }
   return true;
+}
+
+// Appends block b's page of every MLA layer and every indexer to the sequence's page tables.
+void CachePools::append_views(SequenceState& s, int32_t b) {
+  float* base = block_mem_.get() + static_cast<int64_t>(b) * block_floats_;
+  for (size_t m = 0; m < geom_.mla_layers.size(); ++m)
+    s.mla[static_cast<size_t>(geom_.mla_layers[m])].pages.push_back(
+        base + static_cast<int64_t>(m) * cfg_.page_tokens * geom_.mla_row_floats);
+  uint8_t* ibase = index_mem_.get() + static_cast<int64_t>(b) * index_block_bytes_;
+  for (size_t m = 0; m < geom_.sparse_layers.size(); ++m)
+    s.mla[static_cast<size_t>(geom_.sparse_layers[m])].indexer.pages.push_back(
+        ibase + static_cast<int64_t>(m) * cfg_.page_tokens * geom_.index_row_bytes);
+}
+
+void CachePools::add_ref(int32_t b) {
+  KCHECK(b >= 0 && b < num_blocks() && refs_[static_cast<size_t>(b)] > 0, "reference to a free MLA block");
+  refs_[static_cast<size_t>(b)]++;
+}
+
+void CachePools::drop_ref(int32_t b) {
+  KCHECK(b >= 0 && b < num_blocks() && refs_[static_cast<size_t>(b)] > 0, "double free of an MLA block");
+  if (--refs_[static_cast<size_t>(b)] == 0) free_blocks_.push_back(b);
+}
+
+void CachePools::adopt_prefix(SequenceState& s, std::vector<int32_t>& blocks, std::span<const int32_t> shared) {
+  KCHECK(blocks.empty() && s.n_tokens == 0, "a prefix is adopted by a fresh sequence only");
+  for (int32_t b : shared) {
+    add_ref(b);
+    blocks.push_back(b);
+    append_views(s, b);
+  }
+  const int64_t n = static_cast<int64_t>(shared.size()) * cfg_.page_tokens;
+  for (int l : geom_.mla_layers) s.mla[static_cast<size_t>(l)].n_tokens = n;
+  for (int l : geom_.sparse_layers) s.mla[static_cast<size_t>(l)].indexer.n_tokens = n;
+  s.n_tokens = n;
 }
 
 void CachePools::release(SequenceState& s, int slot, std::vector<int32_t>& blocks) {
   KCHECK(slot >= 0 && slot < num_slots() && slot_used_[static_cast<size_t>(slot)], "release of a free KDA slot");
   slot_used_[static_cast<size_t>(slot)] = false;
   free_slots_.push_back(slot);
-  for (int32_t b : blocks) {
-    KCHECK(!block_free_flag_[static_cast<size_t>(b)], "double free of an MLA block");
-    block_free_flag_[static_cast<size_t>(b)] = true;
-    free_blocks_.push_back(b);
-  }
+  for (int32_t b : blocks) drop_ref(b);
   blocks.clear();
   for (auto& k : s.kda) k = KdaState{};
   for (auto& m : s.mla) m.pages.clear(), m.indexer.pages.clear();

@@ -6,6 +6,10 @@
 //   - DSA indexer key pages (only when the model has sparse layers): their own arena of byte pages,
 //     `page_tokens` key rows [e4m3 codes | fp32 scale] per sparse layer, addressed by the SAME block
 //     id as the MLA pages (every cached token needs both), so one page table serves both pools.
+// Blocks are reference-counted: a sequence holds one reference on every block of its page table, and
+// the prefix cache (cache/prefix_cache.h) one on every block it keeps; a block returns to the free list
+// when the last reference goes. A block shared by several holders is only ever read: sharing covers
+// full blocks, and a sequence writes only the positions after its cached prefix (its own blocks).
 // Sized once from a memory budget; no allocation afterwards. Plain data structure: not
 // thread-safe (owned by the scheduler thread).
 #pragma once
@@ -13,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "base/result.h"
@@ -49,11 +54,24 @@ class CachePools {
   std::optional<int> acquire_slot(SequenceState& s);
   // Adds blocks to `s` until it can hold n_tokens; false (and no change) when the pool is short.
   bool grow(SequenceState& s, std::vector<int32_t>& blocks, int64_t n_tokens);
-  // Returns the slot and blocks; `s` is reset to empty views.
+  // Returns the slot and drops the sequence's reference on each of its blocks; `s` is reset to empty views.
   void release(SequenceState& s, int slot, std::vector<int32_t>& blocks);
+
+  // Prefix-cache support.
+  // Makes a freshly acquired `s` (no blocks, no tokens) start with `shared` blocks already filled by an
+  // earlier sequence: the blocks are appended to its page table with one more reference each, and every
+  // MLA / indexer cache and `s` itself count n_tokens = shared.size() * page_tokens.
+  void adopt_prefix(SequenceState& s, std::vector<int32_t>& blocks, std::span<const int32_t> shared);
+  void add_ref(int32_t block);
+  void drop_ref(int32_t block);  // frees the block at zero
+  int32_t refs(int32_t block) const { return refs_[static_cast<size_t>(block)]; }
+  // The KDA state of a slot (conv + recurrent of every KDA layer, slot_floats() floats).
+  float* slot_data(int slot) { return slot_mem_.get() + static_cast<int64_t>(slot) * geom_.slot_floats(); }
+  int64_t slot_floats() const { return geom_.slot_floats(); }
 
  private:
   CachePools(const CacheGeometry& g, const CachePoolConfig& c) : geom_(g), cfg_(c) {}
+  void append_views(SequenceState& s, int32_t block);
   CacheGeometry geom_;
   CachePoolConfig cfg_;
   int64_t block_floats_ = 0;
@@ -63,7 +81,7 @@ class CachePools {
   std::vector<int> free_slots_;
   std::vector<bool> slot_used_;
   std::vector<int32_t> free_blocks_;
-  std::vector<bool> block_free_flag_;
+  std::vector<int32_t> refs_;  // per block; 0 = free
 };
 
 }  // namespace kestrel

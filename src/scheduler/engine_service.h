@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/result.h"
+#include "cache/prefix_cache.h"
 #include "scheduler/request.h"
 
 namespace kestrel {
@@ -19,6 +20,8 @@ struct ServiceStats {
   int64_t state_slots_used = 0, state_slots_total = 0;
   int64_t prompt_tokens_total = 0, generation_tokens_total = 0;
   int64_t preemptions_total = 0, cancelled_total = 0, requests_finished_total = 0;
+  bool prefix_cache = false;
+  PrefixCacheStats prefix;
   // Latency histograms (seconds): bucket upper bounds and cumulative counts, Prometheus style.
   std::vector<double> buckets;
   std::vector<int64_t> ttft_counts, tpot_counts;
@@ -36,6 +39,8 @@ class EngineService {
   virtual ServiceStats stats() const = 0;
   virtual bool ready() const = 0;         // model loaded and loop running
   virtual int max_context() const = 0;    // prompt + generation limit in tokens
+  // Drops every cached prefix (no-op without a prefix cache).
+  virtual void flush_prefix_cache() {}
 };
 
 }  // namespace kestrel

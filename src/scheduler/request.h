@@ -48,6 +48,9 @@ struct GenerationRequest {
   uint64_t id = 0;  // assigned by the scheduler on submit
   std::vector<int32_t> prompt;
   GenerationParams params;
+  // Prefix-cache namespace of the request (OpenAI-style `cache_salt`): requests share cached prefixes only
+  // with requests of the same salt.
+  std::string cache_salt;
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   // Called on the scheduler thread for every event; must not block (post to your own executor).
   std::function<void(const GenerationEvent&)> on_event;

@@ -18,6 +18,16 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(Engine& engine, const Sched
   auto pools = CachePools::create(engine.model().cache_geometry(), pc);
   if (!pools) return pools.error();
   s->pools_ = std::move(*pools);
+  if (cfg.prefix_cache) {
+    if (cfg.prefill_chunk % s->pools_->page_tokens() != 0)
+      return invalid_argument("prefix cache: the prefill chunk (" + std::to_string(cfg.prefill_chunk) +
+                              ") must be a multiple of the page size (" + std::to_string(s->pools_->page_tokens()) + ")");
+    auto pc = PrefixCache::create(*s->pools_, cfg.prefix);
+    if (!pc) return pc.error();
+    s->prefix_ = std::move(*pc);
+    // The cache layout is part of the identity: another page size or cache dtype never shares a hit.
+    s->cfg_.cache_fingerprint += "|page=" + std::to_string(s->pools_->page_tokens()) + "|kv=fp32";
+  }
   if (s->pools_->num_blocks() * s->pools_->page_tokens() < cfg.max_context)
     return invalid_argument("cache: " + std::to_string(s->pools_->num_blocks() * s->pools_->page_tokens()) +
                             " tokens of MLA pages cannot hold one max-context sequence (" +
@@ -79,7 +89,15 @@ ServiceStats Scheduler::stats() const {
   s.tpot_counts = metrics_.tpot.counts();
   s.ttft_sum = metrics_.ttft.sum(), s.ttft_n = metrics_.ttft.n();
   s.tpot_sum = metrics_.tpot.sum(), s.tpot_n = metrics_.tpot.n();
+  s.prefix_cache = cfg_.prefix_cache;
+  s.prefix = prefix_stats_;
   return s;
+}
+
+void Scheduler::flush_prefix_cache() {
+  flush_requested_ = true;
+  std::lock_guard<std::mutex> lk(mu_);
+  cv_.notify_all();
 }
 
 void Scheduler::drain(std::chrono::milliseconds bound) {
@@ -120,7 +138,8 @@ bool Scheduler::take_inbox(bool block, std::stop_token& stop) {
   std::vector<uint64_t> cancels;
   {
     std::unique_lock<std::mutex> lk(mu_);
-    if (block) cv_.wait(lk, [&] { return stop.stop_requested() || !inbox_.empty() || !cancels_.empty(); });
+    if (block)
+      cv_.wait(lk, [&] { return stop.stop_requested() || !inbox_.empty() || !cancels_.empty() || flush_requested_; });
     in.swap(inbox_);
     cancels.swap(cancels_);
   }
@@ -132,6 +151,7 @@ bool Scheduler::take_inbox(bool block, std::stop_token& stop) {
         cfg_.max_context, static_cast<int64_t>(r.prompt.size()) + std::max(0, r.params.max_new_tokens) + 1)));
     s->tokens = r.prompt;
     s->prompt_len = static_cast<int64_t>(r.prompt.size());
+    if (prefix_) s->root = chain_root(cfg_.cache_fingerprint, r.cache_salt);
     if (!r.params.has_seed) r.params.seed = seed_rng_();
     SamplingParams sp{r.params.temperature, r.params.top_k, r.params.top_p, r.params.min_p, r.params.seed};
     s->sampler = std::make_unique<Sampler>(sp);
@@ -160,11 +180,79 @@ void Scheduler::admit() {
     std::unique_ptr<Seq> s = std::move(waiting_.front());
     waiting_.pop_front();
     s->slot = *pools_->acquire_slot(s->st);
+    attach_prefix(*s);
     running_.push_back(std::move(s));
   }
 }
 
-void Scheduler::release(Seq& s) {
+// The chain keys of the first n_blocks full blocks of s.tokens (computed once, extended as needed).
+std::span<const Digest> Scheduler::keys_for(Seq& s, int64_t n_blocks) {
+  const int64_t B = prefix_->block_tokens();
+  if (static_cast<int64_t>(s.keys.size()) < n_blocks)
+    extend_block_keys(s.root, std::span<const int32_t>(s.tokens.data(), static_cast<size_t>(n_blocks * B)), B, s.keys);
+  return std::span<const Digest>(s.keys.data(), static_cast<size_t>(n_blocks));
+}
+
+// Admission: reuse the longest usable cached prefix on the chunk grid (always leaving at least one token to
+// compute, whose logits start the generation) and plan the boundaries where this prefill leaves snapshots:
+// its prompt end and a branch point (where the cached pages go deeper than the usable hit), both floored to
+// the grid, so they are ends of chunks the prefill runs anyway.
+void Scheduler::attach_prefix(Seq& s) {
+  if (!prefix_) return;
+  const int64_t B = prefix_->block_tokens(), G = cfg_.prefill_chunk, L = static_cast<int64_t>(s.tokens.size());
+  const auto keys = keys_for(s, L / B);
+  const PrefixCache::Lookup lk = prefix_->attach(keys, (L - 1) / G * G / B, G / B, s.st, s.blocks, s.slot);
+  if (s.generated == 0) s.cached = static_cast<int>(lk.tokens);
+  s.cuts.clear();
+  if (!prefix_->needs_snapshot()) return;
+  // A snapshot is recorded for the boundary `at` (a block multiple) from the state after `take` tokens;
+  // they differ only under an injected test fault.
+  auto add = [&](int64_t at) {
+    int64_t take = at;
+    if (prefix_->fault() == SnapshotFault::kStale) take = at - B;
+    if (prefix_->fault() == SnapshotFault::kOneTokenLate) take = at + 1;
+    if (at > s.st.n_tokens && take > s.st.n_tokens && take <= L) s.cuts.push_back(at), s.cuts.push_back(take);
+  };
+  if (lk.page_tokens / G * G > lk.tokens) add(lk.page_tokens / G * G);
+  add(L / G * G);
+}
+
+// After a forward: store the snapshot of a cut this sequence just reached; in decode, copy the state at
+// each block boundary into the snapshot it holds for its generation end.
+void Scheduler::after_forward(Seq& s, int64_t T) {
+  if (!prefix_ || !prefix_->needs_snapshot()) return;
+  const int64_t n = s.st.n_tokens, B = prefix_->block_tokens();
+  while (s.cuts.size() >= 2 && s.cuts[1] <= n) {
+    const int64_t at = s.cuts[0], take = s.cuts[1];
+    s.cuts.erase(s.cuts.begin(), s.cuts.begin() + 2);
+    if (take == n) prefix_->store_snapshot(keys_for(s, at / B), s.blocks, pools_->slot_data(s.slot));
+  }
+  if (prefix_->generation_snapshots() && T == 1 && s.generated > 0 && n % B == 0 && n > s.prompt_len) {
+    if (s.held < 0) {
+      if (auto h = prefix_->hold()) s.held = *h;
+    }
+    if (s.held >= 0) {
+      std::copy_n(pools_->slot_data(s.slot), pools_->slot_floats(), prefix_->held_data(s.held));
+      s.held_at = n;
+    }
+  }
+}
+
+// A sequence leaves (finished, cancelled, preempted): its full blocks stay cached, and the state it held
+// for its generation end becomes that boundary's snapshot. Nothing is kept from a failed sequence.
+void Scheduler::retire_prefix(Seq& s, bool keep) {
+  if (!prefix_) return;
+  const int64_t B = prefix_->block_tokens();
+  if (s.held >= 0) {
+    if (keep && s.held_at > 0) prefix_->commit(keys_for(s, s.held_at / B), s.blocks, s.held);
+    else prefix_->release_held(s.held);
+    s.held = -1, s.held_at = 0;
+  }
+  if (keep) prefix_->store_pages(keys_for(s, s.st.n_tokens / B), s.blocks);
+}
+
+void Scheduler::release(Seq& s, bool keep_prefix) {
+  if (s.slot >= 0) retire_prefix(s, keep_prefix);
   if (s.slot >= 0) pools_->release(s.st, s.slot, s.blocks);
   s.slot = -1;
   // Publish immediately so stats are current by the time the client sees the final event.
@@ -175,12 +263,13 @@ void Scheduler::release(Seq& s) {
 
 // Emits the final event and frees the sequence's cache. The caller drops it from its list.
 void Scheduler::finish(Seq& s, FinishReason r, const std::string& error) {
-  release(s);
+  release(s, r != FinishReason::kError);
   GenerationEvent ev;
   ev.finish = r;
   ev.error = error;
   ev.prompt_tokens = static_cast<int>(s.prompt_len);
   ev.completion_tokens = s.generated;
+  ev.cached_tokens = s.cached;
   {
     std::lock_guard<std::mutex> lk(mu_);
     metrics_.finished++;
@@ -196,7 +285,7 @@ void Scheduler::finish(Seq& s, FinishReason r, const std::string& error) {
 // Recompute-style preemption: drop the cache, keep the tokens (prompt + generated so far); the
 // sequence goes back to the front of the queue and re-prefills when a slot frees up.
 void Scheduler::preempt(Seq& s) {
-  release(s);
+  release(s, true);
   for (auto& p : running_)
     if (p.get() == &s) {
       waiting_.push_front(std::move(p));
@@ -234,6 +323,7 @@ void Scheduler::sample_and_emit(Seq& s, std::span<float> logits) {
 
 // One scheduling step; returns false when there was nothing to run.
 bool Scheduler::step() {
+  if (flush_requested_.exchange(false) && prefix_) prefix_->clear();
   const auto now = Clock::now();
   for (auto& s : running_)
     if (s && now > s->req.deadline) finish(*s, FinishReason::kTimeout);
@@ -250,6 +340,9 @@ bool Scheduler::step() {
   auto plan = [&](Seq& s, int64_t T) -> bool {
     // Pages for the new tokens; preempt the youngest other running sequence if short.
     while (!pools_->grow(s.st, s.blocks, s.st.n_tokens + T)) {
+      // Cached blocks no running sequence uses go first, then the youngest other sequence.
+      if (prefix_ && prefix_->make_room(pools_->blocks_for(s.st.n_tokens + T) - static_cast<int64_t>(s.blocks.size())))
+        continue;
       Seq* victim = nullptr;
       for (auto it = running_.rbegin(); it != running_.rend(); ++it)
         if (*it && it->get() != &s && std::find(run_seqs_.begin(), run_seqs_.end(), it->get()) == run_seqs_.end()) {
@@ -268,7 +361,8 @@ bool Scheduler::step() {
     if (p && p->pending() == 1 && budget >= 1) plan(*p, 1);
   for (auto& p : running_) {
     if (!p || p->pending() <= 1) continue;
-    const int64_t T = std::min(cfg_.prefill_chunk, p->pending());
+    int64_t T = std::min(cfg_.prefill_chunk, p->pending());
+    if (const int64_t cut = next_cut(*p); cut > p->st.n_tokens) T = std::min(T, cut - p->st.n_tokens);
     if (T > budget) continue;
     if (!plan(*p, T) && runs_.empty()) {
       // Alone it still does not fit: this request can never run.
@@ -291,14 +385,23 @@ bool Scheduler::step() {
   for (size_t i = 0; i < run_seqs_.size(); ++i) {
     Seq& s = *run_seqs_[i];
     if (s.generated == 0) prompt_tokens += runs_[i].T;
+    after_forward(s, runs_[i].T);
     if (s.pending() == 0) sample_and_emit(s, std::span<float>(logits_.data() + static_cast<int64_t>(i) * V, static_cast<size_t>(V)));
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
     metrics_.prompt_tokens += prompt_tokens;
+    if (prefix_) prefix_stats_ = prefix_->stats();
   }
   running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
   return true;
+}
+
+// The next boundary where this sequence's prefill must stop so a snapshot can be taken (0: none).
+int64_t Scheduler::next_cut(const Seq& s) const {
+  for (size_t i = 1; i < s.cuts.size(); i += 2)
+    if (s.cuts[i] > s.st.n_tokens) return s.cuts[i];
+  return 0;
 }
 
 void Scheduler::loop(std::stop_token stop) {
@@ -309,6 +412,7 @@ void Scheduler::loop(std::stop_token stop) {
     const bool worked = step();
     {
       std::lock_guard<std::mutex> lk(mu_);
+      if (prefix_) prefix_stats_ = prefix_->stats();
       waiting_count_ = static_cast<int64_t>(waiting_.size());
       running_count_ = static_cast<int64_t>(running_.size());
       blocks_used_ = pools_->num_blocks() - pools_->free_blocks();

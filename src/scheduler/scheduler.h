@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cache/cache_pools.h"
+#include "cache/prefix_cache.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
 #include "scheduler/engine_service.h"
@@ -32,6 +33,11 @@ struct SchedulerConfig {
   int64_t prefill_chunk = 128;    // tokens per prefill chunk of one sequence (≤ max_batch_tokens)
   int max_context = 4096;         // prompt + generated tokens per sequence
   CachePoolConfig cache;          // max_slots = max running sequences
+  bool prefix_cache = false;      // reuse cached prompt prefixes (MLA pages + KDA snapshots)
+  PrefixCacheConfig prefix;
+  // Everything besides the tokens that decides whether cached state is reusable: the server builds it from
+  // the model identity, the kernels mode and the cache layout. Different fingerprint, no shared hits.
+  std::string cache_fingerprint;
 };
 
 class Scheduler final : public EngineService {
@@ -43,6 +49,8 @@ class Scheduler final : public EngineService {
   void cancel(uint64_t id) override;
   ServiceStats stats() const override;
   bool ready() const override { return ready_.load(); }
+  // Drops every cached prefix (admin flush); runs on the scheduler thread before its next step.
+  void flush_prefix_cache() override;
   int max_context() const override { return cfg_.max_context; }
   // Stops admitting, lets in-flight requests finish for up to `bound`, cancels the rest, stops.
   void drain(std::chrono::milliseconds bound);
@@ -60,6 +68,15 @@ class Scheduler final : public EngineService {
     std::unique_ptr<LogitsProcessor> proc;
     std::chrono::steady_clock::time_point arrival, last_token;
     bool first_token_sent = false;
+    // Prefix cache: the chain keys of the full blocks of `tokens` (grown as tokens are fed), the boundaries
+    // where the prefill is cut so a KDA snapshot can be taken there (ascending), the snapshot held for the
+    // generation end and the boundary it holds.
+    Digest root{};
+    std::vector<Digest> keys;
+    std::vector<int64_t> cuts;  // pairs: (boundary recorded, tokens fed when the state is taken)
+    int32_t held = -1;
+    int64_t held_at = 0;
+    int cached = 0;  // prompt tokens reused at first admission
     int64_t pending() const { return static_cast<int64_t>(tokens.size()) - st.n_tokens; }
   };
   Scheduler(Engine& e, const SchedulerConfig& c) : engine_(e), cfg_(c) {}
@@ -69,12 +86,20 @@ class Scheduler final : public EngineService {
   bool step();
   void finish(Seq& s, FinishReason r, const std::string& error = "");
   void preempt(Seq& s);
-  void release(Seq& s);
+  void release(Seq& s, bool keep_prefix);
   void sample_and_emit(Seq& s, std::span<float> logits);
+  // Prefix cache hooks (no-ops without one).
+  void attach_prefix(Seq& s);
+  void after_forward(Seq& s, int64_t T);
+  void retire_prefix(Seq& s, bool keep);
+  std::span<const Digest> keys_for(Seq& s, int64_t n_blocks);
+  int64_t next_cut(const Seq& s) const;
 
   Engine& engine_;
   SchedulerConfig cfg_;
   std::unique_ptr<CachePools> pools_;
+  std::unique_ptr<PrefixCache> prefix_;
+  std::atomic<bool> flush_requested_{false};
 
   // Shared with other threads (under mu_).
   mutable std::mutex mu_;
@@ -86,6 +111,7 @@ class Scheduler final : public EngineService {
   int64_t waiting_count_ = 0, running_count_ = 0;  // mirrors for stats()
   int64_t blocks_used_ = 0, slots_used_ = 0;
   Metrics metrics_;
+  PrefixCacheStats prefix_stats_;
   std::atomic<bool> ready_{false};
 
   // Scheduler-thread only.

@@ -90,6 +90,11 @@ std::shared_ptr<Router> ApiServer::make_router() const {
   r->add("GET", "/health", [this](auto& q, auto ex) { health(q, ex, q.query == "ready"); });
   r->add("GET", "/health/ready", [this](auto& q, auto ex) { health(q, ex, true); });
   r->add("GET", "/metrics", [this](auto& q, auto ex) { metrics(q, ex); });
+  // Admin: drop every cached prefix (the name vLLM's server uses). Needs the API key like every other route.
+  r->add("POST", "/reset_prefix_cache", [this](auto&, auto ex) {
+    engine_.flush_prefix_cache();
+    ex->respond(HttpResponse{200, "application/json", R"({"status":"ok"})", {}});
+  });
   r->add("POST", "/tokenize", [this](auto& q, auto ex) { tokenize(q, ex); });
   r->add("POST", "/detokenize", [this](auto& q, auto ex) { detokenize(q, ex); });
   return r;
@@ -157,6 +162,7 @@ void ApiServer::generate(const std::shared_ptr<HttpExchange>& ex, bool chat, std
                                           std::to_string(ctx), "max_tokens", "context_length_exceeded"));
   GenerationRequest g;
   g.prompt = std::move(prompt);
+  g.cache_salt = s.cache_salt;
   auto& p = g.params;
   p.temperature = s.temperature;
   p.top_k = s.top_k;

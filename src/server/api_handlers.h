@@ -1,5 +1,5 @@
 // The OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize,
-// /health, /health/ready (or /health?ready), /metrics.
+// /health, /health/ready (or /health?ready), /metrics, /reset_prefix_cache (admin: drops the prefix cache).
 //
 // Every route except /health* requires `Authorization: Bearer <api_key>` when api_key is set (401 otherwise;
 // constant-time compare). Handlers validate, render / tokenize on the calling I/O thread and hand generation to

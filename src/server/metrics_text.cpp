@@ -41,6 +41,22 @@ std::string prometheus_text(const ServiceStats& s, bool ready) {
   metric(o, "kestrel_preemptions_total", "counter", "Sequences preempted.", double(s.preemptions_total));
   metric(o, "kestrel_requests_cancelled_total", "counter", "Requests cancelled.", double(s.cancelled_total));
   metric(o, "kestrel_requests_finished_total", "counter", "Requests finished.", double(s.requests_finished_total));
+  if (s.prefix_cache) {
+    const PrefixCacheStats& p = s.prefix;
+    metric(o, "kestrel_prefix_cache_queries_total", "counter", "Prefix-cache lookups (one per admission).", double(p.queries));
+    metric(o, "kestrel_prefix_cache_query_tokens_total", "counter", "Prompt tokens looked up.", double(p.query_tokens));
+    metric(o, "kestrel_prefix_cache_hit_tokens_total", "counter", "Prompt tokens reused from the live pools.",
+           double(p.hit_tokens));
+    metric(o, "kestrel_prefix_cache_blocks", "gauge", "Blocks the prefix cache holds.", double(p.cached_blocks));
+    metric(o, "kestrel_prefix_cache_snapshots", "gauge", "KDA state snapshots the prefix cache holds.", double(p.snapshots));
+    metric(o, "kestrel_prefix_cache_snapshot_bytes", "gauge", "Bytes of those snapshots.", double(p.snapshot_bytes));
+    metric(o, "kestrel_prefix_cache_snapshot_capacity", "gauge", "Snapshots the pool can hold.", double(p.snapshot_capacity));
+    metric(o, "kestrel_prefix_cache_evicted_blocks_total", "counter", "Blocks evicted for pool pressure.",
+           double(p.evicted_blocks));
+    metric(o, "kestrel_prefix_cache_evicted_snapshots_total", "counter", "Snapshots evicted (pool pressure or with their block).",
+           double(p.evicted_snapshots));
+    metric(o, "kestrel_prefix_cache_flushes_total", "counter", "Admin flushes.", double(p.flushes));
+  }
   histogram(o, "kestrel_time_to_first_token_seconds", "Time to first token.", s.buckets, s.ttft_counts, s.ttft_sum,
             s.ttft_n);
   histogram(o, "kestrel_time_per_output_token_seconds", "Time per output token after the first.", s.buckets,

@@ -161,6 +161,7 @@ std::optional<ApiError> parse_sampling(const json& obj, const SchemaLimits& lim,
   f.boolean("ignore_eos", s.ignore_eos);
   f.boolean("stream", s.stream);
   f.str("user", s.user, 1024);
+  f.str("cache_salt", s.cache_salt, 1024);
   if (chat) {
     f.boolean("logprobs", s.logprobs);
     f.integer("top_logprobs", 0, lim.max_top_logprobs, s.top_logprobs);

@@ -65,6 +65,7 @@ struct SamplingOptions {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   std::string user;
+  std::string cache_salt;  // prefix-cache namespace (vLLM's `cache_salt`): only equal salts share cached prefixes
 };
 
 struct ChatCompletionRequest {

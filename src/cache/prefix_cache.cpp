@@ -1,0 +1,106 @@
+#include "cache/prefix_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/check.h"
+
+namespace kestrel {
+
+Result<std::unique_ptr<PrefixCache>> PrefixCache::create(CachePools& pools, const PrefixCacheConfig& c) {
+  RadixCacheConfig rc;
+  rc.block_tokens = pools.page_tokens();
+  rc.needs_snapshot = pools.slot_floats() > 0;
+  auto pc = std::unique_ptr<PrefixCache>(new PrefixCache(pools, c, rc));
+  auto sp = SnapshotPool::create(pools.slot_floats(), rc.needs_snapshot ? c.snapshot_budget_bytes : 0);
+  if (!sp) return sp.error();
+  pc->snaps_ = std::move(*sp);
+  return pc;
+}
+
+PrefixCache::Lookup PrefixCache::attach(std::span<const Digest> keys, int64_t max_blocks, int64_t grid_blocks,
+                                        SequenceState& s, std::vector<int32_t>& blocks, int slot) {
+  const auto n = std::min<int64_t>(static_cast<int64_t>(keys.size()), std::max<int64_t>(0, max_blocks));
+  st_.queries++;
+  st_.query_tokens += n * block_tokens();
+  RadixCache::Match m = radix_.match(keys.subspan(0, static_cast<size_t>(n)));
+  Lookup r;
+  r.page_tokens = m.page_blocks * block_tokens();
+  if (!needs_snapshot() && grid_blocks > 1) {
+    m.blocks = m.blocks / grid_blocks * grid_blocks;
+    m.pages.resize(static_cast<size_t>(m.blocks));
+  }
+  if (m.blocks == 0) return r;
+  pools_.adopt_prefix(s, blocks, m.pages);
+  if (needs_snapshot()) {
+    KCHECK(m.snapshot >= 0, "a usable hit of a hybrid model carries a snapshot");
+    std::memcpy(pools_.slot_data(slot), snaps_->data(m.snapshot), static_cast<size_t>(pools_.slot_floats()) * 4);
+  }
+  r.tokens = m.blocks * block_tokens();
+  st_.hit_tokens += r.tokens;
+  return r;
+}
+
+void PrefixCache::store_pages(std::span<const Digest> keys, std::span<const int32_t> blocks) {
+  KCHECK(blocks.size() >= keys.size(), "store_pages: fewer blocks than keys");
+  adopted_.clear();
+  if (!radix_.insert(keys, blocks.subspan(0, keys.size()), adopted_)) return;
+  for (int32_t b : adopted_) pools_.add_ref(b);
+}
+
+bool PrefixCache::free_a_snapshot() {
+  if (!radix_.evict_snapshot([this](int32_t id) { snaps_->release(id); })) return false;
+  st_.evicted_snapshots++;
+  return true;
+}
+
+std::optional<int32_t> PrefixCache::hold() {
+  if (!needs_snapshot() || snaps_->capacity() == 0) return std::nullopt;
+  if (snaps_->free_count() == 0 && !free_a_snapshot()) return std::nullopt;
+  return snaps_->acquire();
+}
+
+void PrefixCache::commit(std::span<const Digest> keys, std::span<const int32_t> blocks, int32_t held) {
+  store_pages(keys, blocks);
+  if (cfg_.fault == SnapshotFault::kZero) std::fill_n(snaps_->data(held), pools_.slot_floats(), 0.0f);
+  if (keys.empty() || !radix_.attach_snapshot(keys, held)) snaps_->release(held);
+}
+
+void PrefixCache::store_snapshot(std::span<const Digest> keys, std::span<const int32_t> blocks, const float* state) {
+  store_pages(keys, blocks);
+  if (!needs_snapshot() || keys.empty() || radix_.has_snapshot(keys) || !radix_.has_node(keys)) return;
+  auto id = hold();
+  if (!id) return;
+  std::memcpy(snaps_->data(*id), state, static_cast<size_t>(pools_.slot_floats()) * 4);
+  commit(keys, blocks, *id);
+}
+
+bool PrefixCache::make_room(int64_t n_blocks) {
+  const int64_t short_by = n_blocks - pools_.free_blocks();
+  if (short_by <= 0) return true;
+  // Only blocks held by the cache alone free memory when dropped.
+  const int64_t dropped = radix_.evict_pages(
+      short_by, [this](int32_t b) { return pools_.refs(b) == 1; }, [this](int32_t b) { pools_.drop_ref(b); },
+      [this](int32_t id) {
+        snaps_->release(id);
+        st_.evicted_snapshots++;
+      });
+  st_.evicted_blocks += dropped;
+  return pools_.free_blocks() >= n_blocks;
+}
+
+void PrefixCache::clear() {
+  radix_.clear([this](int32_t b) { pools_.drop_ref(b); }, [this](int32_t id) { snaps_->release(id); });
+  st_.flushes++;
+}
+
+PrefixCacheStats PrefixCache::stats() const {
+  PrefixCacheStats s = st_;
+  s.cached_blocks = radix_.cached_blocks();
+  s.snapshots = radix_.snapshots();
+  s.snapshot_bytes = s.snapshots * snaps_->floats() * 4;
+  s.snapshot_capacity = snaps_->capacity();
+  return s;
+}
+
+}  // namespace kestrel

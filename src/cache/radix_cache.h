@@ -15,8 +15,7 @@
 // Usable hit (needs_snapshot): the deepest cached node on the sequence's path that has a snapshot. Pages beyond it are
 // reported (page_blocks) so the caller can snapshot there during the next prefill, but never as a hit.
 //
-// Eviction priority (lowest first), with tick = the logical clock of the last use (each match/insert/attach call
-// advances it by one) and d = the block's depth (1 for block 0):
+// Eviction priority (lowest first), with tick = the logical clock of the last use (see tick()) and d = the block's depth (1 for block 0):
 //     page of a leaf:  page_tick + w * log2(1 + d)     (a tombstone leaf on a hybrid model: page_tick only)
 //     snapshot:        snap_tick + w * log2(1 + d)
 // where w = RadixCacheConfig::depth_weight. Rationale: pages and snapshots each have a constant size in their own pool,
@@ -95,7 +94,8 @@ class RadixCache {
   int64_t cached_blocks() const { return live_; }
   int64_t snapshots() const { return snapshots_; }
   const RadixCacheConfig& config() const { return cfg_; }
-  // The logical clock: advanced by one by every match, every successful insert and attach_snapshot.
+  // The logical clock: advanced by one by every match, every successful non-empty insert and every successful
+  // attach_snapshot.
   uint64_t tick() const { return clock_; }
 
  private:

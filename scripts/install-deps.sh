@@ -4,6 +4,7 @@ set -euo pipefail
 pkgs=(build-essential g++ cmake make pkg-config ccache
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libpcre2-dev libboost-dev
       clang-14 libclang-rt-14-dev libomp-14-dev
+      libssl-dev
       python3 python3-venv python3-pip curl)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -40,7 +40,7 @@ class CachePools {
 
   int num_slots() const { return static_cast<int>(slot_used_.size()); }
   int free_slots() const { return static_cast<int>(free_slots_.size()); }
-  int64_t num_blocks() const { return static_cast<int64_t>(block_free_flag_.size()); }
+  int64_t num_blocks() const { return static_cast<int64_t>(refs_.size()); }
   int64_t free_blocks() const { return static_cast<int64_t>(free_blocks_.size()); }
   int64_t page_tokens() const { return cfg_.page_tokens; }
   int64_t slot_bytes() const { return geom_.slot_floats() * 4; }

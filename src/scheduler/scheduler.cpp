@@ -225,7 +225,14 @@ void Scheduler::after_forward(Seq& s, int64_t T) {
   while (s.cuts.size() >= 2 && s.cuts[1] <= n) {
     const int64_t at = s.cuts[0], take = s.cuts[1];
     s.cuts.erase(s.cuts.begin(), s.cuts.begin() + 2);
-    if (take == n) prefix_->store_snapshot(keys_for(s, at / B), s.blocks, pools_->slot_data(s.slot));
+    if (take != n) continue;
+    if (take >= at) {
+      prefix_->store_snapshot(keys_for(s, at / B), s.blocks, pools_->slot_data(s.slot));
+    } else if (s.held >= 0 || (s.held = prefix_->hold().value_or(-1)) >= 0) {
+      // Stale-snapshot fault: the pages of `at` do not exist yet; recorded when the sequence retires.
+      std::copy_n(pools_->slot_data(s.slot), pools_->slot_floats(), prefix_->held_data(s.held));
+      s.held_at = at;
+    }
   }
   if (prefix_->generation_snapshots() && T == 1 && s.generated > 0 && n % B == 0 && n > s.prompt_len) {
     if (s.held < 0) {

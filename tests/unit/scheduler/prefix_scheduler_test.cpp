@@ -226,7 +226,9 @@ TEST_P(PrefixScheduler, NoLeaksUnderPressureAndFlush) {
   ServiceStats st = settled(*s);
   EXPECT_GT(st.prefix.hit_tokens, 0);
   EXPECT_GT(st.prefix.evicted_blocks, 0) << "the page budget forced evictions";
-  if (hybrid()) EXPECT_GT(st.prefix.evicted_snapshots, 0) << "the 3-snapshot budget forced evictions";
+  if (hybrid()) {
+    EXPECT_GT(st.prefix.evicted_snapshots, 0) << "the 3-snapshot budget forced evictions";
+  }
   EXPECT_EQ(st.state_slots_used, 0);
   EXPECT_EQ(st.preemptions_total, 0);
   EXPECT_EQ(st.kv_blocks_used, st.prefix.cached_blocks) << "only the cache holds blocks when idle";

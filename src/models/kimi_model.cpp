@@ -66,8 +66,10 @@ Result<std::unique_ptr<KimiModel>> KimiModel::load_gguf(const std::string& path)
   auto m = std::unique_ptr<KimiModel>(new KimiModel());
   m->cfg_ = std::move(*cfg);
   m->gguf_ = std::move(*g);
+  m->gguf_->show_progress("loading " + path);
   Binder b(*m->gguf_);
   KESTREL_RETURN_IF_ERROR(m->bind(b));
+  m->gguf_->finish_progress();
   const auto unused = m->gguf_->unused();
   if (!unused.empty())
     return corrupt(path + ": unexpected tensor '" + unused.front() + "' (" + std::to_string(unused.size()) +

@@ -85,3 +85,12 @@ def test_progress_off_on_a_terminal_with_kestrel_progress_0(workdir):
     rc, _, err = run_on_terminal(["make-model", "--preset", "k3-tiny", "--out", os.path.join(workdir, "m")],
                                  dict(BASE_ENV, KESTREL_PROGRESS="0"))
     assert rc == 0 and b"generating" not in err, err  # (the terminal itself turns \n into \r\n)
+
+
+def test_gguf_loading():
+    gguf = os.path.join(os.path.dirname(__file__), "..", "data", "gguf", "k3_micro_q4_0.gguf")
+    args = ["generate", "--model", gguf, "--prompt-ids", "1,2", "--max-tokens", "1", "--quiet"]
+    rc, _, err = run_on_terminal(args, BASE_ENV)
+    assert rc == 0 and b"\rloading " in err and b".gguf: " in err and b"(100%)" in err, err
+    rc, _, err = run_on_pipe(args, BASE_ENV)
+    assert rc == 0 and b"loading" not in err, err

@@ -2,10 +2,10 @@
 // /health, /health/ready (or /health?ready), /metrics, /reset_prefix_cache (admin: drops the prefix cache), and
 // the chat page at / (server/web_assets.h).
 //
-// Every route except /health* and the chat page's files requires `Authorization: Bearer <api_key>` when api_key is set (401 otherwise;
-// constant-time compare). Handlers validate, render / tokenize on the calling I/O thread and hand generation to
-// a CompletionJob. ApiServer holds references: the engine, tokenizer and format must outlive it, and it must
-// outlive the HttpServer using its router. Thread-safe (immutable after construction).
+// Every route except /health* and the chat page's files requires `Authorization: Bearer <api_key>` when api_key
+// is set (401 otherwise; constant-time compare). Handlers validate, render / tokenize on the calling I/O thread and
+// hand generation to a CompletionJob. ApiServer holds references: the engine, tokenizer and format must outlive
+// it, and it must outlive the HttpServer using its router. Thread-safe (immutable after construction).
 #pragma once
 
 #include <chrono>

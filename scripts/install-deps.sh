@@ -5,7 +5,8 @@ pkgs=(build-essential g++ cmake make pkg-config ccache
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libpcre2-dev libboost-dev
       clang-14 libclang-rt-14-dev libomp-14-dev
       libssl-dev
-      python3 python3-venv python3-pip curl)
+      python3 python3-venv python3-pip curl
+      chromium)  # headless, for the chat page test (tests/integration/test_chat_page.py)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -11,7 +11,7 @@ scripts/install-deps.sh
 
 # Python tooling for the parity tests that call a reference at test time (tiktoken).
 venv="$PWD/build/venv"
-if ! "$venv/bin/python" -c "import tiktoken, tokenizers, openai, pytest, splintr" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import tiktoken, tokenizers, openai, pytest, splintr, websocket" 2>/dev/null; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check -r tools/requirements-test.txt
 fi

@@ -41,8 +41,8 @@ int fail_msg(const Status& s) {
 // --pp N --tg M --reps R [--warmup W]: llama-bench's pp/tg protocol (bench_protocol.h).
 int bench_pp_tg(const Args& a, const std::string& dir) {
   PpTgOptions o;
-  auto pp = a.integer("pp", 0), tg = a.integer("tg", 0), reps = a.integer("reps", 3), warm = a.integer("warmup", 1);
-  if (!pp || !tg || !reps || !warm) return fail_msg(invalid_argument("--pp, --tg, --reps, --warmup take integers"));
+  auto pp = a.integer("pp"), tg = a.integer("tg"), reps = a.integer("reps"), warm = a.integer("warmup");
+  if (!pp || !tg || !reps || !warm) return usage_error("bench", invalid_argument("--pp, --tg, --reps, --warmup take integers"));
   o.pp = *pp, o.tg = *tg, o.reps = *reps, o.warmup = *warm;
   auto eng = Engine::load(dir);
   if (!eng) return fail_msg(eng.error());
@@ -64,11 +64,12 @@ int bench_pp_tg(const Args& a, const std::string& dir) {
 
 // --gate-ids LIST --gate-gen G --gate-out FILE: greedy continuation + its logits, for the comparison gate.
 int bench_gate(const Args& a, const std::string& dir) {
-  if (!a.has("gate-ids") || !a.has("gate-out")) return fail_msg(invalid_argument("--gate-ids and --gate-out go together"));
+  if (!a.has("gate-ids") || !a.has("gate-out"))
+    return usage_error("bench", invalid_argument("--gate-ids and --gate-out go together"));
   auto ids = parse_id_list(a.str("gate-ids"));
-  if (!ids) return fail_msg(ids.error());
-  auto gen = a.integer("gate-gen", 16);
-  if (!gen || *gen < 1 || *gen > 4096) return fail_msg(invalid_argument("--gate-gen must be an integer in 1..4096"));
+  if (!ids) return usage_error("bench", ids.error());
+  auto gen = a.integer("gate-gen");
+  if (!gen || *gen < 1 || *gen > 4096) return usage_error("bench", invalid_argument("--gate-gen must be an integer in 1..4096"));
   auto eng = Engine::load(dir);
   if (!eng) return fail_msg(eng.error());
   auto r = run_gate(**eng, *ids, *gen, a.str("gate-out"));
@@ -82,17 +83,16 @@ int bench_gate(const Args& a, const std::string& dir) {
 // checkpoint directory.
 int cmd_bench(const std::vector<std::string>& argv) {
   auto fail = [](const Status& s) { std::fprintf(stderr, "kestrel bench: %s\n", s.message().c_str()); return 1; };
-  auto a = Args::parse(argv, {"model", "preset", "prompt", "gen", "chunk", "batch", "context", "threads", "pp", "tg", "reps",
-                              "warmup", "gate-ids", "gate-gen", "gate-out"},
-                       {"json"});
-  if (!a) return fail(a.error());
+  int exit_code = 0;
+  auto a = Args::parse("bench", argv, exit_code);
+  if (!a) return exit_code;
   if (a->has("threads")) {
-    auto t = a->integer("threads", 0);
-    if (!t || *t < 1 || *t > 1024) return fail(invalid_argument("--threads must be an integer in 1..1024"));
+    auto t = a->integer_or("threads", 0);
+    if (!t || *t < 1 || *t > 1024) return usage_error("bench", invalid_argument("--threads must be an integer in 1..1024"));
     omp_set_num_threads(static_cast<int>(*t));
   }
   std::string dir = a->str("model");
-  const std::string preset = a->str("preset", "k3-bench");
+  const std::string preset = a->str("preset");
   if (dir.empty()) {
     auto d = ensure_preset_model(preset, true);
     if (!d) return fail(d.error());
@@ -100,15 +100,15 @@ int cmd_bench(const std::vector<std::string>& argv) {
   }
   if (a->has("gate-out") || a->has("gate-ids")) return bench_gate(*a, dir);
   if (a->has("pp") || a->has("tg") || a->has("reps")) return bench_pp_tg(*a, dir);
-  auto prompt = a->integer("prompt", 512);
-  auto gen = a->integer("gen", 64);
-  auto chunk = a->integer("chunk", 512);
-  auto batch = a->integer("batch", 1);
-  auto context = a->integer("context", 0);
+  auto prompt = a->integer("prompt");
+  auto gen = a->integer("gen");
+  auto chunk = a->integer("chunk");
+  auto batch = a->integer("batch");
+  auto context = a->integer("context");
   if (!prompt || !gen || !chunk || !batch || *prompt < 1 || *gen < 1 || *chunk < 1 || *batch < 1 || *batch > 256)
-    return fail(invalid_argument("--prompt, --gen, --chunk, --batch must be positive integers (batch ≤ 256)"));
+    return usage_error("bench", invalid_argument("--prompt, --gen, --chunk, --batch must be positive integers (batch ≤ 256)"));
   if (!context || *context < 0 || *context > (int64_t{1} << 24))
-    return fail(invalid_argument("--context must be an integer in 0..16777216"));
+    return usage_error("bench", invalid_argument("--context must be an integer in 0..16777216"));
   const double rss0 = peak_rss_mib();
   auto eng = Engine::load(dir);
   if (!eng) return fail(eng.error());

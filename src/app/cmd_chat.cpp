@@ -27,9 +27,23 @@ int fail(const Status& s) {
 }  // namespace
 
 int cmd_chat(const std::vector<std::string>& argv) {
-  auto a = Args::parse(argv, {"model", "preset", "system", "effort", "max-tokens", "temperature", "top-p", "seed"},
-                       {"hide-thinking", "no-thinking", "quiet"});
-  if (!a) return fail(a.error());
+  int exit_code = 0;
+  auto a = Args::parse("chat", argv, exit_code);
+  if (!a) return exit_code;
+  auto max_tokens = a->integer("max-tokens");
+  auto temp = a->number("temperature");
+  auto top_p = a->number("top-p");
+  auto seed = a->integer("seed");
+  if (Status s = first_error(max_tokens, temp, top_p, seed); !s.is_ok()) return usage_error("chat", s);
+  if (*max_tokens < 1 || *temp < 0 || *top_p <= 0 || *top_p > 1)
+    return usage_error("chat", invalid_argument("--max-tokens must be ≥ 1, --temperature ≥ 0, --top-p in (0, 1]"));
+  chat::ChatRequest req;
+  req.thinking = !a->has("no-thinking");
+  if (a->has("effort")) {
+    auto e = chat::parse_thinking_effort(a->str("effort"));
+    if (!e) return usage_error("chat", e.error());
+    req.thinking_effort = *e;
+  }
   int rc = 0;
   const std::string dir = resolve_model_or_default(a->str("model"), !a->has("quiet"), rc, a->str("preset"));
   if (rc) return rc;
@@ -38,18 +52,6 @@ int cmd_chat(const std::vector<std::string>& argv) {
   auto eng = Engine::load(dir);
   if (!eng) return fail(eng.error());
   print_load_notes(**eng, dir, !a->has("quiet"));
-  auto max_tokens = a->integer("max-tokens", 512);
-  auto temp = a->number("temperature", 0.7);
-  auto top_p = a->number("top-p", 0.95);
-  auto seed = a->integer("seed", 0);
-  if (!max_tokens || !temp || !top_p || !seed || *max_tokens < 1) return fail(invalid_argument("bad sampling flag"));
-  chat::ChatRequest req;
-  req.thinking = !a->has("no-thinking");
-  if (a->has("effort")) {
-    auto e = chat::parse_thinking_effort(a->str("effort"));
-    if (!e) return fail(e.error());
-    req.thinking_effort = *e;
-  }
   auto message = [](chat::Role role, std::string text) {
     chat::Message m;
     m.role = role;

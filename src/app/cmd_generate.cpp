@@ -57,11 +57,27 @@ std::vector<std::pair<int32_t, float>> top_entries(const std::vector<float>& l, 
 }  // namespace
 
 int cmd_generate(const std::vector<std::string>& argv) {
-  auto a = Args::parse(argv, {"model", "preset", "prompt", "prompt-ids", "max-tokens", "temperature", "top-k", "top-p", "min-p", "seed",
-                              "chunk", "top-logits"},
-                       {"json", "ignore-eos", "quiet"});
-  if (!a) return fail(a.error());
+  int exit_code = 0;
+  auto a = Args::parse("generate", argv, exit_code);
+  if (!a) return exit_code;
   const bool quiet = a->has("quiet");
+  if (a->has("prompt") && a->has("prompt-ids"))
+    return usage_error("generate", invalid_argument("give --prompt or --prompt-ids, not both"));
+  auto max_tokens = a->integer("max-tokens");
+  auto temp = a->number("temperature");
+  auto top_k = a->integer("top-k");
+  auto top_p = a->number("top-p");
+  auto min_p = a->number("min-p");
+  auto seed = a->integer("seed");
+  auto chunk = a->integer("chunk");
+  auto top_logits = a->integer("top-logits");
+  if (Status bad = first_error(max_tokens, temp, top_k, top_p, min_p, seed, chunk, top_logits); !bad.is_ok())
+    return usage_error("generate", bad);
+  if (*max_tokens < 0 || *temp < 0 || *top_k < 0 || *top_p <= 0 || *top_p > 1 || *min_p < 0 || *min_p > 1 ||
+      *chunk < 1 || *top_logits < 0)
+    return usage_error("generate", invalid_argument("sampling flag out of range"));
+  if (a->has("prompt-ids"))
+    if (auto ids = parse_id_list(a->str("prompt-ids")); !ids) return usage_error("generate", ids.error());
   int rc = 0;
   const std::string dir = resolve_model_or_default(a->str("model"), !quiet, rc, a->str("preset"));
   if (rc) return rc;
@@ -73,29 +89,11 @@ int cmd_generate(const std::vector<std::string>& argv) {
     if (!t) return fail(t.error());
     tok.emplace(std::move(*t));
   }
-  if (a->has("prompt") && a->has("prompt-ids")) return fail(invalid_argument("give --prompt or --prompt-ids, not both"));
-  Result<std::vector<int32_t>> ids = tok ? Result<std::vector<int32_t>>(tok->encode(a->str("prompt", "Hello, Kestrel!"),
+  Result<std::vector<int32_t>> ids = tok ? Result<std::vector<int32_t>>(tok->encode(a->str("prompt"),
                                                                                      chat::SpecialMode::kAsText))
                                          : parse_id_list(a->str("prompt-ids"));
   if (!ids) return fail(ids.error());
   if (ids->empty()) return fail(invalid_argument("the prompt encodes to no tokens"));
-  auto max_tokens = a->integer("max-tokens", 16);
-  auto temp = a->number("temperature", 0.0);
-  auto top_k = a->integer("top-k", 0);
-  auto top_p = a->number("top-p", 1.0);
-  auto min_p = a->number("min-p", 0.0);
-  auto seed = a->integer("seed", 0);
-  auto chunk = a->integer("chunk", 512);
-  auto top_logits = a->integer("top-logits", 0);
-  Status bad;
-  auto chk = [&](const auto& r) {
-    if (!r && bad.is_ok()) bad = r.error();
-  };
-  chk(max_tokens), chk(temp), chk(top_k), chk(top_p), chk(min_p), chk(seed), chk(chunk), chk(top_logits);
-  if (!bad.is_ok()) return fail(bad);
-  if (*max_tokens < 0 || *temp < 0 || *top_k < 0 || *top_p <= 0 || *top_p > 1 || *min_p < 0 || *min_p > 1 ||
-      *chunk < 1 || *top_logits < 0)
-    return fail(invalid_argument("sampling flag out of range"));
 
   auto eng = Engine::load(dir);
   if (!eng) return fail(eng.error());

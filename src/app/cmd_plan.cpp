@@ -46,7 +46,7 @@ Result<plan::ClusterSpec> load_cluster(const std::string& spec) {
 
 Status apply_overrides(const Args& a, plan::ClusterSpec& c) {
   auto set_int = [&](const char* flag, auto& field, long long lo, long long hi) -> Status {
-    auto v = a.integer(flag, static_cast<long long>(field));
+    auto v = a.integer_or(flag, static_cast<long long>(field));
     if (!v) return v.error();
     if (*v < lo || *v > hi)
       return invalid_argument(std::string("--") + flag + ": " + std::to_string(*v) + " is outside " +
@@ -55,7 +55,7 @@ Status apply_overrides(const Args& a, plan::ClusterSpec& c) {
     return Status::ok();
   };
   auto set_num = [&](const char* flag, double& field, double lo, double hi) -> Status {
-    auto v = a.number(flag, field);
+    auto v = a.number_or(flag, field);
     if (!v) return v.error();
     if (!(*v >= lo && *v <= hi))
       return invalid_argument(std::string("--") + flag + ": must be in " + std::to_string(lo) + ".." + std::to_string(hi));
@@ -106,20 +106,16 @@ Status apply_overrides(const Args& a, plan::ClusterSpec& c) {
 
 int cmd_plan(const std::vector<std::string>& argv) {
   auto fail = [](const Status& s) { std::fprintf(stderr, "kestrel plan: %s\n", s.message().c_str()); return 1; };
-  auto a = Args::parse(argv,
-                       {"model", "cluster", "prefill-nodes", "decode-nodes", "gpus-per-node", "context", "tp", "ep",
-                        "dcp", "prefill-tp", "prefill-ep", "prefill-dcp", "decode-tp", "decode-ep", "decode-dcp",
-                        "batch", "mfu", "bw-efficiency", "memory-utilization", "reserve-gib", "kv-dtype",
-                        "expert-format", "w4a8-group-size", "expert-math"},
-                       {"json"});
-  if (!a) return fail(a.error());
-  if (!a->has("model")) return fail(invalid_argument("--model CONFIG (a checkpoint dir or config.json) is required"));
+  int exit_code = 0;
+  auto a = Args::parse("plan", argv, exit_code);
+  if (!a) return exit_code;
+  if (!a->has("model")) return usage_error("plan", invalid_argument("--model CONFIG (a checkpoint dir or config.json) is required"));
   auto cfg = load_config(a->str("model"));
   if (!cfg) return fail(cfg.error());
-  auto cluster = load_cluster(a->str("cluster", "h200"));
+  auto cluster = load_cluster(a->str("cluster"));
   if (!cluster) return fail(cluster.error());
   Status s = apply_overrides(*a, *cluster);
-  if (!s.is_ok()) return fail(s);
+  if (!s.is_ok()) return usage_error("plan", s);
   auto p = plan::make_plan(*cfg, a->str("model"), *cluster);
   if (!p) return fail(p.error());
   const std::string out = a->has("json") ? plan::plan_json(*p) : plan::plan_table(*p);

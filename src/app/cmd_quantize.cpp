@@ -1,51 +1,35 @@
 // kestrel quantize --model IN --out OUT [--group-size 32|64|128] [--quantize-lm-head]
 //                  [--report [--prompts N --prompt-len L]] [--json]
 // kestrel quantize --model IN --compare DIR [--prompts N --prompt-len L] [--json]
-// BF16 checkpoint → W4A8 (models/w4a8_quantizer.h); MXFP4 experts kept; progress on stderr.
+// BF16 checkpoint → W4A8 (models/w4a8_quantizer.h); MXFP4 experts kept; progress on a terminal.
 // --compare only runs the accuracy report of DIR (any checkpoint with IN's vocabulary) against IN.
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "app/args.h"
 #include "app/commands.h"
 #include "app/quant_report.h"
+#include "base/progress.h"
 #include "models/w4a8_quantizer.h"
 
 namespace kestrel::app {
-namespace {
-
-// One-line bar redrawn in place on a terminal; on a pipe, a line per 10 %.
-void draw_progress(size_t done, size_t total, const std::string& name) {
-  static int last_decile = -1;
-  const double f = total ? static_cast<double>(done) / static_cast<double>(total) : 1.0;
-  if (isatty(STDERR_FILENO)) {
-    const int width = 30, fill = static_cast<int>(f * width);
-    std::fprintf(stderr, "\r[%.*s%*s] %3d%% %zu/%zu %-60.60s", fill, "##############################", width - fill, "",
-                 static_cast<int>(f * 100), done, total, name.c_str());
-    if (done == total) std::fputc('\n', stderr);
-  } else if (static_cast<int>(f * 10) != last_decile) {
-    last_decile = static_cast<int>(f * 10);
-    std::fprintf(stderr, "kestrel quantize: %3d%% (%zu/%zu tensors)\n", last_decile * 10, done, total);
-  }
-}
-
-}  // namespace
 
 int cmd_quantize(const std::vector<std::string>& argv) {
   auto fail = [](const Status& s) { std::fprintf(stderr, "kestrel quantize: %s\n", s.message().c_str()); return 1; };
-  auto a = Args::parse(argv, {"model", "out", "compare", "group-size", "prompts", "prompt-len"}, {"report", "json", "quantize-lm-head"});
-  if (!a) return fail(a.error());
+  int exit_code = 0;
+  auto a = Args::parse("quantize", argv, exit_code);
+  if (!a) return exit_code;
   if (!a->has("model") || a->has("out") == a->has("compare"))
-    return fail(invalid_argument("--model DIR and one of --out DIR / --compare DIR are required"));
-  auto g = a->integer("group-size", 32);
-  auto np = a->integer("prompts", 8);
-  auto len = a->integer("prompt-len", 64);
-  if (!g || !np || !len) return fail(invalid_argument("--group-size, --prompts, --prompt-len must be integers"));
+    return usage_error("quantize", invalid_argument("--model DIR and one of --out DIR / --compare DIR are required"));
+  auto g = a->integer("group-size");
+  auto np = a->integer("prompts");
+  auto len = a->integer("prompt-len");
+  if (!g || !np || !len) return usage_error("quantize", invalid_argument("--group-size, --prompts, --prompt-len must be integers"));
+  if (*g != 32 && *g != 64 && *g != 128) return usage_error("quantize", invalid_argument("--group-size must be 32, 64 or 128"));
   if (*np < 1 || *np > 1024 || *len < 1 || *len > 8192)
-    return fail(invalid_argument("--prompts must be in 1..1024 and --prompt-len in 1..8192"));
+    return usage_error("quantize", invalid_argument("--prompts must be in 1..1024 and --prompt-len in 1..8192"));
   PromptSet set;
   set.prompts = static_cast<int>(*np), set.length = static_cast<int>(*len);
   auto report_json = [&](const std::string& ref, const std::string& q, nlohmann::json& j) -> Status {
@@ -72,7 +56,12 @@ int cmd_quantize(const std::vector<std::string>& argv) {
   opt.group_size = static_cast<int>(*g);
   opt.quantize_lm_head = a->has("quantize-lm-head");
   const auto t0 = std::chrono::steady_clock::now();
-  auto sum = quantize_checkpoint(opt, draw_progress);
+  std::optional<Progress> progress;  // created at the first callback, which knows the tensor count
+  auto sum = quantize_checkpoint(opt, [&](size_t done, size_t total, const std::string&) {
+    if (!progress) progress.emplace("quantizing " + opt.in_dir, 0, total);
+    progress->set(0, done);
+  });
+  progress.reset();
   if (!sum) return fail(sum.error());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   nlohmann::json j = {{"model", opt.in_dir}, {"out", opt.out_dir}, {"group_size", opt.group_size},

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 
 #include "app/args.h"
 #include "app/commands.h"
@@ -19,14 +20,31 @@
 
 namespace kestrel::app {
 
+namespace {
+// Once listening: the chat page's URL and a curl line that pastes as is (wildcard addresses shown as loopback).
+void print_ready(const std::string& address, uint16_t port, const std::string& model, bool with_key) {
+  std::string host = address == "0.0.0.0" ? "127.0.0.1" : address == "::" ? "::1" : address;
+  if (host.find(':') != std::string::npos) host = "[" + host + "]";
+  const std::string base = "http://" + host + ":" + std::to_string(port);
+  const nlohmann::json body = {{"model", model},
+                               {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                               {"max_tokens", 16}};
+  std::string quoted = body.dump();
+  for (size_t i = 0; (i = quoted.find('\'', i)) != std::string::npos; i += 4) quoted.replace(i, 1, "'\\''");
+  std::fprintf(stderr, "kestrel serve: ready. Chat page: %s/%s\n", base.c_str(),
+               with_key ? " (paste the API key into its key field)" : "");
+  std::fprintf(stderr, "kestrel serve: from a shell%s:\n", with_key ? " (with the key in $KESTREL_API_KEY)" : "");
+  std::fprintf(stderr, "curl -s %s/v1/chat/completions -H 'Content-Type: application/json'%s -d '%s'\n", base.c_str(),
+               with_key ? " -H \"Authorization: Bearer $KESTREL_API_KEY\"" : "", quoted.c_str());
+  std::fflush(stderr);
+}
+}  // namespace
+
 int cmd_serve(const std::vector<std::string>& argv) {
   auto fail = [](const Status& s) { std::fprintf(stderr, "kestrel serve: %s\n", s.message().c_str()); return 1; };
-  auto a = Args::parse(argv,
-                       {"model", "preset", "host", "port", "api-key", "served-model-name", "cache-mib", "max-running",
-                        "max-waiting", "max-batch-tokens", "prefill-chunk", "max-context", "page-tokens",
-                        "timeout-seconds", "drain-seconds", "http-threads", "max-body-mib"},
-                       {"quiet"});
-  if (!a) return fail(a.error());
+  int exit_code = 0;
+  auto a = Args::parse("serve", argv, exit_code);
+  if (!a) return exit_code;
   // Block the shutdown signals before any thread starts; the main thread waits for them below.
   sigset_t sigs;
   sigemptyset(&sigs);
@@ -34,23 +52,25 @@ int cmd_serve(const std::vector<std::string>& argv) {
   sigaddset(&sigs, SIGINT);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
+  long long port = 0, cache_mib = 0, max_running = 0, max_waiting = 0, batch = 0, chunk = 0, ctx = 0, page = 0,
+            timeout = 0, drain = 0, http_threads = 0, body_mib = 0;
+  for (auto [flag, dst, lo, hi] : std::initializer_list<std::tuple<const char*, long long*, long long, long long>>{
+           {"port", &port, 0, 65535}, {"cache-mib", &cache_mib, 16, 1 << 22},
+           {"max-running", &max_running, 1, 4096}, {"max-waiting", &max_waiting, 0, 1 << 20},
+           {"max-batch-tokens", &batch, 1, 1 << 20}, {"prefill-chunk", &chunk, 1, 1 << 20},
+           {"max-context", &ctx, 16, 1 << 24}, {"page-tokens", &page, 1, 1 << 16},
+           {"timeout-seconds", &timeout, 1, 1 << 24}, {"drain-seconds", &drain, 0, 3600},
+           {"http-threads", &http_threads, 1, 256}, {"max-body-mib", &body_mib, 1, 1024}}) {
+    auto v = a->integer(flag);
+    if (!v) return usage_error("serve", v.error());
+    if (*v < lo || *v > hi)
+      return usage_error("serve", invalid_argument(std::string("--") + flag + " must be in " + std::to_string(lo) +
+                                                   ".." + std::to_string(hi)));
+    *dst = *v;
+  }
   int rc = 0;
   const std::string dir = resolve_model_or_default(a->str("model"), !a->has("quiet"), rc, a->str("preset"));
   if (rc) return rc;
-  long long port = 0, cache_mib = 0, max_running = 0, max_waiting = 0, batch = 0, chunk = 0, ctx = 0, page = 0,
-            timeout = 0, drain = 0, http_threads = 0, body_mib = 0;
-  for (auto [flag, dst, dflt, lo, hi] : std::initializer_list<std::tuple<const char*, long long*, long long, long long, long long>>{
-           {"port", &port, 8000, 0, 65535}, {"cache-mib", &cache_mib, 2048, 16, 1 << 22},
-           {"max-running", &max_running, 16, 1, 4096}, {"max-waiting", &max_waiting, 256, 0, 1 << 20},
-           {"max-batch-tokens", &batch, 512, 1, 1 << 20}, {"prefill-chunk", &chunk, 256, 1, 1 << 20},
-           {"max-context", &ctx, 8192, 16, 1 << 24}, {"page-tokens", &page, 64, 1, 1 << 16},
-           {"timeout-seconds", &timeout, 600, 1, 1 << 24}, {"drain-seconds", &drain, 30, 0, 3600},
-           {"http-threads", &http_threads, 2, 1, 256}, {"max-body-mib", &body_mib, 8, 1, 1024}}) {
-    auto v = a->integer(flag, dflt);
-    if (!v) return fail(v.error());
-    if (*v < lo || *v > hi) return fail(invalid_argument(std::string("--") + flag + " out of range"));
-    *dst = *v;
-  }
   auto tok = chat::load_model_tokenizer(dir);
   if (!tok) return fail(tok.error());
   auto eng = Engine::load(dir);
@@ -68,12 +88,15 @@ int cmd_serve(const std::vector<std::string>& argv) {
   if (!sched) return fail(sched.error());
   K3ChatFormat format(*tok);
   server::ApiConfig ac;
-  ac.model_id = a->str("served-model-name", "kimi-k3");
-  ac.api_key = a->str("api-key", std::getenv("KESTREL_API_KEY") ? std::getenv("KESTREL_API_KEY") : "");
+  ac.model_id = a->str("served-model-name");
+  ac.model_root = dir;
+  ac.random_weights = !a->has("model");
+  const char* env_key = std::getenv("KESTREL_API_KEY");
+  ac.api_key = a->has("api-key") ? a->str("api-key") : env_key ? env_key : "";
   ac.request_timeout = std::chrono::seconds(timeout);
   server::ApiServer api(ac, **sched, *tok, format);
   server::HttpServerOptions ho;
-  ho.address = a->str("host", "127.0.0.1");
+  ho.address = a->str("host");
   ho.port = static_cast<uint16_t>(port);
   ho.threads = static_cast<int>(http_threads);
   ho.max_body_bytes = static_cast<size_t>(body_mib) << 20;
@@ -85,7 +108,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   std::fprintf(stderr, "kestrel serve: model %s (%s) on http://%s:%u%s, %s kernels\n", ac.model_id.c_str(), dir.c_str(),
                ho.address.c_str(), static_cast<unsigned>(http.port()), ac.api_key.empty() ? "" : " (API key required)",
                fast ? "fast (approximate)" : "exact");
-  std::fflush(stderr);
+  print_ready(ho.address, http.port(), ac.model_id, !ac.api_key.empty());
   int sig = 0;
   sigwait(&sigs, &sig);
   std::fprintf(stderr, "kestrel serve: %s received, draining (up to %llds)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", drain);

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <unistd.h>
 
+#include "base/progress.h"
 #include "chat/model_tokenizer.h"
 #include "models/checkpoint_generator.h"
 
@@ -35,7 +36,10 @@ Result<std::string> ensure_preset_model(const std::string& preset, bool verbose)
   const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
   std::error_code ec;
   fs::remove_all(tmp, ec);
-  KESTREL_RETURN_IF_ERROR(generate_checkpoint(*spec, tmp.string()));
+  {
+    Progress progress("generating " + preset, 0, 0);
+    KESTREL_RETURN_IF_ERROR(generate_checkpoint(*spec, tmp.string(), &progress));
+  }
   if (spec->vocab >= 512 && spec->vocab <= 66048)
     KESTREL_RETURN_IF_ERROR(chat::write_synthetic_k3_tokenizer(tmp.string(), spec->vocab));
   std::ofstream(tmp / ".complete") << kGeneratorVersion << "\n";

@@ -138,8 +138,17 @@ Status GgufWeights::error(const std::string& gguf_name, const std::string& what)
 
 const GgufTensorInfo* GgufWeights::find(const std::string& gguf_name) {
   const GgufTensorInfo* t = file_.header().tensor(gguf_name);
-  if (t != nullptr) used_.insert(gguf_name);
+  if (t != nullptr && used_.insert(gguf_name).second && progress_) {
+    progress_->advance(t->nbytes);
+    if (used_.size() == file_.header().tensors.size()) progress_.reset();
+  }
   return t;
+}
+
+void GgufWeights::show_progress(const std::string& label) {
+  uint64_t bytes = 0;
+  for (const auto& t : file_.header().tensors) bytes += t.nbytes;
+  progress_ = std::make_unique<Progress>(label, bytes, file_.header().tensors.size());
 }
 
 // A [out, in] matrix view starting at row `row0` of tensor t (rows of ne[0] = in elements).

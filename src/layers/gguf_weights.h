@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "base/progress.h"
 #include "base/result.h"
 #include "kernels/cpu/linear.h"
 #include "loader/gguf.h"
@@ -51,6 +52,9 @@ class GgufWeights {
   Result<TensorView> get(const std::string& hf_name, const std::vector<int64_t>& shape);
   // GGUF tensors never consumed.
   std::vector<std::string> unused() const;
+  // Binding progress on a terminal (base/progress.h), as Checkpoint::show_progress.
+  void show_progress(const std::string& label);
+  void finish_progress() { progress_.reset(); }
 
  private:
   const GgufTensorInfo* find(const std::string& gguf_name);
@@ -62,6 +66,7 @@ class GgufWeights {
   GgufFile file_;
   std::set<std::string> used_;
   std::deque<std::vector<float>> owned_;  // transformed copies (stable addresses)
+  std::unique_ptr<Progress> progress_;
 };
 
 }  // namespace kestrel

@@ -93,7 +93,10 @@ Status Checkpoint::expect(const std::string& name, const std::vector<DType>& dty
   if (!shape.empty() && e.shape != shape)
     return corrupt(f.path() + ": tensor '" + name + "' has shape " + shape_str(e.shape) + ", expected " +
                    shape_str(shape));
-  used_.insert(name);
+  if (used_.insert(name).second && progress_) {
+    progress_->advance(e.end - e.begin);
+    if (used_.size() == tensors_.size()) progress_.reset();
+  }
   return Status::ok();
 }
 
@@ -112,6 +115,12 @@ Result<TensorView> Checkpoint::get(const std::string& name, const std::vector<DT
     v.data = aligned_copies_.back().get();
   }
   return v;
+}
+
+void Checkpoint::show_progress(const std::string& label) {
+  uint64_t bytes = 0;
+  for (const auto& [name, loc] : tensors_) bytes += loc.entry->end - loc.entry->begin;
+  progress_ = std::make_unique<Progress>(label, bytes, tensors_.size());
 }
 
 std::vector<std::string> Checkpoint::names() const {

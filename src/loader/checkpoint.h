@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/progress.h"
 #include "base/result.h"
 #include "loader/safetensors.h"
 
@@ -35,6 +36,10 @@ class Checkpoint {
   // Where a tensor lives, for error messages.
   std::string file_of(const std::string& name) const;
   size_t size() const { return tensors_.size(); }
+  // Shows binding progress on a terminal (base/progress.h): tensors and bytes fetched through get()/expect()
+  // of the checkpoint's totals. The line ends when every tensor is used, at finish_progress() or at destruction.
+  void show_progress(const std::string& label);
+  void finish_progress() { progress_.reset(); }
 
  private:
   struct Loc {
@@ -46,6 +51,7 @@ class Checkpoint {
   std::map<std::string, Loc> tensors_;
   std::set<std::string> used_;
   std::vector<std::unique_ptr<uint64_t[]>> aligned_copies_;
+  std::unique_ptr<Progress> progress_;
 };
 
 }  // namespace kestrel

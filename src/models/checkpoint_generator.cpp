@@ -335,8 +335,8 @@ Result<GenSpec> gen_preset(const std::string& name) {
   return invalid_argument("unknown model preset '" + name + "'");
 }
 
-Status generate_checkpoint(const GenSpec& s, const std::string& dir) {
-  if (s.arch == "deepseek_v3" || s.arch == "deepseek_v32") return generate_deepseek_checkpoint(s, dir);
+Status generate_checkpoint(const GenSpec& s, const std::string& dir, Progress* progress) {
+  if (s.arch == "deepseek_v3" || s.arch == "deepseek_v32") return generate_deepseek_checkpoint(s, dir, progress);
   if (s.arch != "kimi_k3" && s.arch != "kimi_linear") return invalid_argument("arch must be kimi_k3 or kimi_linear");
   if ((s.arch == "kimi_k3" ? s.latent : s.hidden) % 32 != 0 || s.moe_inter % 32 != 0)
     if (s.mxfp4_experts) return invalid_argument("MXFP4 experts need dims that are multiples of 32");
@@ -345,7 +345,7 @@ Status generate_checkpoint(const GenSpec& s, const std::string& dir) {
   if (ec) return io_error(dir + ": cannot create: " + ec.message());
   const bool k3 = s.arch == "kimi_k3";
   const std::string root = std::string(k3 ? "language_model." : "") + "model.";
-  Writer w(s);
+  Writer w(s, progress);
   w.bf16(root + "embed_tokens.weight", {s.vocab, s.hidden}, 1.0f);
   for (int l = 0; l < s.layers; ++l) {
     const std::string p = root + "layers." + std::to_string(l) + ".";
@@ -377,7 +377,7 @@ Status generate_checkpoint(const GenSpec& s, const std::string& dir) {
   const json vision = k3 ? vision_config(s) : json();
   if (k3) KESTREL_RETURN_IF_ERROR(write_vision(w, vision));
 
-  KESTREL_RETURN_IF_ERROR(gen_detail::write_shards(w.tensors, s.shards, dir));
+  KESTREL_RETURN_IF_ERROR(gen_detail::write_shards(w.tensors, s.shards, dir, progress));
 
   json cfg;
   if (k3) {

@@ -55,7 +55,10 @@ struct GenSpec {
 Result<GenSpec> gen_preset(const std::string& name);
 std::vector<std::string> gen_preset_names();
 
-// Writes config.json + shards + index into `dir` (created if missing).
-Status generate_checkpoint(const GenSpec& spec, const std::string& dir);
+class Progress;
+
+// Writes config.json + shards + index into `dir` (created if missing). `progress` (optional) counts the
+// tensors generated, then restarts for the bytes written.
+Status generate_checkpoint(const GenSpec& spec, const std::string& dir, Progress* progress = nullptr);
 
 }  // namespace kestrel

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/progress.h"
 #include "base/result.h"
 #include "loader/safetensors.h"
 #include "models/checkpoint_generator.h"
@@ -47,7 +48,7 @@ inline uint64_t name_seed(uint64_t seed, const std::string& name) {
 
 class Writer {
  public:
-  Writer(const GenSpec& s) : spec_(s) {}
+  Writer(const GenSpec& s, Progress* progress = nullptr) : spec_(s), progress_(progress) {}
   std::vector<TensorToWrite> tensors;
 
   void bf16(const std::string& name, std::vector<int64_t> shape, float scale, float offset = 0.0f) {
@@ -91,9 +92,11 @@ class Writer {
     TensorToWrite t{name, dt, std::move(shape), std::vector<uint8_t>(static_cast<size_t>(n * dtype_size(dt)))};
     Rng r(name_seed(spec_.seed, name));
     fill(r, t.bytes, n);
+    if (progress_) progress_->advance(t.bytes.size());
     tensors.push_back(std::move(t));
   }
   const GenSpec& spec_;
+  Progress* progress_;
 };
 
 // Nearest float8_e4m3fn code (ties to the even code) for |x| ≤ 448; sign in bit 7.
@@ -148,10 +151,12 @@ inline void fp8_block_linear(Writer& w, const std::string& name, int64_t out, in
 }
 
 // Shards: contiguous runs of tensors, balanced by bytes; plus model.safetensors.index.json.
-inline Status write_shards(std::vector<TensorToWrite>& tensors, int num_shards, const std::string& dir) {
+inline Status write_shards(std::vector<TensorToWrite>& tensors, int num_shards, const std::string& dir,
+                           Progress* progress = nullptr) {
   // Shards: contiguous runs of tensors, balanced by bytes.
   uint64_t total = 0;
   for (const auto& t : tensors) total += t.bytes.size();
+  if (progress) progress->restart("writing " + dir, total, tensors.size());
   const int shards = std::max(1, num_shards);
   json weight_map = json::object();
   std::vector<TensorToWrite> cur;
@@ -170,6 +175,7 @@ inline Status write_shards(std::vector<TensorToWrite>& tensors, int num_shards, 
     if (last || (idx + 1 < shards && acc >= total * static_cast<uint64_t>(idx + 1) / static_cast<uint64_t>(shards))) {
       KESTREL_RETURN_IF_ERROR(write_safetensors((fs::path(dir) / shard_name(idx)).string(), cur, {{"format", "pt"}}));
       cur.clear();
+      if (progress) progress->set(acc, i + 1);
       ++idx;
     }
   }
@@ -184,5 +190,5 @@ inline Status write_shards(std::vector<TensorToWrite>& tensors, int num_shards, 
 
 namespace kestrel {
 // deepseek_checkpoint.cpp: spec.arch "deepseek_v3" / "deepseek_v32".
-Status generate_deepseek_checkpoint(const GenSpec& spec, const std::string& dir);
+Status generate_deepseek_checkpoint(const GenSpec& spec, const std::string& dir, Progress* progress);
 }  // namespace kestrel

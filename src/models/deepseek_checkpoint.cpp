@@ -88,13 +88,13 @@ json deepseek_config(const GenSpec& s) {
 
 }  // namespace
 
-Status generate_deepseek_checkpoint(const GenSpec& s, const std::string& dir) {
+Status generate_deepseek_checkpoint(const GenSpec& s, const std::string& dir, Progress* progress) {
   if (s.first_k_dense > s.layers || s.experts % s.n_group != 0 || s.rope % 2 != 0)
     return invalid_argument("deepseek spec: first_k_dense ≤ layers, n_group | experts, even rope dim");
   std::error_code ec;
   gen_detail::fs::create_directories(dir, ec);
   if (ec) return io_error(dir + ": cannot create: " + ec.message());
-  Writer w(s);
+  Writer w(s, progress);
   DsWriter d{w, s};
   w.bf16("model.embed_tokens.weight", {s.vocab, s.hidden}, 1.0f);
   for (int l = 0; l < s.layers; ++l) {
@@ -114,7 +114,7 @@ Status generate_deepseek_checkpoint(const GenSpec& s, const std::string& dir) {
   }
   w.norm("model.norm.weight", s.hidden);
   w.linear("lm_head", s.vocab, s.hidden);
-  KESTREL_RETURN_IF_ERROR(gen_detail::write_shards(w.tensors, s.shards, dir));
+  KESTREL_RETURN_IF_ERROR(gen_detail::write_shards(w.tensors, s.shards, dir, progress));
   std::ofstream(gen_detail::fs::path(dir) / "config.json") << deepseek_config(s).dump(2) << "\n";
   return Status::ok();
 }

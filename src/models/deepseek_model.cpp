@@ -15,9 +15,11 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::string& di
   auto m = std::unique_ptr<DeepseekModel>(new DeepseekModel());
   m->cfg_ = std::move(*cfg);
   m->ckpt_ = std::make_unique<Checkpoint>(std::move(*ck));
+  m->ckpt_->show_progress("loading " + dir);
   Binder b(*m->ckpt_);
   KESTREL_RETURN_IF_ERROR(m->bind(b));
   KESTREL_RETURN_IF_ERROR(m->skip_mtp_layers());
+  m->ckpt_->finish_progress();
   const auto unused = m->ckpt_->unused();
   if (!unused.empty())
     return corrupt(m->ckpt_->file_of(unused.front()) + ": unexpected tensor '" + unused.front() + "' (" +

@@ -34,6 +34,7 @@ Result<std::unique_ptr<KimiModel>> KimiModel::load(const std::string& dir) {
   auto m = std::unique_ptr<KimiModel>(new KimiModel());
   m->cfg_ = std::move(*cfg);
   m->ckpt_ = std::make_unique<Checkpoint>(std::move(*ck));
+  m->ckpt_->show_progress("loading " + dir);
   Binder b(*m->ckpt_);
   b.set_int4_group_size(m->cfg_.text.int4_group_size);
   KESTREL_RETURN_IF_ERROR(m->bind(b));
@@ -49,6 +50,7 @@ Result<std::unique_ptr<KimiModel>> KimiModel::load(const std::string& dir) {
       m->load_notes_.push_back(note);
     }
   }
+  m->ckpt_->finish_progress();
   const auto unused = m->ckpt_->unused();
   if (!unused.empty())
     return corrupt(m->ckpt_->file_of(unused.front()) + ": unexpected tensor '" + unused.front() + "' (" +
@@ -64,8 +66,10 @@ Result<std::unique_ptr<KimiModel>> KimiModel::load_gguf(const std::string& path)
   auto m = std::unique_ptr<KimiModel>(new KimiModel());
   m->cfg_ = std::move(*cfg);
   m->gguf_ = std::move(*g);
+  m->gguf_->show_progress("loading " + path);
   Binder b(*m->gguf_);
   KESTREL_RETURN_IF_ERROR(m->bind(b));
+  m->gguf_->finish_progress();
   const auto unused = m->gguf_->unused();
   if (!unused.empty())
     return corrupt(path + ": unexpected tensor '" + unused.front() + "' (" + std::to_string(unused.size()) +

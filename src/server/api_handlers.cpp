@@ -7,6 +7,7 @@
 #include "chat/stream_decoder.h"
 #include "server/completion_job.h"
 #include "server/metrics_text.h"
+#include "server/web_assets.h"
 
 namespace kestrel::server {
 
@@ -54,6 +55,14 @@ bool valid_ids(const chat::Tokenizer& tok, const std::vector<int32_t>& ids) {
   return true;
 }
 
+// The chat page's files are public (the page asks for the key itself); everything else needs the key.
+bool is_web_asset(const HttpRequest& req) {
+  if (req.method != "GET") return false;
+  for (const WebAsset& a : web_assets())
+    if (req.path == a.path) return true;
+  return false;
+}
+
 }  // namespace
 
 ApiServer::ApiServer(ApiConfig config, EngineService& engine, const chat::Tokenizer& tokenizer,
@@ -67,7 +76,7 @@ ApiServer::ApiServer(ApiConfig config, EngineService& engine, const chat::Tokeni
 std::shared_ptr<Router> ApiServer::make_router() const {
   auto r = std::make_shared<Router>();
   r->set_filter([this](const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) {
-    if (req.path != "/health" && req.path != "/health/ready" && !authorized(req)) {
+    if (req.path != "/health" && req.path != "/health/ready" && !is_web_asset(req) && !authorized(req)) {
       ApiError e{401, "Invalid or missing API key (Authorization: Bearer ...)", "authentication_error", {},
                  "invalid_api_key"};
       HttpResponse resp{401, "application/json", e.body(), {{"WWW-Authenticate", "Bearer"}}};
@@ -97,6 +106,15 @@ std::shared_ptr<Router> ApiServer::make_router() const {
   });
   r->add("POST", "/tokenize", [this](auto& q, auto ex) { tokenize(q, ex); });
   r->add("POST", "/detokenize", [this](auto& q, auto ex) { detokenize(q, ex); });
+  for (const WebAsset& a : web_assets()) {
+    r->add("GET", std::string(a.path), [a](const HttpRequest&, std::shared_ptr<HttpExchange> ex) {
+      ex->respond(HttpResponse{200, std::string(a.content_type), std::string(a.body),
+                               {{"Content-Security-Policy", std::string(kWebCsp)},
+                                {"X-Content-Type-Options", "nosniff"},
+                                {"Referrer-Policy", "no-referrer"},
+                                {"Cache-Control", "no-cache"}}});
+    });
+  }
   return r;
 }
 
@@ -200,6 +218,8 @@ void ApiServer::generate(const std::shared_ptr<HttpExchange>& ex, bool chat, std
 void ApiServer::models(const HttpRequest&, const std::shared_ptr<HttpExchange>& ex) const {
   json m = {{"id", config_.model_id}, {"object", "model"}, {"created", created_}, {"owned_by", "kestrel"},
             {"max_model_len", engine_.max_context()}};
+  if (!config_.model_root.empty()) m["root"] = config_.model_root;
+  if (config_.random_weights) m["random_weights"] = true;
   send_json(ex, 200, json{{"object", "list"}, {"data", json::array({m})}});
 }
 

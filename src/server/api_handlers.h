@@ -1,10 +1,11 @@
 // The OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize,
-// /health, /health/ready (or /health?ready), /metrics, /reset_prefix_cache (admin: drops the prefix cache).
+// /health, /health/ready (or /health?ready), /metrics, /reset_prefix_cache (admin: drops the prefix cache), and
+// the chat page at / (server/web_assets.h).
 //
-// Every route except /health* requires `Authorization: Bearer <api_key>` when api_key is set (401 otherwise;
-// constant-time compare). Handlers validate, render / tokenize on the calling I/O thread and hand generation to
-// a CompletionJob. ApiServer holds references: the engine, tokenizer and format must outlive it, and it must
-// outlive the HttpServer using its router. Thread-safe (immutable after construction).
+// Every route except /health* and the chat page's files requires `Authorization: Bearer <api_key>` when api_key
+// is set (401 otherwise; constant-time compare). Handlers validate, render / tokenize on the calling I/O thread and
+// hand generation to a CompletionJob. ApiServer holds references: the engine, tokenizer and format must outlive
+// it, and it must outlive the HttpServer using its router. Thread-safe (immutable after construction).
 #pragma once
 
 #include <chrono>
@@ -22,6 +23,8 @@ namespace kestrel::server {
 struct ApiConfig {
   std::string model_id = "kimi-k3";
   std::string api_key;  // empty → no authentication
+  std::string model_root;       // where the model was loaded from: /v1/models "root" (empty → omitted)
+  bool random_weights = false;  // a generated model: /v1/models says "random_weights": true
   std::chrono::milliseconds request_timeout{600'000};  // per generation request (GenerationRequest::deadline)
   SchemaLimits limits;  // served_model is set from model_id
 };

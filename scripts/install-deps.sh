@@ -4,7 +4,8 @@ set -euo pipefail
 pkgs=(build-essential g++ cmake make pkg-config ccache
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libpcre2-dev libboost-dev
       clang-14 libclang-rt-14-dev libomp-14-dev
-      python3 python3-venv python3-pip curl)
+      python3 python3-venv python3-pip curl
+      wamerican)  # /usr/share/dict/words: the default model's word test (tests/integration/test_default_model.py)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

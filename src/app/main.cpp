@@ -27,7 +27,7 @@ void usage() {
                "  quantize   --model IN --out OUT [--group-size 32|64|128] [--quantize-lm-head]\n"
                "             [--report [--prompts 8 --prompt-len 64]] [--json]\n"
                "  quantize   --model REF --compare DIR [--prompts 8 --prompt-len 64] [--json]   (report only)\n"
-               "With no command, kestrel runs `generate` on the embedded default model (random weights).\n"
+               "With no command, kestrel runs `generate` on the shipped default model (small, trained; models/default).\n"
                "Environment: KESTREL_ISA=scalar|avx2|avx512vnni|amx forces the int8 kernel path;\n"
                "KESTREL_MXFP4_INT8=1 runs MXFP4 experts with int8 activations (faster, approximate);\n"
                "KESTREL_W4A8_WEIGHT_ONLY=1 runs W4A8 weights with fp32 activations (accuracy studies).\n"

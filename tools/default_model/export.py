@@ -183,10 +183,12 @@ def config_json(cfg):
             "text_config": text, "vision_config": vision}
 
 
-def export(cfg, sd, out, vocab_dir, shards=3):
+def export(cfg, sd, out, vocab_dir, shards=3, bf16_experts=False):
     tensors = []
     for name, t in released_tensors(cfg, sd):
-        if isinstance(t, tuple):
+        if isinstance(t, tuple) and bf16_experts:  # comparison checkpoint (kestrel quantize --compare)
+            tensors.append((name + ".weight", t[1].to(torch.bfloat16).contiguous()))
+        elif isinstance(t, tuple):
             packed, scale = mxfp4_quantize(t[1].float())
             tensors += [(name + ".weight_packed", packed), (name + ".weight_scale", scale)]
         elif name.endswith(F32_SUFFIXES):
@@ -212,25 +214,15 @@ def export(cfg, sd, out, vocab_dir, shards=3):
     with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
         f.write("\n")
+    cj = config_json(cfg)
+    if bf16_experts:
+        del cj["text_config"]["quantization_config"]
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(config_json(cfg), f, indent=2)
+        json.dump(cj, f, indent=2)
         f.write("\n")
     for f in ("tiktoken.model", "tokenizer_config.json"):
         shutil.copy(os.path.join(vocab_dir, f), os.path.join(out, f))
     return total
-
-
-def load_exported(d, dequantize=True):
-    """(Config-free) fp32 state dict of k3torch.K3Model from an exported directory: experts dequantized from
-    MXFP4 (dequantize=True) — the exact values Kestrel multiplies with."""
-    from safetensors import safe_open
-    raw = {}
-    for f in sorted(os.listdir(d)):
-        if f.endswith(".safetensors"):
-            with safe_open(os.path.join(d, f), "pt") as st:
-                for k in st.keys():
-                    raw[k] = st.get_tensor(k)
-    return raw
 
 
 def main():
@@ -239,9 +231,11 @@ def main():
     ap.add_argument("--vocab", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--shards", type=int, default=3)
+    ap.add_argument("--bf16-experts", action="store_true",
+                    help="routed experts in bf16 (not the shipped form: the reference for kestrel quantize --compare)")
     a = ap.parse_args()
     cfg, sd = load_weights(a.weights)
-    total = export(cfg, sd, a.out, a.vocab, a.shards)
+    total = export(cfg, sd, a.out, a.vocab, a.shards, a.bf16_experts)
     print(f"export: {total / 1e6:.1f} MB of tensors -> {a.out}")
 
 

@@ -6,6 +6,7 @@ pkgs=(build-essential g++ cmake make pkg-config ccache
       clang-14 libclang-rt-14-dev libomp-14-dev
       libssl-dev
       python3 python3-venv python3-pip curl
+      wamerican  # /usr/share/dict/words: the default model's word test (tests/integration/test_default_model.py)
       chromium)  # headless, for the chat page test (tests/integration/test_chat_page.py)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command on a fresh Debian machine: install what is needed, build, and run the main job —
-# `kestrel serve` (OpenAI-compatible API on http://127.0.0.1:8000) — on the embedded default model (a small
-# K3-architecture checkpoint with RANDOM weights, generated once). Arguments replace the default
+# `kestrel serve` (OpenAI-compatible API on http://127.0.0.1:8000) — on the shipped default model (a small
+# trained K3-architecture checkpoint, models/default). Arguments replace the default
 # command, e.g. `scripts/quickstart.sh generate --prompt "Hello"` or `scripts/quickstart.sh chat`.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -17,15 +17,20 @@ namespace kestrel::app {
 std::string resolve_model_or_default(const std::string& model_flag, bool verbose, int& rc, const std::string& preset) {
   rc = 0;
   if (!model_flag.empty()) return model_flag;
-  auto d = ensure_preset_model(preset.empty() ? "k3-default" : preset, verbose);
+  auto d = preset.empty() ? default_model_dir() : ensure_preset_model(preset, verbose);
   if (!d) {
     std::fprintf(stderr, "kestrel: %s\n", d.error().message().c_str());
     rc = 1;
     return "";
   }
-  if (verbose) std::fprintf(stderr, "kestrel: no --model given: using the generated '%s' K3-architecture model "
-                                    "(RANDOM weights: the output is not meaningful text)\n",
-                            preset.empty() ? "k3-default" : preset.c_str());
+  if (verbose) {
+    if (preset.empty())
+      std::fprintf(stderr, "kestrel: no --model given: using the shipped default model %s (a small trained "
+                           "K3-architecture model, tools/default_model/)\n", d->c_str());
+    else
+      std::fprintf(stderr, "kestrel: using the generated '%s' K3-architecture model (RANDOM weights: the output "
+                           "is not meaningful text)\n", preset.c_str());
+  }
   return *d;
 }
 

@@ -16,8 +16,8 @@ int cmd_serve(const std::vector<std::string>& args);
 int cmd_quantize(const std::vector<std::string>& args);
 int cmd_plan(const std::vector<std::string>& args);
 
-// Resolves --model (a checkpoint dir), else --preset (a generated model, cached), else the embedded
-// default (preset k3-default).
+// Resolves --model (a checkpoint dir), else --preset (a generated random-weight model, cached), else the
+// shipped trained default model (default_model_dir()).
 std::string resolve_model_or_default(const std::string& model_flag, bool verbose, int& rc,
                                      const std::string& preset = "");
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <unistd.h>
+#include <vector>
 
 #include "base/progress.h"
 #include "chat/model_tokenizer.h"
@@ -22,7 +23,35 @@ fs::path cache_root() {
 }
 // Bump when the generator's output changes so stale caches are rebuilt.
 constexpr const char* kGeneratorVersion = "3";
+bool is_model_dir(const fs::path& d) {
+  std::error_code ec;
+  return fs::is_regular_file(d / "config.json", ec) && fs::is_regular_file(d / "tiktoken.model", ec);
+}
 }  // namespace
+
+Result<std::string> default_model_dir() {
+  if (const char* d = std::getenv("KESTREL_DEFAULT_MODEL"); d && *d) {
+    if (!is_model_dir(d)) return not_found(std::string("$KESTREL_DEFAULT_MODEL=") + d + ": no config.json + tiktoken.model there");
+    return std::string(d);
+  }
+  std::vector<fs::path> tried;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    tried.push_back(exe.parent_path() / "default-model");
+    tried.push_back(exe.parent_path().parent_path() / "share" / "kestrel" / "default-model");
+  }
+#ifdef KESTREL_SOURCE_DEFAULT_MODEL
+  tried.push_back(KESTREL_SOURCE_DEFAULT_MODEL);
+#endif
+  std::string where;
+  for (const fs::path& d : tried) {
+    if (is_model_dir(d)) return d.string();
+    where += (where.empty() ? "" : ", ") + d.string();
+  }
+  return not_found("the shipped default model was not found (looked in: " + where +
+                   "); pass --model DIR, set KESTREL_DEFAULT_MODEL, or use --preset k3-default for a random-weight one");
+}
 
 Result<std::string> ensure_preset_model(const std::string& preset, bool verbose) {
   auto spec = gen_preset(preset);

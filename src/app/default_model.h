@@ -1,5 +1,6 @@
-// The embedded default: a small K3-architecture checkpoint with RANDOM weights, generated once into
-// the user cache directory so every command runs on a fresh machine without downloads.
+// The default model: a small trained K3-architecture checkpoint shipped with the source (models/default,
+// tools/default_model/), loaded as it is. Presets (k3-default, k3-tiny, ...) are RANDOM-weight checkpoints,
+// generated once into the user cache directory (tests, benchmarks, `make-model`).
 #pragma once
 
 #include <string>
@@ -7,6 +8,10 @@
 #include "base/result.h"
 
 namespace kestrel::app {
+
+// Directory of the shipped default model: $KESTREL_DEFAULT_MODEL if set, else default-model/ or
+// ../share/kestrel/default-model/ next to the running binary, else the source tree's models/default.
+Result<std::string> default_model_dir();
 
 // Returns the directory of the preset's checkpoint, generating it on first use
 // ($KESTREL_CACHE_DIR, else $XDG_CACHE_HOME/kestrel, else ~/.cache/kestrel).

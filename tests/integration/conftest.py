@@ -1,5 +1,7 @@
-"""Fixtures: a real `kestrel serve` process on loopback with the embedded default model (random
-weights, K3 architecture and tokenizer format). The binary comes from $KESTREL_BINARY."""
+"""Fixtures: a real `kestrel serve` process on loopback. The HTTP tests exercise serving mechanics
+(streaming, seeds, limits, draining) and were written around a near-flat random model, so the server runs the
+random-weight preset k3-default (K3 architecture and tokenizer format) unless a test passes its own model;
+test_default_model.py covers the shipped trained default. The binary comes from $KESTREL_BINARY."""
 import os
 import socket
 import subprocess
@@ -17,7 +19,7 @@ def free_port():
 
 
 class Server:
-    def __init__(self, extra_args=(), api_key=None):
+    def __init__(self, extra_args=(), api_key=None, model_args=("--preset", "k3-default")):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
@@ -25,7 +27,7 @@ class Server:
         cache = os.environ.get("KESTREL_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "kestrel-it-cache")
         env = dict(os.environ, KESTREL_CACHE_DIR=cache, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         args = [binary, "serve", "--quiet", "--port", str(self.port), "--cache-mib", "256", "--max-context", "2048",
-                *extra_args]
+                *model_args, *extra_args]
         if api_key:
             args += ["--api-key", api_key]
         self.log = tempfile.NamedTemporaryFile(prefix="kestrel-serve-", suffix=".log", delete=False)

@@ -5,7 +5,7 @@
 namespace kestrel::app {
 
 namespace {
-const FlagSpec kModel{"model", "DIR", "", "checkpoint directory or GGUF file (none: the generated model of --preset)"};
+const FlagSpec kModel{"model", "DIR", "", "checkpoint directory or GGUF file (none: the shipped default, or --preset)"};
 const FlagSpec kQuiet{"quiet", "", "", "no notes on stderr (default model, load notes)"};
 }  // namespace
 
@@ -36,6 +36,10 @@ const std::vector<CommandSpec>& command_specs() {
         {"prefill-chunk", "N", "256", "prompt tokens prefilled per step and sequence"},
         {"max-context", "N", "8192", "longest prompt + completion, tokens"},
         {"page-tokens", "N", "64", "tokens per MLA cache page"},
+        {"no-prefix-cache", "", "", "recompute every prompt (by default cached prompt prefixes are reused)"},
+        {"prefix-cache-snapshot-mib", "N", "256", "memory for the prefix cache's KDA state snapshots, MiB"},
+        {"prefix-cache-generation-snapshots", "", "",
+         "also keep the state at each generation end: deeper hits, not bit-equal to a cold run"},
         {"timeout-seconds", "N", "600", "limit on one generation request"},
         {"drain-seconds", "N", "30", "time in-flight requests get to finish after SIGTERM"},
         {"http-threads", "N", "2", "HTTP I/O threads"},

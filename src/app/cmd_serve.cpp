@@ -3,9 +3,11 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "app/args.h"
@@ -21,6 +23,30 @@
 namespace kestrel::app {
 
 namespace {
+// What besides the tokens decides whether cached state can be reused: the model files (path, name, size,
+// modification time of each) and the kernels mode; the scheduler adds the page size and cache dtype. The
+// prefix cache lives in this process only, so this separates everything one process can serve; a store
+// shared across processes or restarts would need a digest of the weights themselves.
+std::string cache_fingerprint(const std::string& model, bool fast) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string f = "model=" + fs::weakly_canonical(model, ec).string();
+  std::vector<fs::path> files;
+  if (fs::is_directory(model, ec)) {
+    for (const auto& e : fs::directory_iterator(model, ec))
+      if (e.is_regular_file(ec)) files.push_back(e.path());
+  } else {
+    files.push_back(model);
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& p : files) {
+    const auto size = fs::file_size(p, ec);
+    const auto mtime = fs::last_write_time(p, ec).time_since_epoch().count();
+    f += "|" + p.filename().string() + ":" + std::to_string(size) + ":" + std::to_string(mtime);
+  }
+  return f + (fast ? "|kernels=fast" : "|kernels=exact");
+}
+
 // Once listening: the chat page's URL and a curl line that pastes as is (wildcard addresses shown as loopback).
 void print_ready(const std::string& address, uint16_t port, const std::string& model, bool with_key) {
   std::string host = address == "0.0.0.0" ? "127.0.0.1" : address == "::" ? "::1" : address;
@@ -53,14 +79,15 @@ int cmd_serve(const std::vector<std::string>& argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   long long port = 0, cache_mib = 0, max_running = 0, max_waiting = 0, batch = 0, chunk = 0, ctx = 0, page = 0,
-            timeout = 0, drain = 0, http_threads = 0, body_mib = 0;
+            timeout = 0, drain = 0, http_threads = 0, body_mib = 0, snapshot_mib = 0;
   for (auto [flag, dst, lo, hi] : std::initializer_list<std::tuple<const char*, long long*, long long, long long>>{
            {"port", &port, 0, 65535}, {"cache-mib", &cache_mib, 16, 1 << 22},
            {"max-running", &max_running, 1, 4096}, {"max-waiting", &max_waiting, 0, 1 << 20},
            {"max-batch-tokens", &batch, 1, 1 << 20}, {"prefill-chunk", &chunk, 1, 1 << 20},
            {"max-context", &ctx, 16, 1 << 24}, {"page-tokens", &page, 1, 1 << 16},
            {"timeout-seconds", &timeout, 1, 1 << 24}, {"drain-seconds", &drain, 0, 3600},
-           {"http-threads", &http_threads, 1, 256}, {"max-body-mib", &body_mib, 1, 1024}}) {
+           {"http-threads", &http_threads, 1, 256}, {"max-body-mib", &body_mib, 1, 1024},
+           {"prefix-cache-snapshot-mib", &snapshot_mib, 0, 1 << 22}}) {
     auto v = a->integer(flag);
     if (!v) return usage_error("serve", v.error());
     if (*v < lo || *v > hi)
@@ -84,6 +111,14 @@ int cmd_serve(const std::vector<std::string>& argv) {
   sc.cache.budget_bytes = cache_mib << 20;
   sc.cache.max_slots = static_cast<int>(max_running);
   sc.cache.page_tokens = page;
+  sc.prefix_cache = !a->has("no-prefix-cache");
+  sc.prefix.snapshot_budget_bytes = snapshot_mib << 20;
+  sc.prefix.generation_snapshots = a->has("prefix-cache-generation-snapshots");
+  sc.cache_fingerprint = cache_fingerprint(dir, kernels::bf16_acts_opt_in() || kernels::mxfp4_int8_enabled());
+  if (sc.prefix_cache && sc.prefill_chunk % page != 0)
+    return usage_error("serve", invalid_argument("the prefix cache needs --prefill-chunk (" + std::to_string(sc.prefill_chunk) +
+                                                 ") to be a multiple of --page-tokens (" + std::to_string(page) +
+                                                 "), or --no-prefix-cache"));
   auto sched = Scheduler::create(**eng, sc);
   if (!sched) return fail(sched.error());
   K3ChatFormat format(*tok);
@@ -108,6 +143,11 @@ int cmd_serve(const std::vector<std::string>& argv) {
   std::fprintf(stderr, "kestrel serve: model %s (%s) on http://%s:%u%s, %s kernels\n", ac.model_id.c_str(), dir.c_str(),
                ho.address.c_str(), static_cast<unsigned>(http.port()), ac.api_key.empty() ? "" : " (API key required)",
                fast ? "fast (approximate)" : "exact");
+  if (!a->has("quiet"))
+    std::fprintf(stderr, "kestrel serve: prefix cache %s\n",
+                 sc.prefix_cache ? ("on (grid " + std::to_string(sc.prefill_chunk) + " tokens, snapshots " +
+                                    std::to_string(snapshot_mib) + " MiB)").c_str()
+                                 : "off");
   print_ready(ho.address, http.port(), ac.model_id, !ac.api_key.empty());
   int sig = 0;
   sigwait(&sigs, &sig);

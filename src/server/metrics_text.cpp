@@ -32,7 +32,7 @@ std::string prometheus_text(const ServiceStats& s, bool ready) {
   metric(o, "kestrel_ready", "gauge", "1 when the model is loaded and the loop runs.", ready ? 1 : 0);
   metric(o, "kestrel_requests_waiting", "gauge", "Requests queued, not yet admitted.", double(s.waiting));
   metric(o, "kestrel_requests_running", "gauge", "Admitted sequences.", double(s.running));
-  metric(o, "kestrel_kv_blocks_used", "gauge", "KV cache pages in use.", double(s.kv_blocks_used));
+  metric(o, "kestrel_kv_blocks_used", "gauge", "KV cache pages allocated (running sequences and the prefix cache).", double(s.kv_blocks_used));
   metric(o, "kestrel_kv_blocks_total", "gauge", "KV cache pages in total.", double(s.kv_blocks_total));
   metric(o, "kestrel_state_slots_used", "gauge", "Recurrent-state slots in use.", double(s.state_slots_used));
   metric(o, "kestrel_state_slots_total", "gauge", "Recurrent-state slots in total.", double(s.state_slots_total));

@@ -55,7 +55,7 @@ def workdir():
 def test_first_run_generation_and_loading(workdir):
     for runner, name in ((run_on_terminal, "tty"), (run_on_pipe, "pipe")):
         env = dict(BASE_ENV, KESTREL_CACHE_DIR=os.path.join(workdir, "cache-" + name))
-        rc, out, err = runner(["generate", "--prompt-ids", "1,2", "--max-tokens", "2"], env)
+        rc, out, err = runner(["generate", "--preset", "k3-default", "--prompt-ids", "1,2", "--max-tokens", "2"], env)
         assert rc == 0, err
         if name == "tty":
             assert b"\rgenerating k3-default:" in err, err

@@ -30,9 +30,14 @@ inline void count_one() { g_allocs.fetch_add(1, std::memory_order_relaxed); }
 }  // namespace
 
 // Under AddressSanitizer its own allocator must stay in charge: only operator new is counted there.
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__)  // GCC
 #define KESTREL_COUNT_MALLOC 0
-#else
+#elif defined(__has_feature)  // clang
+#if __has_feature(address_sanitizer)
+#define KESTREL_COUNT_MALLOC 0
+#endif
+#endif
+#ifndef KESTREL_COUNT_MALLOC
 #define KESTREL_COUNT_MALLOC 1
 #endif
 

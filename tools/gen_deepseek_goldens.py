@@ -28,8 +28,11 @@ Steps
      rope_interleave defaults to True). FP8 weights are DEQUANTISED HERE with DeepSeek's documented rule
      (README_WEIGHTS / kernel.py weight_dequant): W[i, j] = float(e4m3[i, j]) · scale_inv[i // 128, j // 128],
      using torch's own float8_e4m3fn → float32 conversion. As a cross-check the same directory is also loaded by
-     `from_pretrained` with transformers' FineGrainedFP8 integration in dequantize mode, when that runs on CPU
-     (the script reports whether it did), and must give the same tensors.
+     `from_pretrained` with transformers' FineGrainedFP8 integration in dequantize mode (needs accelerate), and
+     every FP8 weight through transformers' `_dequantize_fp8_weight`; see library_fp8_crosscheck for what must
+     agree (a failure stops the script; metadata `library_fp8_crosscheck` records the result). That loader
+     derives its block size from the scale grid, which differs from DeepSeek's rule on tensors with a partial
+     128-block (the tiny presets have them); the check accounts for each such tensor exactly.
      Tensors are renamed explicitly (experts → stacked gate_up_proj / down_proj) and loaded strictly; every
      checkpoint tensor is consumed except the MTP layer (transformers does not build it; listed and asserted).
   3. V3.2: transformers' DSA indexer runs (top-k over min(index_topk, T) keys), with its SCORING replaced by
@@ -79,7 +82,8 @@ from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Con
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from golden_command import recorded_command  # noqa: E402
-from gen_dsa_goldens import act_quant, rotate_activation  # noqa: E402  (reference transcription)
+from gen_dsa_goldens import UPSTREAM as DSA_UPSTREAM, act_quant, rotate_activation, sylvester  # noqa: E402  (reference transcription)
+from transcription import transcription_sha256  # noqa: E402
 from transformers.models.deepseek_v32 import modeling_deepseek_v32 as tf_v32  # noqa: E402
 
 PROMPT_LEN = 200
@@ -110,7 +114,19 @@ def dequant_fp8(w, scale_inv):
     return w.to(torch.float32) * s
 
 
-def rename_checkpoint(ckpt, config):
+def dequant_fp8_grid_block(w, scale_inv):
+    """transformers' FineGrainedFP8 *loader* rule (integrations/finegrained_fp8.py Fp8Dequantize), re-typed: the
+    block size is derived from the scale grid, (rows // scale_rows, cols // scale_cols). It equals DeepSeek's
+    128 x 128 only when the dims are multiples of 128; with a partial edge block (e.g. 160 rows, 2 scale rows)
+    the loader uses 80-row blocks. Used only to explain the loader's tensors in the cross-check."""
+    n, k = w.shape
+    sr, sc = scale_inv.shape
+    assert n % sr == 0 and k % sc == 0, "the loader itself refuses this shape"
+    q = w.to(torch.float32).reshape(sr, n // sr, sc, k // sc)
+    return (q * scale_inv.reshape(sr, 1, sc, 1)).reshape(n, k)
+
+
+def rename_checkpoint(ckpt, config, dequant=dequant_fp8):
     """DeepSeek HF checkpoint names -> transformers native names, fp32. Returns (state_dict, used)."""
     out, used = {}, set()
     n_fp8 = 0
@@ -126,7 +142,7 @@ def rename_checkpoint(ckpt, config):
             si = name + "_scale_inv"
             used.add(si)
             n_fp8 += 1
-            return dequant_fp8(t, ckpt[si])
+            return dequant(t, ckpt[si])
         assert not name.endswith(".weight") or name + "_scale_inv" not in ckpt
         return t.to(torch.float32)
 
@@ -174,25 +190,47 @@ def build(cls, config, sd):
     return model
 
 
-def try_library_fp8(cls, ckpt_dir, sd):
-    """Cross-check of the dequantisation rule with transformers' own FP8 integration (if it runs on CPU)."""
-    try:
-        from transformers import FineGrainedFP8Config
-        ref = cls.from_pretrained(ckpt_dir, dtype=torch.float32, attn_implementation="eager",
-                                  quantization_config=FineGrainedFP8Config(dequantize=True))
-    except Exception as e:  # noqa: BLE001 - report, the golden does not depend on it
-        msg = f"not run ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
-        print(f"library FP8 dequantisation cross-check: {msg}")
-        return msg
+def library_fp8_crosscheck(cls, ckpt_dir, ckpt, config, sd):
+    """Cross-checks of the dequantisation rule against transformers' own FP8 code; any failure stops the script and
+    the golden's metadata records what ran and what it found.
+      (a) transformers' block dequantiser `_dequantize_fp8_weight` (block [128, 128], partial edge blocks cut as
+          DeepSeek's kernel.py weight_dequant does) on every FP8 weight of the checkpoint: must equal ours exactly.
+      (b) the whole directory through from_pretrained with FineGrainedFP8Config(dequantize=True) (needs
+          accelerate): every tensor must equal ours, except tensors with a partial 128-block, where that loader
+          derives its block size from the scale grid (dequant_fp8_grid_block); those must equal that rule
+          exactly, so the loader's deviation from DeepSeek's rule is fully accounted for, and are counted."""
+    from transformers import FineGrainedFP8Config
+    from transformers.integrations.finegrained_fp8 import _dequantize_fp8_weight
+    n_a, worst_a = 0, 0.0
+    for name, t in ckpt.items():
+        if t.dtype == torch.float8_e4m3fn:
+            theirs = _dequantize_fp8_weight(t, ckpt[name + "_scale_inv"], [BLOCK, BLOCK], torch.float32)
+            worst_a = max(worst_a, (theirs - dequant_fp8(t, ckpt[name + "_scale_inv"])).abs().max().item())
+            n_a += 1
+    assert n_a > 0 and worst_a == 0.0, f"_dequantize_fp8_weight differs from the script's rule: {worst_a:.3e}"
+    ref = cls.from_pretrained(ckpt_dir, dtype=torch.float32, attn_implementation="eager",
+                              quantization_config=FineGrainedFP8Config(dequantize=True))
     rsd = ref.state_dict()
-    worst = 0.0
+    missing = sorted(k for k in sd if k not in rsd)
+    assert not missing, f"library FP8 load lacks {len(missing)} tensors: {missing[:8]}"
+    grid, _ = rename_checkpoint(ckpt, config, dequant=dequant_fp8_grid_block)
+    same, partial, worst_partial, worst_grid = 0, [], 0.0, 0.0
     for k, v in sd.items():
-        if k in rsd and rsd[k].shape == v.shape:
-            worst = max(worst, (rsd[k].float() - v).abs().max().item())
-    missing = [k for k in sd if k not in rsd]
-    msg = f"max|diff| {worst:.3e} over {len(sd) - len(missing)} tensors"
-    print(f"library FP8 dequantisation cross-check (FineGrainedFP8Config(dequantize=True)): {msg}")
-    assert worst < 1e-6, msg
+        assert rsd[k].shape == v.shape, (k, tuple(rsd[k].shape), tuple(v.shape))
+        d = (rsd[k].float() - v).abs().max().item()
+        if d == 0.0:
+            same += 1
+            continue
+        partial.append(k)
+        worst_partial = max(worst_partial, d)
+        worst_grid = max(worst_grid, (rsd[k].float() - grid[k]).abs().max().item())
+    assert worst_grid == 0.0, f"from_pretrained differs from both rules on {partial}: {worst_grid:.3e}"
+    msg = (f"ran: transformers {transformers.__version__} _dequantize_fp8_weight([128, 128]) == this script's rule on "
+           f"all {n_a} FP8 weights (max|diff| 0); from_pretrained(FineGrainedFP8Config(dequantize=True)) == the "
+           f"script's tensors on {same} of {len(sd)}; the other {len(partial)} have a partial 128-block, where that "
+           f"loader takes its block size from the scale grid (rows // scale_rows): equal to that rule exactly "
+           f"(max|diff| 0), {worst_partial:.3e} from DeepSeek's")
+    print(f"library FP8 dequantisation cross-check: {msg}")
     return msg
 
 
@@ -294,8 +332,8 @@ def main():
         print(f"checkpoint: {len(ckpt)} tensors, dtypes {sorted({str(t.dtype) for t in ckpt.values()})}")
         sd, _ = rename_checkpoint(ckpt, config)
         model = build(cls, config, sd)
-        if not v2:
-            meta["library_fp8_crosscheck"] = try_library_fp8(cls, ckpt_dir, sd)
+        if not v2:  # v2-style is a bf16 checkpoint: no FP8 weights
+            meta["library_fp8_crosscheck"] = library_fp8_crosscheck(cls, ckpt_dir, ckpt, config, sd)
 
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     print(f"rope_parameters={config.rope_parameters} rope_interleave={getattr(config, 'rope_interleave', 'n/a (no such key for this class; its MLA rope is interleaved)')}")
@@ -398,6 +436,16 @@ def main():
     if v32:
         meta["reference"] += (", indexer scoring patched to DeepSeek-V3.2 reference semantics (Hadamard, e4m3 "
                               "act_quant ue8m0, fp8_index; tools/gen_dsa_goldens.py)")
+    # Re-typed (not imported) reference code this golden depends on, with a hash of its source text.
+    meta["fp8_dequant_rule"] = ("transcribed: deepseek-ai/DeepSeek-V3 inference/kernel.py weight_dequant "
+                                "(README_WEIGHTS.md block rule)")
+    meta["fp8_dequant_sha256"] = transcription_sha256(dequant_fp8)
+    if v32:
+        meta["indexer_reference_kind"] = "transcribed: upstream code re-typed into tools/gen_dsa_goldens.py, not imported"
+        meta["indexer_upstream"] = DSA_UPSTREAM
+        meta["indexer_transcription_functions"] = "act_quant,sylvester,rotate_activation,reference_indexer_forward"
+        meta["indexer_transcription_sha256"] = transcription_sha256(act_quant, sylvester, rotate_activation,
+                                                                    reference_indexer_forward)
     meta["preset"] = args.preset
     meta["command"] = command
     meta["torch"] = torch.__version__

@@ -34,10 +34,17 @@ import argparse
 import json
 import math
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from transcription import transcription_metadata  # noqa: E402
+
+UPSTREAM = ("deepseek-ai/DeepSeek-V3.2-Exp@3b99a53 inference/model.py (Indexer.forward, MLA index mask), "
+            "inference/kernel.py (act_quant_kernel, fp8_index_kernel), with the 2025-11-17 NeoX indexer RoPE fix")
 
 BLOCK = 128
 
@@ -175,10 +182,16 @@ def make_case(name, out_dir, topk, seed=7):
             "Ha": Ha, "Dk": Dk, "Dv": Dv, "scale": repr(scale), "ue8m0": "1", "theta": "10000",
             "reference": "deepseek-ai/DeepSeek-V3.2-Exp@3b99a53 inference/{model,kernel}.py + 2025-11-17 NeoX indexer RoPE fix",
             "torch": torch.__version__}
+    meta.update(transcription_metadata(UPSTREAM, *TRANSCRIBED))
     save_file({k: v.contiguous() for k, v in t.items()}, os.path.join(out_dir, name + ".safetensors"),
               metadata={k: str(v) for k, v in meta.items()})
     n_sel = selected.sum(1)
     print(name, "selected per row (min/max):", int(n_sel.min()), int(n_sel.max()))
+
+
+# The transcription of the reference (hashed into every golden's metadata); make_case holds the sparse
+# attention reference (dense scores + index mask, softmax).
+TRANSCRIBED = (act_quant, sylvester, rotate_activation, apply_rotary_emb_neox, Indexer, make_case)
 
 
 def main():

@@ -37,6 +37,9 @@ from compressed_tensors.compressors.nvfp4.helpers import (
 )
 from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from transcription import transcription_metadata  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "data", "ops")
 
@@ -130,7 +133,10 @@ def gen_situ():
     save_file({"gate": gate.contiguous(), "up": up.contiguous(), "out": out.contiguous()},
               os.path.join(OUT, "situ.safetensors"),
               metadata={"beta": "4.0", "linear_beta": "25.0",
-                        "source": "sglang activation.py SituAndMul.forward_native"})
+                        "source": "sglang activation.py SituAndMul.forward_native",
+                        **transcription_metadata(
+                            "sgl-project/sglang@0099dee6 python/sglang/srt/layers/activation.py (SituAndMul.forward_native)",
+                            situ_and_mul)})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -179,7 +185,11 @@ def gen_attn_res():
         tensors[f"case{ci}.out"] = out.clone().contiguous()
     save_file(tensors, os.path.join(OUT, "attn_res.safetensors"),
               metadata={"num_cases": str(len(cases)), "eps": str(eps),
-                        "source": "sglang attn_residual.py aggregate_stream_torch"})
+                        "source": "sglang attn_residual.py aggregate_stream_torch",
+                        **transcription_metadata(
+                            "sgl-project/sglang@01fd2332 python/sglang/srt/layers/attn_residual.py "
+                            "(aggregate_stream_torch, get_cw); RMSNorm.forward_native form", aggregate_stream_torch,
+                            rms_norm_ref)})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -307,7 +317,13 @@ def gen_latent_moe():
                         "num_shared_experts": str(S), "routed_scaling_factor": str(cfg["rsf"]),
                         "rms_norm_eps": str(cfg["eps"]), "situ_beta": "4.0", "situ_linear_beta": "25.0",
                         "min_selection_gap": f"{min_gap:.6g}",
-                        "source": "sglang kimi_k3.py KimiK3MoE._forward_unfused + topk.py + fused_moe_native.py"})
+                        "source": "sglang kimi_k3.py KimiK3MoE._forward_unfused + topk.py + fused_moe_native.py",
+                        **transcription_metadata(
+                            "sgl-project/sglang@0000e9b4 python/sglang/srt/models/kimi_k3.py (KimiK3MoE), "
+                            "@000328a8 python/sglang/srt/layers/moe/topk.py (kimi_k2_biased_topk_impl), "
+                            "@163b7981 python/sglang/srt/layers/moe/fused_moe_native.py (fused_moe_forward_native), "
+                            "@0099dee6 python/sglang/srt/layers/activation.py (SituAndMul.forward_native)",
+                            kimi_k3_moe_forward, biased_topk, routed_experts, situ_and_mul, rms_norm_ref)})
     return min_gap
 
 

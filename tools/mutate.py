@@ -65,7 +65,62 @@ MUTATIONS = {
         "      for (int k = 0; k < 16; ++k) s += acc[r][u][U > 1 ? 15 - k : k];\n      for (int64_t j = i; j < n; ++j) s += w[r * ws + j] * x[u * xs + j];",
         "BatchedEqualsAlone|Linear|ModelConsistency",
         "lane sum order depends on how many tokens share the block (batch-dependent bits)"),
+    "scheduler_one_sequence_per_step": (
+        "src/scheduler/scheduler.cpp",
+        "  auto plan = [&](Seq& s, int64_t T) -> bool {\n",
+        "  auto plan = [&](Seq& s, int64_t T) -> bool {\n    if (!runs_.empty()) return false;\n",
+        "BatchedEqualsAlone",
+        "every forward runs one sequence (no co-batching: batch invariance holds trivially)"),
+    "fast_kernels_ignored": (
+        "src/kernels/cpu/linear.cpp",
+        "(w.format == WeightFormat::kMxfp4 && mxfp4_int8_enabled())",
+        "(w.format == WeightFormat::kMxfp4 && false)",
+        "FastKernels",
+        "`--kernels fast` leaves MXFP4 experts on the exact fp32 path"),
+    "scheduler_event_alloc": (
+        "src/scheduler/scheduler.cpp",
+        "  GenerationEvent& ev = token_event_;",
+        "  GenerationEvent ev;",
+        "DecodeAlloc",
+        "a fresh token event (and its top-logprob vector) per generated token"),
+    "scratch_aligned_alloc_per_call": (
+        "src/kernels/cpu/scratch.h",
+        "  if (b.size() < n) b.resize(n);\n  return b.data();",
+        "  thread_local float* fresh[kScratchSlots] = {};\n  (void)b;\n  __builtin_free(fresh[slot]);\n"
+        "  fresh[slot] = static_cast<float*>(__builtin_malloc(n * sizeof(float)));\n"
+        "  return fresh[slot];",
+        "DecodeAlloc",
+        "kernel scratch taken from malloc on every call (a C allocation: operator new is not involved)"),
+    "kda_decay_linearised": (
+        "src/kernels/cpu/kda.cpp",
+        "for (int64_t d = 0; d < K; ++d) decay[d] = std::exp(g[d]);",
+        "for (int64_t d = 0; d < K; ++d) decay[d] = 1.0f + g[d];",
+        "GoldenTest",
+        "KDA decode (recurrent) decay exp(g) linearised to 1 + g; prefill (chunked) unchanged"),
 }
+
+# Mutations whose catching tests only run on some CPUs: name -> /proc/cpuinfo flag. Elsewhere they are
+# reported as not run (the tests skip there), not as survivors.
+NEEDS_CPU_FLAG = {
+    "gguf_int8_not_dispatched": "avx512_vnni",
+}
+MUTATIONS["gguf_int8_not_dispatched"] = (
+    "src/kernels/cpu/linear.cpp",
+    "  if (gguf_int8_applies(w)) return ActKind::kQ8Blocks;",
+    "  if (false && gguf_int8_applies(w)) return ActKind::kQ8Blocks;",
+    "GgufInt8",
+    "GGUF Q4_0/Q8_0/MXFP4 products stay on the exact fp32 path in the default int8 mode")
+
+
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
 
 def run(cmd, **kw):
@@ -113,8 +168,12 @@ def main():
         sys.exit("mutate.py: uncommitted changes in files it would mutate:\n" + dirty)
 
     results = []
+    flags = cpu_flags()
     for name in names:
         path, old, new, regex, what = MUTATIONS[name]
+        if NEEDS_CPU_FLAG.get(name, "") and NEEDS_CPU_FLAG[name] not in flags:
+            print("%-28s NOT RUN: its tests need a CPU with %s" % (name, NEEDS_CPU_FLAG[name]), flush=True)
+            continue
         full = os.path.join(ROOT, path)
         original = open(full, encoding="utf-8").read()
         if original.count(old) != 1:

@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/kda.h"
+#include "kernels/cpu/parallel.h"
 
 namespace kestrel {
 
@@ -70,8 +71,7 @@ void KdaLayer::short_conv(const float* in, int64_t T, int which, float* conv_sta
     return t >= 0 ? in[t * P_ + c] : conv_state[(hist + t) * P_ + c];
   };
   // Token-major, channels innermost (vectorized); per (t, c) the taps are summed in order k = 0..W-1.
-#pragma omp parallel for schedule(static) if (T * P_ * W_ >= (1 << 16))
-  for (int64_t t = 0; t < T; ++t) {
+  kernels::parallel_for(0, T, 1, T * P_ * W_ >= (1 << 16), [&](int64_t t) {
     float* o = out + t * P_;
     std::fill(o, o + P_, 0.0f);
     for (int64_t k = 0; k < W_; ++k) {
@@ -81,7 +81,7 @@ void KdaLayer::short_conv(const float* in, int64_t T, int which, float* conv_sta
       for (int64_t c = 0; c < P_; ++c) o[c] += wk[c] * src[c];
     }
     kernels::silu_inplace(o, P_);
-  }
+  });
   // Advance the history: new state row r holds input at time T - hist + r.
   std::vector<float>& next = conv_next_;
   next.resize(static_cast<size_t>(hist * P_));
@@ -127,19 +127,18 @@ void KdaLayer::forward(const float* x, int64_t T, std::span<const Segment<KdaSta
   // Decay gate g [T, H, D] (log space), in f_.
   const bool bounded = c_->linear_attn.gate_lower_bound.has_value();
   const float lb = bounded ? *c_->linear_attn.gate_lower_bound : 0.0f;
-#pragma omp parallel for collapse(2) schedule(static) if (T * P_ >= (1 << 14))
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t c = 0; c < P_; ++c) {
-      float& g = f_[static_cast<size_t>(t * P_ + c)];
-      const float a = a_exp_[static_cast<size_t>(c / D_)];
-      const float z = g + dt_bias_[static_cast<size_t>(c)];
-      if (bounded) {
-        g = lb * kernels::sigmoid(a * z);
-      } else {
-        const float sp = z > 20.0f ? z : std::log1p(std::exp(z));
-        g = -a * sp;
-      }
+  kernels::parallel_for(0, T * P_, 1, T * P_ >= (1 << 14), [&](int64_t i) {  // i = t·P + c
+    const int64_t c = i % P_;
+    float& g = f_[static_cast<size_t>(i)];
+    const float a = a_exp_[static_cast<size_t>(c / D_)];
+    const float z = g + dt_bias_[static_cast<size_t>(c)];
+    if (bounded) {
+      g = lb * kernels::sigmoid(a * z);
+    } else {
+      const float sp = z > 20.0f ? z : std::log1p(std::exp(z));
+      g = -a * sp;
     }
+  });
   for (float& v : beta_) v = kernels::sigmoid(v);
 
   o_.resize(TP);
@@ -168,8 +167,8 @@ void KdaLayer::forward(const float* x, int64_t T, std::span<const Segment<KdaSta
 
   // Output gate (computed above) and per-head gated RMSNorm (sigmoid).
   kernels::rms_norm(o_.data(), o_norm_.data(), T * H_, D_, c_->rms_norm_eps, o_.data());
-#pragma omp parallel for schedule(static) if (TP >= (1u << 14))
-  for (size_t i = 0; i < TP; ++i) o_[i] *= kernels::sigmoid(gate_[i]);
+  kernels::parallel_for(0, static_cast<int64_t>(TP), 1, TP >= (1u << 14),
+                        [&](int64_t i) { o_[static_cast<size_t>(i)] *= kernels::sigmoid(gate_[static_cast<size_t>(i)]); });
   matmul(wo_, o_.data(), T, out);
 }
 

@@ -10,6 +10,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gguf_int8.h"
 #include "kernels/cpu/linear_gguf.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/scratch.h"
 
 namespace kestrel {
@@ -144,8 +145,8 @@ void MlaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCac
   if (!absorbed_.empty()) attend_absorbed(T, absorbed_);
 
   if (c_->mla_use_output_gate) {
-#pragma omp parallel for schedule(static) if (attn_.size() >= (1u << 14))
-    for (size_t i = 0; i < attn_.size(); ++i) attn_[i] *= kernels::sigmoid(gate_[i]);
+    kernels::parallel_for(0, static_cast<int64_t>(attn_.size()), 1, attn_.size() >= (1u << 14),
+                          [&](int64_t i) { attn_[static_cast<size_t>(i)] *= kernels::sigmoid(gate_[static_cast<size_t>(i)]); });
   }
   matmul(wo_, attn_.data(), T, out);
 }

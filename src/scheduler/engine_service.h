@@ -27,6 +27,12 @@ struct ServiceStats {
   std::vector<int64_t> ttft_counts, tpot_counts;
   double ttft_sum = 0, tpot_sum = 0;
   int64_t ttft_n = 0, tpot_n = 0;
+  // Sequences per batched forward: bucket upper bounds, cumulative counts, sum, forwards run, and the
+  // largest batch so far.
+  std::vector<double> step_sequences_buckets;
+  std::vector<int64_t> step_sequences_counts;
+  double step_sequences_sum = 0;
+  int64_t steps_total = 0, step_sequences_max = 0;
 };
 
 class EngineService {

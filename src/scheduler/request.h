@@ -42,6 +42,7 @@ struct GenerationEvent {
   int prompt_tokens = 0;  // on the final event
   int cached_tokens = 0;  // prompt tokens served from the prefix cache
   int completion_tokens = 0;
+  int step_sequences = 0;  // token events: sequences in the forward that produced this token (1 = ran alone)
 };
 
 struct GenerationRequest {

@@ -91,6 +91,11 @@ ServiceStats Scheduler::stats() const {
   s.tpot_sum = metrics_.tpot.sum(), s.tpot_n = metrics_.tpot.n();
   s.prefix_cache = cfg_.prefix_cache;
   s.prefix = prefix_stats_;
+  s.step_sequences_buckets = metrics_.step_sequences.bounds();
+  s.step_sequences_counts = metrics_.step_sequences.counts();
+  s.step_sequences_sum = metrics_.step_sequences.sum();
+  s.steps_total = metrics_.step_sequences.n();
+  s.step_sequences_max = metrics_.step_sequences_max;
   return s;
 }
 
@@ -133,9 +138,11 @@ void Scheduler::drain(std::chrono::milliseconds bound) {
 }
 
 // Moves new requests into waiting_ and applies cancels. Blocks (when asked) until there is work.
+// The taken requests and cancels are swapped into members (emptied again below), not into locals: a
+// default-constructed std::deque allocates, and this runs once per step.
 bool Scheduler::take_inbox(bool block, std::stop_token& stop) {
-  std::deque<GenerationRequest> in;
-  std::vector<uint64_t> cancels;
+  std::deque<GenerationRequest>& in = taken_requests_;
+  std::vector<uint64_t>& cancels = taken_cancels_;
   {
     std::unique_lock<std::mutex> lk(mu_);
     if (block)
@@ -172,7 +179,10 @@ bool Scheduler::take_inbox(bool block, std::stop_token& stop) {
       if (s && (id == 0 || s->req.id == id)) finish(*s, FinishReason::kCancelled);
   }
   running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
-  return !in.empty() || !cancels.empty();
+  const bool any = !in.empty() || !cancels.empty();
+  in.clear();
+  cancels.clear();
+  return any;
 }
 
 void Scheduler::admit() {
@@ -180,6 +190,8 @@ void Scheduler::admit() {
     std::unique_ptr<Seq> s = std::move(waiting_.front());
     waiting_.pop_front();
     s->slot = *pools_->acquire_slot(s->st);
+    // The block list never reallocates while decoding (the pools reserve the page tables likewise).
+    s->blocks.reserve(static_cast<size_t>(pools_->blocks_for(cfg_.max_context)));
     attach_prefix(*s);
     running_.push_back(std::move(s));
   }
@@ -306,8 +318,11 @@ void Scheduler::sample_and_emit(Seq& s, std::span<float> logits) {
   s.proc->apply(logits);
   const int32_t tok = s.sampler->sample(logits);
   s.proc->observe_generated(tok);
-  GenerationEvent ev;
+  GenerationEvent& ev = token_event_;  // reused: `top` keeps its capacity, so no allocation per token
   ev.token = tok;
+  ev.logprob = 0.0f;
+  ev.top.clear();
+  ev.step_sequences = static_cast<int>(runs_.size());
   if (s.req.params.top_logprobs >= 0)
     ev.logprob = LogitsProcessor::logprob_of(logits, tok, s.req.params.top_logprobs, ev.top, lp_scratch_);
   s.tokens.push_back(tok);
@@ -393,12 +408,18 @@ bool Scheduler::step() {
     Seq& s = *run_seqs_[i];
     if (s.generated == 0) prompt_tokens += runs_[i].T;
     after_forward(s, runs_[i].T);
-    if (s.pending() == 0) sample_and_emit(s, std::span<float>(logits_.data() + static_cast<int64_t>(i) * V, static_cast<size_t>(V)));
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
     metrics_.prompt_tokens += prompt_tokens;
+    const auto n = static_cast<int64_t>(runs_.size());
+    metrics_.step_sequences.observe(static_cast<double>(n));
+    metrics_.step_sequences_max = std::max(metrics_.step_sequences_max, n);
     if (prefix_) prefix_stats_ = prefix_->stats();
+  }
+  for (size_t i = 0; i < run_seqs_.size(); ++i) {
+    Seq& s = *run_seqs_[i];
+    if (s.pending() == 0) sample_and_emit(s, std::span<float>(logits_.data() + static_cast<int64_t>(i) * V, static_cast<size_t>(V)));
   }
   running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
   return true;

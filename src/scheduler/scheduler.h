@@ -122,6 +122,9 @@ class Scheduler final : public EngineService {
   std::vector<Seq*> run_seqs_;
   std::vector<float> logits_;
   std::vector<std::pair<float, int32_t>> lp_scratch_;
+  GenerationEvent token_event_;
+  std::deque<GenerationRequest> taken_requests_;  // take_inbox's swap targets, empty between calls
+  std::vector<uint64_t> taken_cancels_;
   std::jthread thread_;
 };
 

@@ -61,6 +61,10 @@ std::string prometheus_text(const ServiceStats& s, bool ready) {
             s.ttft_n);
   histogram(o, "kestrel_time_per_output_token_seconds", "Time per output token after the first.", s.buckets,
             s.tpot_counts, s.tpot_sum, s.tpot_n);
+  histogram(o, "kestrel_step_sequences", "Sequences per batched forward (decodes and prefill chunks).",
+            s.step_sequences_buckets, s.step_sequences_counts, s.step_sequences_sum, s.steps_total);
+  metric(o, "kestrel_step_sequences_max", "gauge", "Most sequences in one batched forward so far.",
+         double(s.step_sequences_max));
   return o;
 }
 

@@ -96,6 +96,9 @@ def test_64_concurrent_streams_no_loss(busy_server):
     print(f"320 streamed requests, 64 concurrent: {elapsed:.1f} s, {tokens / elapsed:.1f} output tok/s")
     m = busy_server.metrics()
     assert m.get("kestrel_requests_running", 0) == 0
+    # The 64 streams really shared forwards (continuous batching), as /metrics reports it.
+    assert m.get("kestrel_step_sequences_max", 0) > 1
+    assert m.get('kestrel_step_sequences_bucket{le="1"}', 0) < m.get("kestrel_step_sequences_count", 0)
 
 
 def test_disconnects_free_resources(busy_server):

@@ -48,7 +48,8 @@ namespace {
 
 struct Golden {
   std::vector<int32_t> prompt, greedy;
-  std::vector<float> logits;  // [200, vocab]
+  std::vector<float> logits;         // [200, vocab]
+  std::vector<float> greedy_logits;  // [32, vocab] the reference's decode logits (K3 goldens), else empty
   int greedy_prompt_len = 0;
 };
 
@@ -62,6 +63,7 @@ Golden read_golden(const std::string& path) {
     if (e.name == "greedy") g.greedy.assign(v.as<int32_t>(), v.as<int32_t>() + v.numel());
     if (e.name == "greedy_prompt_len") g.greedy_prompt_len = v.as<int32_t>()[0];
     if (e.name == "logits") g.logits = to_f32(v);
+    if (e.name == "greedy_logits") g.greedy_logits = to_f32(v);
   }
   return g;
 }
@@ -117,17 +119,39 @@ TEST_P(GoldenTest, MatchesReference) {
   EXPECT_LE(worst_nmse, c.nmse);
   EXPECT_GE(static_cast<double>(agree) / static_cast<double>(rows), c.min_top1);
 
-  // Greedy continuation through the decode path.
+  // Greedy continuation through the decode path, fed the reference's tokens (teacher forcing), so that
+  // where the golden stores the reference's decode logits (llama.cpp, one token per llama_decode), every
+  // step's logits are compared too, with the same per-row bounds as the prompt rows.
   SequenceState s = (*eng)->new_sequence();
   auto r = (*eng)->prefill(s, std::span<const int32_t>(g.prompt.data(), static_cast<size_t>(g.greedy_prompt_len)), 64);
   ASSERT_TRUE(r);
   std::vector<int32_t> out;
   std::vector<float> cur = *r;
+  const bool has_decode_logits = !g.greedy_logits.empty();
+  if (has_decode_logits) {
+    ASSERT_EQ(g.greedy_logits.size(), g.greedy.size() * static_cast<size_t>(V));
+  }
+  double dec_abs = 0, dec_nmse = 0;
   for (size_t i = 0; i < g.greedy.size(); ++i) {
     out.push_back(Sampler::argmax(cur));
-    auto d = (*eng)->decode(s, out.back());
+    if (has_decode_logits) {
+      const float* want = g.greedy_logits.data() + static_cast<int64_t>(i) * V;
+      double num = 0, den = 0;
+      for (int64_t j = 0; j < V; ++j) {
+        const double d = static_cast<double>(cur[static_cast<size_t>(j)]) - want[j];
+        num += d * d, den += static_cast<double>(want[j]) * want[j], dec_abs = std::max(dec_abs, std::fabs(d));
+      }
+      dec_nmse = std::max(dec_nmse, num / den);
+    }
+    auto d = (*eng)->decode(s, g.greedy[i]);
     ASSERT_TRUE(d);
     cur = *d;
+  }
+  if (has_decode_logits) {
+    std::printf("[%s] decode logits vs the reference's (%zu steps): max |dlogit| %.3g, max NMSE %.3g\n", c.name,
+                g.greedy.size(), dec_abs, dec_nmse);
+    EXPECT_LE(dec_abs, c.max_abs) << "decode steps";
+    EXPECT_LE(dec_nmse, c.nmse) << "decode steps";
   }
   if (c.exact_greedy) {
     EXPECT_EQ(out, g.greedy);

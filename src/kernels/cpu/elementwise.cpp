@@ -5,14 +5,15 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/parallel.h"
+
 namespace kestrel::kernels {
 
 // Row- and element-parallel only when the work is large enough to beat the fork/join cost.
 constexpr int64_t kParallelMin = 1 << 14;
 
 void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y) {
-#pragma omp parallel for schedule(static) if (rows > 1 && rows * n >= kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(0, rows, 1, rows * n >= kParallelMin, [&](int64_t r) {
     const float* xr = x + r * n;
     float* yr = y + r * n;
     double ss = 0;
@@ -22,18 +23,17 @@ void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps
       for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * inv * w[i];
     else
       for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * inv;
-  }
+  });
 }
 
 void l2_norm(float* x, int64_t rows, int64_t n, float eps) {
-#pragma omp parallel for schedule(static) if (rows > 1 && rows * n >= kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(0, rows, 1, rows * n >= kParallelMin, [&](int64_t r) {
     float* xr = x + r * n;
     double ss = 0;
     for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(xr[i]) * xr[i];
     const float inv = 1.0f / std::sqrt(static_cast<float>(ss) + eps);
     for (int64_t i = 0; i < n; ++i) xr[i] *= inv;
-  }
+  });
 }
 
 #if defined(__AVX512F__)
@@ -59,11 +59,10 @@ inline __mmask16 lanes(int64_t i, int64_t count) { return static_cast<__mmask16>
 }  // namespace
 
 void swiglu(const float* g, const float* u, int64_t count, float* out) {
-#pragma omp parallel for schedule(static) if (count >= kParallelMin)
-  for (int64_t i = 0; i < count; i += 16) {
+  parallel_for(0, count, 16, count >= kParallelMin, [&](int64_t i) {
     const __mmask16 m = lanes(i, count);
     _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(silu16(_mm512_maskz_loadu_ps(m, g + i)), _mm512_maskz_loadu_ps(m, u + i)));
-  }
+  });
 }
 
 void silu_inplace(float* x, int64_t n) {
@@ -76,16 +75,14 @@ void silu_inplace(float* x, int64_t n) {
 void situ_glu(const float* g, const float* u, int64_t count, float beta, float beta_lin, float* out) {
   const __m512 vb = _mm512_set1_ps(beta), vib = _mm512_set1_ps(1.0f / beta);
   const __m512 vl = _mm512_set1_ps(beta_lin), vil = _mm512_set1_ps(1.0f / beta_lin);
-#pragma omp parallel for schedule(static) if (count >= kParallelMin)
-  for (int64_t i = 0; i < count; i += 16) {
+  parallel_for(0, count, 16, count >= kParallelMin, [&](int64_t i) {
     const __mmask16 m = lanes(i, count);
     _mm512_mask_storeu_ps(out + i, m, situ16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i), vb, vib, vl, vil));
-  }
+  });
 }
 #else
 void swiglu(const float* g, const float* u, int64_t count, float* out) {
-#pragma omp parallel for schedule(static) if (count >= kParallelMin)
-  for (int64_t i = 0; i < count; ++i) out[i] = silu(g[i]) * u[i];
+  parallel_for(0, count, 1, count >= kParallelMin, [&](int64_t i) { out[i] = silu(g[i]) * u[i]; });
 }
 
 void silu_inplace(float* x, int64_t n) {
@@ -93,12 +90,11 @@ void silu_inplace(float* x, int64_t n) {
 }
 
 void situ_glu(const float* g, const float* u, int64_t count, float beta, float beta_lin, float* out) {
-#pragma omp parallel for schedule(static) if (count >= kParallelMin)
-  for (int64_t i = 0; i < count; ++i) {
+  parallel_for(0, count, 1, count >= kParallelMin, [&](int64_t i) {
     const float a = beta * std::tanh(g[i] / beta) * sigmoid(g[i]);
     const float b = beta_lin * std::tanh(u[i] / beta_lin);
     out[i] = a * b;
-  }
+  });
 }
 #endif
 

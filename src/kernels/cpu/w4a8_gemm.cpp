@@ -4,6 +4,7 @@
 
 #include "base/check.h"
 #include "base/env_switch.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/w4a8_kernels.h"
 
 namespace kestrel::kernels {
@@ -43,8 +44,7 @@ RowsFn rows_fn(Isa isa) {
 
 void run_rows(const Int8GemmTask& t, RowsFn fn) {
   const int64_t blocks = (t.out + kRowBlock - 1) / kRowBlock;
-#pragma omp parallel for schedule(static) if (blocks > 1)
-  for (int64_t b = 0; b < blocks; ++b) fn(t, b * kRowBlock, std::min(t.out, (b + 1) * kRowBlock));
+  parallel_for(0, blocks, 1, true, [&](int64_t b) { fn(t, b * kRowBlock, std::min(t.out, (b + 1) * kRowBlock)); });
 }
 
 EnvSwitch g_mxfp4_int8("KESTREL_MXFP4_INT8", /*default_on=*/false);

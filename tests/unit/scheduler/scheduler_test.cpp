@@ -3,12 +3,16 @@
 // preemption by recompute keeps outputs identical, the waiting queue is bounded.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <future>
 #include <mutex>
 #include <thread>
 
 #include "common/test_util.h"
+#include "kernels/cpu/bf16_dot.h"
+#include "kernels/cpu/gguf_int8.h"
+#include "kernels/cpu/w4a8_gemm.h"
 #include "scheduler/scheduler.h"
 
 namespace kestrel {
@@ -20,6 +24,7 @@ struct Collected {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;
   std::vector<std::vector<TokenLogprob>> tops;
+  std::vector<int> step_sequences;  // per token: sequences in the forward that produced it
   FinishReason finish = FinishReason::kNone;
   std::string error;
 };
@@ -40,6 +45,7 @@ class Client {
         out_.tokens.push_back(e.token);
         out_.logprobs.push_back(e.logprob);
         out_.tops.push_back(e.top);
+        out_.step_sequences.push_back(e.step_sequences);
       } else {
         out_.finish = e.finish;
         out_.error = e.error;
@@ -101,22 +107,39 @@ Collected run_alone(Scheduler& s, std::vector<int32_t> p, int n) {
   return c.wait();
 }
 
-TEST_F(SchedulerTest, BatchedEqualsAloneBitwise) {
-  auto sched = make();
-  const Collected alone = run_alone(*sched, prompt(150, 0), 24);
-  ASSERT_EQ(alone.tokens.size(), 24u);
-  // Same request amid 7 others with different prompts and lengths, submitted together.
-  std::vector<std::unique_ptr<Client>> others;
+// The target request alone, then submitted amid `others` (prompt length, new tokens, temperature), as
+// the `at`-th submission: same tokens, bit-identical log-probabilities and top-5 lists. Co-batching is
+// checked, not assumed: every solo token came from a forward of one sequence, and at least `min_shared`
+// of the target's batched tokens came from forwards that also ran other sequences.
+struct Other {
+  int prompt_len, max_new;
+  float temperature;
+};
+
+void expect_batched_equals_alone(Scheduler& s, int target_len, int target_new, const std::vector<Other>& others,
+                                 size_t at, int min_shared) {
+  const Collected alone = run_alone(s, prompt(target_len, 0), target_new);
+  ASSERT_EQ(alone.tokens.size(), static_cast<size_t>(target_new));
+  for (int n : alone.step_sequences) ASSERT_EQ(n, 1) << "the solo run shared a forward";
+  std::vector<std::unique_ptr<Client>> clients;
   Client target;
-  for (int i = 1; i <= 7; ++i) {
-    others.push_back(std::make_unique<Client>());
-    ASSERT_TRUE(sched->submit(others.back()->make(prompt(20 + 30 * i, i), 10 + i, i % 2 ? 0.8f : 0.0f)));
-    if (i == 3) {
-      ASSERT_TRUE(sched->submit(target.make(prompt(150, 0), 24)));
+  for (size_t i = 0; i < others.size(); ++i) {
+    if (i == at) {
+      ASSERT_TRUE(s.submit(target.make(prompt(target_len, 0), target_new)));
     }
+    clients.push_back(std::make_unique<Client>());
+    const Other& o = others[i];
+    ASSERT_TRUE(s.submit(clients.back()->make(prompt(o.prompt_len, static_cast<int>(i) + 1), o.max_new, o.temperature)));
   }
   const Collected batched = target.wait();
-  for (auto& o : others) EXPECT_EQ(o->wait().finish, FinishReason::kLength);
+  for (auto& o : clients) EXPECT_EQ(o->wait().finish, FinishReason::kLength);
+  const auto shared = std::count_if(batched.step_sequences.begin(), batched.step_sequences.end(), [](int n) { return n > 1; });
+  const int widest = batched.step_sequences.empty() ? 0 : *std::max_element(batched.step_sequences.begin(), batched.step_sequences.end());
+  std::printf("target: %ld of %zu tokens from shared forwards (widest %d sequences); scheduler: %ld forwards, at most %ld sequences\n",
+              static_cast<long>(shared), batched.step_sequences.size(), widest, static_cast<long>(s.stats().steps_total),
+              static_cast<long>(s.stats().step_sequences_max));
+  EXPECT_GE(shared, min_shared) << "the target ran alone: batch invariance was not exercised";
+  EXPECT_GE(s.stats().step_sequences_max, widest);
   EXPECT_EQ(batched.tokens, alone.tokens);
   // Bitwise: log-probabilities are a function of the logits; compare them exactly.
   ASSERT_EQ(batched.logprobs.size(), alone.logprobs.size());
@@ -128,6 +151,51 @@ TEST_F(SchedulerTest, BatchedEqualsAloneBitwise) {
       EXPECT_EQ(batched.tops[i][j].logprob, alone.tops[i][j].logprob);
     }
   }
+}
+
+// 7 others of 50..230 prompt tokens and 11..17 new tokens (odd ones sampled at temperature 0.8).
+std::vector<Other> seven_others() {
+  std::vector<Other> o;
+  for (int i = 1; i <= 7; ++i) o.push_back({20 + 30 * i, 10 + i, i % 2 ? 0.8f : 0.0f});
+  return o;
+}
+
+TEST_F(SchedulerTest, BatchedEqualsAloneBitwise) {
+  auto sched = make();
+  expect_batched_equals_alone(*sched, 150, 24, seven_others(), 3, 10);
+}
+
+// Restores the exact kernels when a test that switched to the fast ones ends.
+struct FastKernels {
+  FastKernels() {
+    kernels::set_bf16_acts(true);
+    kernels::set_mxfp4_int8(true);
+  }
+  ~FastKernels() {
+    kernels::set_bf16_acts(false);
+    kernels::set_mxfp4_int8(false);
+  }
+};
+
+// `--kernels fast`: MXFP4 experts × int8 activations (W4A8 kernels, every ISA) and bf16 activations on
+// BF16 weights (where the CPU has AVX512-BF16). The fast path must really run (its log-probabilities
+// differ from the exact path's) and stay bitwise batch-invariant.
+TEST_F(SchedulerTest, BatchedEqualsAloneBitwiseFastKernels) {
+  Collected exact;
+  {
+    auto sched = make();
+    exact = run_alone(*sched, prompt(150, 0), 24);
+  }
+  FastKernels fast;
+  auto e = Engine::load(dir_->path());  // the switches are read when weights are bound
+  ASSERT_TRUE(e) << e.error().message();
+  engine_ = std::move(*e);
+  auto sched = make();
+  const Collected f = run_alone(*sched, prompt(150, 0), 24);
+  ASSERT_EQ(f.logprobs.size(), exact.logprobs.size());
+  EXPECT_NE(f.logprobs, exact.logprobs) << "--kernels fast computed exactly what the exact kernels compute";
+  std::printf("bf16 activations: %s\n", kernels::cpu_has_avx512bf16() ? "on (AVX512-BF16)" : "off (no AVX512-BF16 on this CPU)");
+  expect_batched_equals_alone(*sched, 150, 24, seven_others(), 3, 10);
 }
 
 TEST_F(SchedulerTest, ConcurrentSequencesMatchTheirSoloRuns) {
@@ -236,6 +304,20 @@ TEST_F(SchedulerTest, RejectsBadRequests) {
   EXPECT_EQ(sched->submit(x.make({1, 99999}, 4)).error().code(), StatusCode::kInvalidArgument);
 }
 
+// A GGUF file from llama.cpp's converter (K3 micro, Q4_0): the default mode, int8 products with Q8_0
+// activations where the CPU has AVX-512 VNNI, else the exact fp32 path (printed).
+TEST(SchedulerGguf, BatchedEqualsAloneBitwise) {
+  auto e = Engine::load(std::string(KESTREL_TEST_DATA) + "/gguf/k3_micro_q4_0.gguf");
+  ASSERT_TRUE(e) << e.error().message();
+  std::printf("GGUF int8 mode: %s\n", kernels::gguf_int8_applies(kernels::WeightMatrix{kernels::WeightFormat::kGgufQ4_0})
+                                         ? "on (AVX-512 VNNI)" : "off (no AVX-512 VNNI: exact path)");
+  SchedulerConfig c;
+  c.cache.budget_bytes = 64ll << 20;
+  auto s = Scheduler::create(**e, c);
+  ASSERT_TRUE(s) << s.error().message();
+  expect_batched_equals_alone(**s, 150, 24, seven_others(), 3, 10);
+}
+
 // DeepSeek through the scheduler: pool-backed MLA pages with no KDA slots (slot size 0), batched
 // requests equal their solo runs bitwise. Also V3.2 with top-8 DSA (every layer sparse, indexer keys
 // in their own pool pages) on prompts of 45..90 tokens, so the selection is really sparse.
@@ -250,21 +332,7 @@ TEST(SchedulerDeepseek, BatchedEqualsAlone) {
     c.cache.budget_bytes = 64ll << 20;
     auto s = Scheduler::create(**e, c);
     ASSERT_TRUE(s) << s.error().message();
-    const Collected alone = run_alone(**s, prompt(90, 0), 12);
-    ASSERT_EQ(alone.tokens.size(), 12u);
-    std::vector<std::unique_ptr<Client>> others;
-    Client target;
-    for (int i = 1; i <= 3; ++i) {
-      others.push_back(std::make_unique<Client>());
-      ASSERT_TRUE((*s)->submit(others.back()->make(prompt(20 + 25 * i, i), 6 + i)));
-      if (i == 2) {
-        ASSERT_TRUE((*s)->submit(target.make(prompt(90, 0), 12)));
-      }
-    }
-    const Collected batched = target.wait();
-    for (auto& o : others) EXPECT_EQ(o->wait().finish, FinishReason::kLength);
-    EXPECT_EQ(batched.tokens, alone.tokens);
-    EXPECT_EQ(batched.logprobs, alone.logprobs);
+    expect_batched_equals_alone(**s, 90, 12, {{45, 7, 0.0f}, {70, 8, 0.0f}, {95, 9, 0.0f}}, 2, 4);
   }
 }
 

@@ -314,6 +314,9 @@ TEST_F(ServerTest, TokenizeDetokenizeMetrics) {
   ASSERT_EQ(m.status, 200);
   EXPECT_NE(m.body.find("kestrel_requests_running"), std::string::npos);
   EXPECT_NE(m.body.find("kestrel_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3"), std::string::npos);
+  EXPECT_NE(m.body.find("kestrel_step_sequences_bucket{le=\"2\"} 3\n"), std::string::npos);
+  EXPECT_NE(m.body.find("kestrel_step_sequences_count 4\n"), std::string::npos);
+  EXPECT_NE(m.body.find("kestrel_step_sequences_max 3\n"), std::string::npos);
   EXPECT_EQ(get("/nope").status, 404);
   EXPECT_EQ(get("/v1/chat/completions").status, 405);
 }

@@ -66,6 +66,9 @@ class FakeEngine : public EngineService {
     s.ttft_n = 3;
     s.ttft_sum = 0.5;
     s.tpot_counts = {0, 0, 0};
+    s.step_sequences_buckets = {1, 2, 4};
+    s.step_sequences_counts = {1, 3, 4};
+    s.step_sequences_sum = 9, s.steps_total = 4, s.step_sequences_max = 3;
     return s;
   }
   bool ready() const override { return ready_; }

@@ -1,0 +1,26 @@
+// Loops that run in an OpenMP parallel region only when the work is worth it.
+// Why not `#pragma omp parallel for if (cond)`: a region whose if() is false still enters libgomp,
+// which builds a one-thread team for it, and libgomp caches only teams of more than one thread, so
+// every such region mallocs and frees its team: a heap allocation per layer per decoded token.
+// parallel_for skips the region entirely when the loop runs serially (also with one OpenMP thread).
+#pragma once
+
+#include <omp.h>
+
+#include <cstdint>
+
+namespace kestrel::kernels {
+
+// body(i) for i = begin, begin + step, ... < end; statically scheduled across threads when `parallel`
+// holds, there is more than one iteration and more than one thread. Same per-iteration work either way.
+template <class F>
+inline void parallel_for(int64_t begin, int64_t end, int64_t step, bool parallel, F&& body) {
+  if (parallel && end - begin > step && omp_get_max_threads() > 1) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = begin; i < end; i += step) body(i);
+  } else {
+    for (int64_t i = begin; i < end; i += step) body(i);
+  }
+}
+
+}  // namespace kestrel::kernels

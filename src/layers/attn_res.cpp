@@ -3,12 +3,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/parallel.h"
+
 namespace kestrel {
 
 void attn_res_mix(std::span<const float* const> rows, int64_t T, int64_t D, const float* c, float eps, float* out) {
   const size_t n = rows.size();
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < T; ++t) {
+  kernels::parallel_for(0, T, 1, true, [&](int64_t t) {
     float s[64];
     float mx = -INFINITY;
     for (size_t j = 0; j < n; ++j) {
@@ -30,7 +31,7 @@ void attn_res_mix(std::span<const float* const> rows, int64_t T, int64_t D, cons
       const float* r = rows[j] + t * D;
       for (int64_t d = 0; d < D; ++d) o[d] += p * r[d];
     }
-  }
+  });
 }
 
 }  // namespace kestrel

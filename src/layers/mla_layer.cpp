@@ -216,8 +216,7 @@ void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> seg
   if (native) {
     absorb_q_native(segs);
   } else {
-#pragma omp parallel for schedule(static)
-    for (int64_t h = 0; h < nh_; ++h) {
+    kernels::parallel_for(0, nh_, 1, true, [&](int64_t h) {
       const float* wblk = head_rows(h * per_head, dn_);
       for (const auto& sg : segs)
         for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t) {
@@ -231,7 +230,7 @@ void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> seg
           }
           std::copy_n(qn + dn_, dr_, ql + lora_);
         }
-    }
+    });
   }
   if (indexer_) {  // DSA: each query attends to its own top-k positions (−1 slots skipped)
     for (const auto& sg : segs) {
@@ -263,8 +262,7 @@ void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> seg
   }
   kernels::causal_attention_many(args);
   if (native) return expand_out_native(segs);
-#pragma omp parallel for schedule(static)
-  for (int64_t h = 0; h < nh_; ++h) {
+  kernels::parallel_for(0, nh_, 1, true, [&](int64_t h) {
     const float* wblk = head_rows(h * per_head + dn_, dv_);
     for (const auto& sg : segs)
       for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t) {
@@ -277,7 +275,7 @@ void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> seg
           o[e] = s;
         }
       }
-  }
+  });
 }
 
 bool MlaLayer::native_absorbed() const {

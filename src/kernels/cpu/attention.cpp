@@ -1,5 +1,7 @@
 #include "kernels/cpu/attention.h"
 
+#include "kernels/cpu/parallel.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -67,16 +69,14 @@ void attend_one(const AttentionArgs& a, int64_t t, int64_t h) {
 }  // namespace
 
 void causal_attention(const AttentionArgs& a) {
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t t = 0; t < a.T; ++t)
-    for (int64_t h = 0; h < a.H; ++h) attend_one(a, t, h);
+  if (a.H <= 0) return;
+  parallel_for(0, a.T * a.H, 1, true, [&](int64_t i) { attend_one(a, i / a.H, i % a.H); });
 }
 
 void causal_attention_many(std::span<const AttentionArgs> args) {
   int64_t total = 0;
   for (const AttentionArgs& a : args) total += a.T * a.H;
-#pragma omp parallel for schedule(dynamic, 4)
-  for (int64_t i = 0; i < total; ++i) {
+  parallel_for_dynamic(total, 4, [&](int64_t i) {
     size_t s = 0;
     int64_t r = i;
     while (r >= args[s].T * args[s].H) {
@@ -84,7 +84,7 @@ void causal_attention_many(std::span<const AttentionArgs> args) {
       ++s;
     }
     attend_one(args[s], r / args[s].H, r % args[s].H);
-  }
+  });
 }
 
 }  // namespace kestrel::kernels

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/cpu/parallel.h"
 #include "tensor/dtype.h"
 
 namespace kestrel::kernels {
@@ -242,122 +243,114 @@ void indexer_topk(const IndexerTopkArgs& a) {
   Cand* heapp = heaps.data();
   int32_t* hnp = heap_n.data();
 
-#pragma omp parallel
-  {
+  // Tiles (split, query block) dynamically scheduled, split-major as a collapse(2) loop would be.
+  parallel_for_dynamic(splits * qblocks, 1, [&](int64_t tile) {
+    const int64_t sp = tile / qblocks, qb = tile % qblocks;
     thread_local std::vector<float> kf, ks, sc;
     kf.resize(static_cast<size_t>(kKeyTile * D));
     ks.resize(static_cast<size_t>(kKeyTile));
     sc.resize(static_cast<size_t>(4 * kKeyTile));
-#pragma omp for schedule(dynamic, 1) collapse(2)
-    for (int64_t sp = 0; sp < splits; ++sp)
-      for (int64_t qb = 0; qb < qblocks; ++qb) {
-        const int64_t t0 = first_scored + qb * kQueryBlock, t1 = std::min(T, t0 + kQueryBlock);
-        const int64_t k_begin = sp * split_len;
-        const int64_t k_end = std::min(off + t1, (sp + 1) * split_len);  // last query sees keys < off + t1
-        for (int64_t j0 = k_begin; j0 < k_end; j0 += kKeyTile) {
-          const int64_t nk = std::min(kKeyTile, k_end - j0);
-          const int64_t nk4 = (nk + 3) / 4 * 4;  // padded to whole dot4 groups (pad rows are zero)
-          for (int64_t j = 0; j < nk; ++j) {
-            const uint8_t* r = key_row(a, j0 + j);
-            decode_e4m3(r, kf.data() + j * D, D);
-            ks[static_cast<size_t>(j)] = key_scale(a, r);
-          }
-          std::fill(kf.begin() + nk * D, kf.begin() + nk4 * D, 0.0f);
-          // Scores of the block's queries against the tile, 4 queries × 4 keys at a time.
-          for (int64_t tq = t0; tq < t1; tq += 4) {
-            const int64_t nq = std::min<int64_t>(4, t1 - tq);
-            const int64_t upto = std::min(nk, off + tq + nq - j0);  // keys the last of these queries sees
-            if (upto <= 0) continue;
-            const int64_t nj = (upto + 3) / 4 * 4;
-            std::fill(sc.begin(), sc.begin() + 4 * kKeyTile, 0.0f);
-            for (int64_t h = 0; h < H; ++h)
-              for (int64_t j = 0; j < nj; j += 4) {
-                float d[4][4];
-                if (nq == 4) dot4x4(qfp + (tq * H + h) * D, H * D, kf.data() + j * D, D, d);
-                else
-                  for (int64_t r = 0; r < nq; ++r) dot4(qfp + ((tq + r) * H + h) * D, kf.data() + j * D, D, d[r]);
-                for (int64_t r = 0; r < nq; ++r) {
-                  const float wh = a.w[(tq + r) * H + h];
-                  for (int c = 0; c < 4; ++c)
-                    if (d[r][c] > 0.0f) sc[static_cast<size_t>(r * kKeyTile + j + c)] += wh * d[r][c];
-                }
-              }
+    const int64_t t0 = first_scored + qb * kQueryBlock, t1 = std::min(T, t0 + kQueryBlock);
+    const int64_t k_begin = sp * split_len;
+    const int64_t k_end = std::min(off + t1, (sp + 1) * split_len);  // last query sees keys < off + t1
+    for (int64_t j0 = k_begin; j0 < k_end; j0 += kKeyTile) {
+      const int64_t nk = std::min(kKeyTile, k_end - j0);
+      const int64_t nk4 = (nk + 3) / 4 * 4;  // padded to whole dot4 groups (pad rows are zero)
+      for (int64_t j = 0; j < nk; ++j) {
+        const uint8_t* r = key_row(a, j0 + j);
+        decode_e4m3(r, kf.data() + j * D, D);
+        ks[static_cast<size_t>(j)] = key_scale(a, r);
+      }
+      std::fill(kf.begin() + nk * D, kf.begin() + nk4 * D, 0.0f);
+      // Scores of the block's queries against the tile, 4 queries × 4 keys at a time.
+      for (int64_t tq = t0; tq < t1; tq += 4) {
+        const int64_t nq = std::min<int64_t>(4, t1 - tq);
+        const int64_t upto = std::min(nk, off + tq + nq - j0);  // keys the last of these queries sees
+        if (upto <= 0) continue;
+        const int64_t nj = (upto + 3) / 4 * 4;
+        std::fill(sc.begin(), sc.begin() + 4 * kKeyTile, 0.0f);
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t j = 0; j < nj; j += 4) {
+            float d[4][4];
+            if (nq == 4) dot4x4(qfp + (tq * H + h) * D, H * D, kf.data() + j * D, D, d);
+            else
+              for (int64_t r = 0; r < nq; ++r) dot4(qfp + ((tq + r) * H + h) * D, kf.data() + j * D, D, d[r]);
             for (int64_t r = 0; r < nq; ++r) {
-              const int64_t t = tq + r;
-              const int64_t visible = std::min(nk, off + t + 1 - j0);  // causal: keys ≤ off + t
-              Cand* heap = heapp + (sp * Ts + (t - first_scored)) * K;
-              int32_t& hn = hnp[sp * Ts + (t - first_scored)];
-              const float* srow = sc.data() + r * kKeyTile;
-              for (int64_t j = 0; j < visible; ++j) {
-                const Cand c{srow[j] * ks[static_cast<size_t>(j)], static_cast<int32_t>(j0 + j)};
-                if (hn < K) {
-                  heap[hn++] = c;
-                  std::push_heap(heap, heap + hn, better);  // top = the worst kept candidate
-                } else if (better(c, heap[0])) {
-                  std::pop_heap(heap, heap + K, better);
-                  heap[K - 1] = c;
-                  std::push_heap(heap, heap + K, better);
-                }
-              }
+              const float wh = a.w[(tq + r) * H + h];
+              for (int c = 0; c < 4; ++c)
+                if (d[r][c] > 0.0f) sc[static_cast<size_t>(r * kKeyTile + j + c)] += wh * d[r][c];
+            }
+          }
+        for (int64_t r = 0; r < nq; ++r) {
+          const int64_t t = tq + r;
+          const int64_t visible = std::min(nk, off + t + 1 - j0);  // causal: keys ≤ off + t
+          Cand* heap = heapp + (sp * Ts + (t - first_scored)) * K;
+          int32_t& hn = hnp[sp * Ts + (t - first_scored)];
+          const float* srow = sc.data() + r * kKeyTile;
+          for (int64_t j = 0; j < visible; ++j) {
+            const Cand c{srow[j] * ks[static_cast<size_t>(j)], static_cast<int32_t>(j0 + j)};
+            if (hn < K) {
+              heap[hn++] = c;
+              std::push_heap(heap, heap + hn, better);  // top = the worst kept candidate
+            } else if (better(c, heap[0])) {
+              std::pop_heap(heap, heap + K, better);
+              heap[K - 1] = c;
+              std::push_heap(heap, heap + K, better);
             }
           }
         }
       }
-  }
+    }
+  });
 
   // Merge the splits per query; positions ascending.
-#pragma omp parallel
-  {
+  parallel_for(0, Ts, 1, true, [&](int64_t ti) {
     thread_local std::vector<Cand> all;
-#pragma omp for schedule(static)
-    for (int64_t ti = 0; ti < Ts; ++ti) {
-      all.clear();
-      for (int64_t sp = 0; sp < splits; ++sp) {
-        const Cand* heap = heapp + (sp * Ts + ti) * K;
-        all.insert(all.end(), heap, heap + hnp[sp * Ts + ti]);
-      }
-      const int64_t keep = std::min<int64_t>(K, static_cast<int64_t>(all.size()));
-      if (static_cast<int64_t>(all.size()) > keep) std::nth_element(all.begin(), all.begin() + keep - 1, all.end(), better);
-      int32_t* o = a.out + (first_scored + ti) * K;
-      for (int64_t j = 0; j < keep; ++j) o[j] = all[static_cast<size_t>(j)].pos;
-      std::sort(o, o + keep);
-      for (int64_t j = keep; j < K; ++j) o[j] = -1;
+    all.clear();
+    for (int64_t sp = 0; sp < splits; ++sp) {
+      const Cand* heap = heapp + (sp * Ts + ti) * K;
+      all.insert(all.end(), heap, heap + hnp[sp * Ts + ti]);
     }
-  }
+    const int64_t keep = std::min<int64_t>(K, static_cast<int64_t>(all.size()));
+    if (static_cast<int64_t>(all.size()) > keep) std::nth_element(all.begin(), all.begin() + keep - 1, all.end(), better);
+    int32_t* o = a.out + (first_scored + ti) * K;
+    for (int64_t j = 0; j < keep; ++j) o[j] = all[static_cast<size_t>(j)].pos;
+    std::sort(o, o + keep);
+    for (int64_t j = keep; j < K; ++j) o[j] = -1;
+  });
 }
 
 // Online softmax over the gathered rows (running max and sum), like causal_attention.
 void sparse_mla_attention(const SparseMlaArgs& a) {
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t t = 0; t < a.T; ++t) {
-    for (int64_t h = 0; h < a.H; ++h) {
-      const float* q = a.q + (t * a.H + h) * a.Dk;
-      float* o = a.out + (t * a.H + h) * a.Dv;
-      std::fill(o, o + a.Dv, 0.0f);
-      const int32_t* idx = a.idx + t * a.topk;
-      float m = -INFINITY, l = 0.0f;
-      for (int64_t i = 0; i < a.topk; ++i) {
-        const int32_t j = idx[i];
-        if (j < 0) continue;
-        const float* row = a.pages[j / a.page_tokens] + (j % a.page_tokens) * a.row;
-        float s = 0;
+  if (a.H <= 0) return;
+  parallel_for(0, a.T * a.H, 1, true, [&](int64_t th) {
+    const int64_t t = th / a.H, h = th % a.H;
+    const float* q = a.q + (t * a.H + h) * a.Dk;
+    float* o = a.out + (t * a.H + h) * a.Dv;
+    std::fill(o, o + a.Dv, 0.0f);
+    const int32_t* idx = a.idx + t * a.topk;
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t i = 0; i < a.topk; ++i) {
+      const int32_t j = idx[i];
+      if (j < 0) continue;
+      const float* row = a.pages[j / a.page_tokens] + (j % a.page_tokens) * a.row;
+      float s = 0;
 #pragma omp simd reduction(+ : s)
-        for (int64_t d = 0; d < a.Dk; ++d) s += q[d] * row[d];
-        s *= a.scale;
-        if (s > m) {
-          const float r = std::exp(m - s);  // 0 on the first key
-          l *= r;
-          for (int64_t d = 0; d < a.Dv; ++d) o[d] *= r;
-          m = s;
-        }
-        const float w = std::exp(s - m);
-        l += w;
-        for (int64_t d = 0; d < a.Dv; ++d) o[d] += w * row[d];
+      for (int64_t d = 0; d < a.Dk; ++d) s += q[d] * row[d];
+      s *= a.scale;
+      if (s > m) {
+        const float r = std::exp(m - s);  // 0 on the first key
+        l *= r;
+        for (int64_t d = 0; d < a.Dv; ++d) o[d] *= r;
+        m = s;
       }
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      for (int64_t d = 0; d < a.Dv; ++d) o[d] *= inv;
+      const float w = std::exp(s - m);
+      l += w;
+      for (int64_t d = 0; d < a.Dv; ++d) o[d] += w * row[d];
     }
-  }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int64_t d = 0; d < a.Dv; ++d) o[d] *= inv;
+  });
 }
 
 }  // namespace kestrel::kernels

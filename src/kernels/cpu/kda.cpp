@@ -13,6 +13,7 @@
 // reference row s (first row of the row block): exp(Γ_r − Γ_j) = exp(Γ_r − Γ_s) · exp(Γ_s − Γ_j), with
 // j < s <= r both factors are <= 1 (Γ is non-increasing). Diagonal sub-blocks use per-element exps.
 #include "kernels/cpu/kda.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/scratch.h"
 
 #include <algorithm>
@@ -345,20 +346,16 @@ void kda_recurrent_many(std::span<const KdaArgs> args) {
   int64_t total = 0;
   for (const KdaArgs& a : args) total += a.H;
   // (sequence, head) pairs in one parallel region: a decode step of B sequences forks once.
-#pragma omp parallel
-  {
-    int64_t maxK = 1, maxV = 1;
-    for (const KdaArgs& a : args) maxK = std::max(maxK, a.K), maxV = std::max(maxV, a.V);
+  int64_t maxK = 1, maxV = 1;
+  for (const KdaArgs& a : args) maxK = std::max(maxK, a.K), maxV = std::max(maxV, a.V);
+  parallel_for(0, total, 1, true, [&](int64_t i) {
     float* p = thread_scratch(kScratchKdaP, static_cast<size_t>(maxV));
     float* decay = thread_scratch(kScratchKdaDecay, static_cast<size_t>(maxK));
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < total; ++i) {
-      size_t s = 0;
-      int64_t h = i;
-      while (h >= args[s].H) h -= args[s++].H;
-      recurrent_head(args[s], h, p, decay);
-    }
-  }
+    size_t s = 0;
+    int64_t h = i;
+    while (h >= args[s].H) h -= args[s++].H;
+    recurrent_head(args[s], h, p, decay);
+  });
 }
 
 void kda_recurrent(const KdaArgs& a) { kda_recurrent_many(std::span<const KdaArgs>(&a, 1)); }

@@ -23,4 +23,19 @@ inline void parallel_for(int64_t begin, int64_t end, int64_t step, bool parallel
   }
 }
 
+// body(i) for i in [0, n), dynamically scheduled in chunks of `chunk` when there is more than one thread.
+template <class F>
+inline void parallel_for_dynamic(int64_t n, int64_t chunk, F&& body) {
+  if (n > 1 && omp_get_max_threads() > 1) {
+#pragma omp parallel for schedule(dynamic, chunk)
+    for (int64_t i = 0; i < n; ++i) body(i);
+  } else {
+    for (int64_t i = 0; i < n; ++i) body(i);
+  }
+}
+
+// True when a parallel region is worth entering: more than one OpenMP thread. Regions that need per-thread
+// set-up test this and run their loop inline otherwise (a one-thread region costs a heap allocation).
+inline bool threads_available() { return omp_get_max_threads() > 1; }
+
 }  // namespace kestrel::kernels

@@ -25,6 +25,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(Engine& engine, const Sched
     auto pc = PrefixCache::create(*s->pools_, cfg.prefix);
     if (!pc) return pc.error();
     s->prefix_ = std::move(*pc);
+    s->prefix_stats_ = s->prefix_->stats();  // capacity on /metrics from the start, not after the first step
     // The cache layout is part of the identity: another page size or cache dtype never shares a hit.
     s->cfg_.cache_fingerprint += "|page=" + std::to_string(s->pools_->page_tokens()) + "|kv=fp32";
   }

@@ -3,6 +3,7 @@
 #include "cache/tier_object.h"
 
 #include <gtest/gtest.h>
+#include <openssl/evp.h>
 
 #include <cstring>
 
@@ -67,6 +68,24 @@ TEST(TierObject, StoreKeysSeparateKindsAndBoundaries) {
   EXPECT_NE(tier_store_key(b, TierPayloadKind::kPages), tier_store_key(digest_of(5), TierPayloadKind::kPages));
   EXPECT_EQ(tier_store_key(b, TierPayloadKind::kPages), tier_store_key(b, TierPayloadKind::kPages));
   EXPECT_NE(model_digest("a"), model_digest("b"));
+}
+
+// The bytes on disk and in Redis outlive a build: the layout, tier_store_key() and model_digest() are pinned to an
+// encoding written independently with Python's hashlib and struct (the fuzz seed corpus/tier_object/seed_pages.bin).
+TEST(TierObject, FormatIsStable) {
+  TierObject o;
+  o.key = tier_store_key(Digest{}, TierPayloadKind::kPages);
+  o.model = model_digest("fuzz");
+  o.kind = TierPayloadKind::kPages;
+  o.blocks = 2;
+  for (int i = 0; i < 64; ++i) o.payload.push_back(static_cast<uint8_t>(i));
+  const std::vector<uint8_t> bytes = serialize_tier_object(o);
+  ASSERT_EQ(bytes.size(), 184u);
+  EXPECT_EQ(std::string(bytes.begin(), bytes.begin() + 4), "KTOB");
+  Digest whole{};
+  unsigned int len = 0;
+  ASSERT_EQ(EVP_Digest(bytes.data(), bytes.size(), whole.data(), &len, EVP_sha256(), nullptr), 1);
+  EXPECT_EQ(to_hex(whole), "59732908216c8cb9865802d99fda2906713cf84412d8c3f315856d97d6d39106");
 }
 
 // Every single byte changed, in every position, in two different ways: never accepted.

@@ -4,7 +4,8 @@
 // may miss at any time.
 //
 // One connection, made on first use. Every call is bounded: connecting by connect_timeout_ms, each command by
-// command_timeout_ms (socket timeouts), so a stalled or unreachable server gives an error, never a hang. After an
+// command_timeout_ms of silence (socket send/receive timeouts: a server that stops answering is an error after that
+// long; one that keeps trickling bytes is not cut off), so a stalled or unreachable server gives an error. After an
 // I/O error or timeout the connection is dropped (its reply stream can no longer be trusted) and the next call
 // connects again; reply errors from the server (OOM, ...) keep it. Calls are serialised on the connection.
 #pragma once

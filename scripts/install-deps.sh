@@ -5,6 +5,7 @@ pkgs=(build-essential g++ cmake make pkg-config ccache
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libpcre2-dev libboost-dev
       clang-14 libclang-rt-14-dev libomp-14-dev
       libssl-dev
+      libopenmpi-dev openmpi-bin  # dist/ MPI backend and its mpiexec tests (tests/unit/dist)
       python3 python3-venv python3-pip curl
       wamerican  # /usr/share/dict/words: the default model's word test (tests/integration/test_default_model.py)
       chromium)  # headless, for the chat page test (tests/integration/test_chat_page.py)

@@ -7,6 +7,7 @@ pkgs=(build-essential g++ cmake make pkg-config ccache
       libssl-dev
       libhiredis-dev redis-server  # the prefix cache's Redis tier; its tests start their own redis-server
       libpng-dev libturbojpeg0-dev libwebp-dev  # image decoding (src/media)
+      libopenmpi-dev openmpi-bin  # dist/ MPI backend and its mpiexec tests (tests/unit/dist)
       python3 python3-venv python3-pip curl
       wamerican  # /usr/share/dict/words: the default model's word test (tests/integration/test_default_model.py)
       chromium)  # headless, for the chat page test (tests/integration/test_chat_page.py)

@@ -276,7 +276,10 @@ void Scheduler::release(Seq& s, bool keep_prefix) {
   if (s.slot >= 0) pools_->release(s.st, s.slot, s.blocks);
   s.slot = -1;
   // Publish immediately so stats are current by the time the client sees the final event.
+  // The prefix cache's counts go with the pool's: one scrape must never see pages it holds counted as in use
+  // by nobody.
   std::lock_guard<std::mutex> lk(mu_);
+  if (prefix_) prefix_stats_ = prefix_->stats();
   blocks_used_ = pools_->num_blocks() - pools_->free_blocks();
   slots_used_ = pools_->num_slots() - pools_->free_slots();
 }

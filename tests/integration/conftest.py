@@ -56,6 +56,17 @@ class Server:
                     out[name] = float(value)
             return out
 
+    def idle_metrics(self, timeout=30):
+        """/metrics once the scheduler has retired every request. A client sees its last byte before the
+        scheduler thread finishes retiring the request, so an immediate scrape may still count it running."""
+        deadline = time.time() + timeout
+        while True:
+            m = self.metrics()
+            if (m.get("kestrel_requests_running", 0) == 0 and m.get("kestrel_requests_waiting", 0) == 0
+                    and m.get("kestrel_state_slots_used", 0) == 0) or time.time() > deadline:
+                return m
+            time.sleep(0.05)
+
     def stop(self, sig=15, timeout=60):
         self.proc.send_signal(sig)
         return self.proc.wait(timeout=timeout)

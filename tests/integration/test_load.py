@@ -94,7 +94,7 @@ def test_64_concurrent_streams_no_loss(busy_server):
         # Greedy decoding is batch-invariant (bitwise): under load every answer equals its solo answer.
         assert (text, reasoning, finish) == solo[(prompt, n)][:3]
     print(f"320 streamed requests, 64 concurrent: {elapsed:.1f} s, {tokens / elapsed:.1f} output tok/s")
-    m = busy_server.metrics()
+    m = busy_server.idle_metrics()
     assert m.get("kestrel_requests_running", 0) == 0
     # The 64 streams really shared forwards (continuous batching), as /metrics reports it.
     assert m.get("kestrel_step_sequences_max", 0) > 1

@@ -85,7 +85,7 @@ def test_cache_salt_isolates(servers):
 def test_reset_prefix_cache_releases_everything(servers):
     on, _ = servers
     conversation(on, turns=2, salt="reset")
-    before = on.metrics()
+    before = on.idle_metrics()
     assert before["kestrel_prefix_cache_blocks"] > 0
     assert before["kestrel_kv_blocks_used"] == before["kestrel_prefix_cache_blocks"]  # idle: only the cache holds
     req = urllib.request.Request(on.base + "/reset_prefix_cache", data=b"{}", method="POST",

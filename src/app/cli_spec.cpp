@@ -40,6 +40,8 @@ const std::vector<CommandSpec>& command_specs() {
         {"prefix-cache-snapshot-mib", "N", "256", "memory for the prefix cache's KDA state snapshots, MiB"},
         {"prefix-cache-generation-snapshots", "", "",
          "also keep the state at each generation end: deeper hits, not bit-equal to a cold run"},
+        {"prefix-cache-disk", "DIR", "", "also keep cached prefixes in this directory (L3 disk tier; persists across restarts)"},
+        {"prefix-cache-disk-mib", "N", "4096", "disk space for --prefix-cache-disk, MiB"},
         {"timeout-seconds", "N", "600", "limit on one generation request"},
         {"drain-seconds", "N", "30", "time in-flight requests get to finish after SIGTERM"},
         {"http-threads", "N", "2", "HTTP I/O threads"},

@@ -1,6 +1,7 @@
 #include "cache/cache_pools.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "base/check.h"
 
@@ -111,6 +112,30 @@ void CachePools::adopt_prefix(SequenceState& s, std::vector<int32_t>& blocks, st
   for (int l : geom_.mla_layers) s.mla[static_cast<size_t>(l)].n_tokens = n;
   for (int l : geom_.sparse_layers) s.mla[static_cast<size_t>(l)].indexer.n_tokens = n;
   s.n_tokens = n;
+}
+
+void CachePools::read_block(int32_t b, uint8_t* dst) const {
+  KCHECK(b >= 0 && b < num_blocks() && refs_[static_cast<size_t>(b)] > 0, "read of a free MLA block");
+  std::memcpy(dst, block_mem_.get() + static_cast<int64_t>(b) * block_floats_, static_cast<size_t>(block_floats_) * 4);
+  if (index_block_bytes_ > 0)
+    std::memcpy(dst + block_floats_ * 4, index_mem_.get() + static_cast<int64_t>(b) * index_block_bytes_,
+                static_cast<size_t>(index_block_bytes_));
+}
+
+void CachePools::write_block(int32_t b, const uint8_t* src) {
+  KCHECK(b >= 0 && b < num_blocks() && refs_[static_cast<size_t>(b)] > 0, "write of a free MLA block");
+  std::memcpy(block_mem_.get() + static_cast<int64_t>(b) * block_floats_, src, static_cast<size_t>(block_floats_) * 4);
+  if (index_block_bytes_ > 0)
+    std::memcpy(index_mem_.get() + static_cast<int64_t>(b) * index_block_bytes_, src + block_floats_ * 4,
+                static_cast<size_t>(index_block_bytes_));
+}
+
+int32_t CachePools::alloc_block() {
+  if (free_blocks_.empty()) return -1;
+  const int32_t b = free_blocks_.back();
+  free_blocks_.pop_back();
+  refs_[static_cast<size_t>(b)] = 1;
+  return b;
 }
 
 void CachePools::release(SequenceState& s, int slot, std::vector<int32_t>& blocks) {

@@ -68,6 +68,12 @@ class CachePools {
   // The KDA state of a slot (conv + recurrent of every KDA layer, slot_floats() floats).
   float* slot_data(int slot) { return slot_mem_.get() + static_cast<int64_t>(slot) * geom_.slot_floats(); }
   int64_t slot_floats() const { return geom_.slot_floats(); }
+  // Lower tiers (cache/tier_object.h): a block's bytes, block_bytes() of them: its MLA page of every MLA layer
+  // (mla_block_bytes()), then its indexer page of every sparse layer (index_block_bytes()).
+  void read_block(int32_t block, uint8_t* dst) const;
+  void write_block(int32_t block, const uint8_t* src);
+  // Takes a free block with one reference (the caller's); -1 when none is free.
+  int32_t alloc_block();
 
  private:
   CachePools(const CacheGeometry& g, const CachePoolConfig& c) : geom_(g), cfg_(c) {}

@@ -14,7 +14,14 @@
 // block boundary: a deeper hit, but that state was computed token by token in decode, which rounds
 // differently from the chunked prefill a cold run uses (within the recurrent-vs-chunked KDA tolerance).
 //
-// Plain data structure, owned by the scheduler thread (not thread-safe).
+// Disk tier (L3, optional): every snapshot stored at a grid boundary (a pure-MLA model: the deepest grid boundary
+// of each retired prefix computed in whole grid chunks) is also written down, through an asynchronous writer that drops when its queue is full,
+// as two objects of cache/tier_object.h: the pages of ALL blocks from the start to the boundary, and the snapshot.
+// At admission, when the live hit is shorter, the deepest grid boundary whose objects both exist and verify
+// (checksum, key, model digest, shape) is read back into fresh blocks (all of them: the sequence uses the
+// object's bits only) and the slot, and the blocks of keys the radix index lacks are inserted into it; anything missing, corrupt or short of room means no disk hit at all (counted), never a partial one.
+//
+// Plain data structure, owned by the scheduler thread (not thread-safe), except flush_tier() and tier_stats().
 #pragma once
 
 #include <cstdint>
@@ -22,12 +29,16 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cache/block_hash.h"
 #include "cache/cache_pools.h"
+#include "cache/disk_store.h"
 #include "cache/radix_cache.h"
 #include "cache/snapshot_pool.h"
+#include "cache/tier_object.h"
+#include "cache/tier_writer.h"
 
 namespace kestrel {
 
@@ -39,6 +50,11 @@ struct PrefixCacheConfig {
   int64_t snapshot_budget_bytes = 256ll << 20;  // the KDA snapshot pool
   bool generation_snapshots = false;            // also keep the state at each request's generation end
   SnapshotFault fault = SnapshotFault::kNone;
+  // The disk tier (L3): a directory the objects persist in across restarts (empty: no disk tier), within a
+  // byte budget (least recently used objects go first).
+  std::string disk_dir;
+  int64_t disk_budget_bytes = 4ll << 30;
+  TierWriterOptions disk_writer;  // the write-down queue (full: the object is dropped, the step loop never waits)
 };
 
 struct PrefixCacheStats {
@@ -46,11 +62,27 @@ struct PrefixCacheStats {
   int64_t cached_blocks = 0, snapshots = 0, snapshot_bytes = 0, snapshot_capacity = 0;
   int64_t evicted_blocks = 0, evicted_snapshots = 0;  // by pool pressure
   int64_t flushes = 0;
+  // Disk tier (all zero without one). hit_tokens above includes disk_hit_tokens.
+  bool disk = false;
+  int64_t disk_queries = 0;     // admissions that looked deeper than the live hit on disk
+  int64_t disk_hits = 0, disk_hit_tokens = 0;  // admissions restored from disk, tokens restored
+  int64_t disk_corrupt = 0;     // objects that failed verification (checksum, identity, shape): erased
+  int64_t disk_incomplete = 0;  // boundaries with only one of their two objects (pages, snapshot)
+  int64_t disk_read_errors = 0; // store I/O errors on lookup or read
+  int64_t disk_no_room = 0;     // verified disk hits skipped: the pools had no room for their blocks
+  int64_t disk_submitted = 0, disk_written = 0, disk_write_errors = 0;  // objects handed to / put by the writer
+  int64_t disk_dropped = 0;     // objects the writer dropped (queue full, shutdown)
+  int64_t disk_objects = 0, disk_bytes = 0;  // held on disk now
+  int64_t disk_evictions = 0;   // objects the store removed for its budget
 };
 
 class PrefixCache {
  public:
-  static Result<std::unique_ptr<PrefixCache>> create(CachePools& pools, const PrefixCacheConfig& c);
+  // `fingerprint`: the model identity the key chain is seeded with (stored and verified as the objects' model
+  // digest); `grid_blocks`: the hit grid in blocks (where a pure-MLA model writes down).
+  static Result<std::unique_ptr<PrefixCache>> create(CachePools& pools, const PrefixCacheConfig& c,
+                                                     std::string_view fingerprint = {}, int64_t grid_blocks = 1);
+  ~PrefixCache();
 
   int64_t block_tokens() const { return radix_.config().block_tokens; }
   bool needs_snapshot() const { return radix_.config().needs_snapshot; }
@@ -69,6 +101,10 @@ class PrefixCache {
   // Records the sequence's first keys.size() blocks (pages only; the cache takes a reference on each block
   // it did not hold).
   void store_pages(std::span<const Digest> keys, std::span<const int32_t> blocks);
+  // Pure-MLA models with a disk tier: queues the pages of blocks [0, keys.size()) as that boundary's object. The
+  // caller passes a grid boundary up to which the blocks were computed in whole grid chunks (not in a prompt's
+  // short last chunk, not in decode), so that the object holds the bits a cold prefill computes. No-op otherwise.
+  void write_down_pages(std::span<const Digest> keys, std::span<const int32_t> blocks);
   // Records blocks [0, keys.size()) and `state` (slot_floats floats: the KDA state after exactly
   // keys.size() * block_tokens tokens) as the snapshot at that boundary. No-op for pure-MLA models or when
   // the snapshot pool cannot make room.
@@ -85,11 +121,24 @@ class PrefixCache {
   // Drops every cached block and snapshot (admin flush).
   void clear();
   PrefixCacheStats stats() const;
+  // Disk tier, callable from any thread: waits until every queued object is written (tests, orderly stops), and
+  // fills the writer's and the store's counters into `s`.
+  void flush_tier();
+  void tier_stats(PrefixCacheStats& s) const;
 
  private:
   PrefixCache(CachePools& pools, const PrefixCacheConfig& c, const RadixCacheConfig& rc)
       : pools_(pools), cfg_(c), radix_(rc) {}
   bool free_a_snapshot();
+  // Queues the pages of blocks [0, keys.size()) and, for a hybrid model, `state` as that boundary's objects.
+  void write_down(std::span<const Digest> keys, std::span<const int32_t> blocks, const float* state);
+  // Restores the deepest verified disk boundary on the grid in (have, keys.size()] into the radix index (and its
+  // snapshot into `slot`); returns its block count, 0 for none. Sets `evicted` when it made room.
+  // `ids` gets the restored blocks (one allocation reference each, the index's for those it adopted, listed
+  // otherwise in `own`).
+  int64_t restore(std::span<const Digest> keys, int64_t have, int64_t grid_blocks, int slot, bool& evicted,
+                  std::vector<int32_t>& ids, std::vector<int32_t>& own);
+  bool load(const Digest& boundary, TierPayloadKind kind, TierObject& out);
 
   CachePools& pools_;
   PrefixCacheConfig cfg_;
@@ -97,6 +146,11 @@ class PrefixCache {
   std::unique_ptr<SnapshotPool> snaps_;
   std::vector<int32_t> adopted_;
   PrefixCacheStats st_;
+  // Disk tier. The writer goes first (it puts into the store).
+  std::unique_ptr<DiskStore> disk_;
+  std::unique_ptr<TierWriter> writer_;
+  Digest model_{};
+  int64_t grid_blocks_ = 1;
 };
 
 }  // namespace kestrel

@@ -22,12 +22,14 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(Engine& engine, const Sched
     if (cfg.prefill_chunk % s->pools_->page_tokens() != 0)
       return invalid_argument("prefix cache: the prefill chunk (" + std::to_string(cfg.prefill_chunk) +
                               ") must be a multiple of the page size (" + std::to_string(s->pools_->page_tokens()) + ")");
-    auto pc = PrefixCache::create(*s->pools_, cfg.prefix);
+    // The cache layout is part of the identity: another page size or cache dtype never shares a hit. The
+    // fingerprint seeds every key chain and is the disk objects' model digest.
+    s->cfg_.cache_fingerprint += "|page=" + std::to_string(s->pools_->page_tokens()) + "|kv=fp32";
+    auto pc = PrefixCache::create(*s->pools_, cfg.prefix, s->cfg_.cache_fingerprint,
+                                  cfg.prefill_chunk / s->pools_->page_tokens());
     if (!pc) return pc.error();
     s->prefix_ = std::move(*pc);
     s->prefix_stats_ = s->prefix_->stats();  // capacity on /metrics from the start, not after the first step
-    // The cache layout is part of the identity: another page size or cache dtype never shares a hit.
-    s->cfg_.cache_fingerprint += "|page=" + std::to_string(s->pools_->page_tokens()) + "|kv=fp32";
   }
   if (s->pools_->num_blocks() * s->pools_->page_tokens() < cfg.max_context)
     return invalid_argument("cache: " + std::to_string(s->pools_->num_blocks() * s->pools_->page_tokens()) +
@@ -92,12 +94,17 @@ ServiceStats Scheduler::stats() const {
   s.tpot_sum = metrics_.tpot.sum(), s.tpot_n = metrics_.tpot.n();
   s.prefix_cache = cfg_.prefix_cache;
   s.prefix = prefix_stats_;
+  if (prefix_) prefix_->tier_stats(s.prefix);  // the writer's and the store's counters, current
   s.step_sequences_buckets = metrics_.step_sequences.bounds();
   s.step_sequences_counts = metrics_.step_sequences.counts();
   s.step_sequences_sum = metrics_.step_sequences.sum();
   s.steps_total = metrics_.step_sequences.n();
   s.step_sequences_max = metrics_.step_sequences_max;
   return s;
+}
+
+void Scheduler::flush_prefix_tier() {
+  if (prefix_) prefix_->flush_tier();
 }
 
 void Scheduler::flush_prefix_cache() {
@@ -216,6 +223,7 @@ void Scheduler::attach_prefix(Seq& s) {
   const auto keys = keys_for(s, L / B);
   const PrefixCache::Lookup lk = prefix_->attach(keys, (L - 1) / G * G / B, G / B, s.st, s.blocks, s.slot);
   if (s.generated == 0) s.cached = static_cast<int>(lk.tokens);
+  s.prefill_len = L;
   s.cuts.clear();
   if (!prefix_->needs_snapshot()) return;
   // A snapshot is recorded for the boundary `at` (a block multiple) from the state after `take` tokens;
@@ -268,7 +276,12 @@ void Scheduler::retire_prefix(Seq& s, bool keep) {
     else prefix_->release_held(s.held);
     s.held = -1, s.held_at = 0;
   }
-  if (keep) prefix_->store_pages(keys_for(s, s.st.n_tokens / B), s.blocks);
+  if (!keep) return;
+  prefix_->store_pages(keys_for(s, s.st.n_tokens / B), s.blocks);
+  // Disk tier, pure-MLA model: the deepest grid boundary whose blocks this prefill computed in whole grid chunks
+  // (a prompt's short last chunk and decode round differently from the chunk a longer cold prompt runs there).
+  const int64_t G = cfg_.prefill_chunk, exact = std::min(s.st.n_tokens, s.prefill_len) / G * G;
+  if (exact > 0) prefix_->write_down_pages(keys_for(s, exact / B), s.blocks);
 }
 
 void Scheduler::release(Seq& s, bool keep_prefix) {

@@ -52,6 +52,8 @@ class Scheduler final : public EngineService {
   // Drops every cached prefix (admin flush); runs on the scheduler thread before its next step.
   void flush_prefix_cache() override;
   int max_context() const override { return cfg_.max_context; }
+  // Waits until the prefix cache's disk writer has written everything queued (tests: before a restart).
+  void flush_prefix_tier();
   // Stops admitting, lets in-flight requests finish for up to `bound`, cancels the rest, stops.
   void drain(std::chrono::milliseconds bound);
 
@@ -77,6 +79,7 @@ class Scheduler final : public EngineService {
     int32_t held = -1;
     int64_t held_at = 0;
     int cached = 0;  // prompt tokens reused at first admission
+    int64_t prefill_len = 0;  // tokens to prefill at the last admission (prompt, or prompt + generated after preemption)
     int64_t pending() const { return static_cast<int64_t>(tokens.size()) - st.n_tokens; }
   };
   Scheduler(Engine& e, const SchedulerConfig& c) : engine_(e), cfg_(c) {}

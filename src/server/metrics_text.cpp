@@ -45,7 +45,7 @@ std::string prometheus_text(const ServiceStats& s, bool ready) {
     const PrefixCacheStats& p = s.prefix;
     metric(o, "kestrel_prefix_cache_queries_total", "counter", "Prefix-cache lookups (one per admission).", double(p.queries));
     metric(o, "kestrel_prefix_cache_query_tokens_total", "counter", "Prompt tokens looked up.", double(p.query_tokens));
-    metric(o, "kestrel_prefix_cache_hit_tokens_total", "counter", "Prompt tokens reused from the live pools.",
+    metric(o, "kestrel_prefix_cache_hit_tokens_total", "counter", "Prompt tokens reused (live pools and disk tier).",
            double(p.hit_tokens));
     metric(o, "kestrel_prefix_cache_blocks", "gauge", "Blocks the prefix cache holds.", double(p.cached_blocks));
     metric(o, "kestrel_prefix_cache_snapshots", "gauge", "KDA state snapshots the prefix cache holds.", double(p.snapshots));
@@ -56,6 +56,32 @@ std::string prometheus_text(const ServiceStats& s, bool ready) {
     metric(o, "kestrel_prefix_cache_evicted_snapshots_total", "counter", "Snapshots evicted (pool pressure or with their block).",
            double(p.evicted_snapshots));
     metric(o, "kestrel_prefix_cache_flushes_total", "counter", "Admin flushes.", double(p.flushes));
+    if (p.disk) {
+      metric(o, "kestrel_prefix_cache_disk_queries_total", "counter",
+             "Admissions that looked on the disk tier for a deeper prefix than the live hit.", double(p.disk_queries));
+      metric(o, "kestrel_prefix_cache_disk_hits_total", "counter", "Admissions restored from the disk tier.",
+             double(p.disk_hits));
+      metric(o, "kestrel_prefix_cache_disk_hit_tokens_total", "counter",
+             "Prompt tokens restored from the disk tier (included in the hit tokens).", double(p.disk_hit_tokens));
+      metric(o, "kestrel_prefix_cache_disk_objects_written_total", "counter", "Objects written to the disk tier.",
+             double(p.disk_written));
+      metric(o, "kestrel_prefix_cache_disk_objects_dropped_total", "counter",
+             "Objects dropped before writing (writer queue full, shutdown).", double(p.disk_dropped));
+      metric(o, "kestrel_prefix_cache_disk_write_errors_total", "counter", "Failed writes to the disk tier.",
+             double(p.disk_write_errors));
+      metric(o, "kestrel_prefix_cache_disk_read_errors_total", "counter", "I/O errors reading the disk tier.",
+             double(p.disk_read_errors));
+      metric(o, "kestrel_prefix_cache_disk_corrupt_total", "counter",
+             "Disk objects that failed verification (checksum, identity, shape) and were erased.", double(p.disk_corrupt));
+      metric(o, "kestrel_prefix_cache_disk_incomplete_total", "counter",
+             "Disk boundaries found with one of their two objects missing (no hit).", double(p.disk_incomplete));
+      metric(o, "kestrel_prefix_cache_disk_no_room_total", "counter",
+             "Verified disk hits skipped for want of free cache blocks.", double(p.disk_no_room));
+      metric(o, "kestrel_prefix_cache_disk_objects", "gauge", "Objects held by the disk tier.", double(p.disk_objects));
+      metric(o, "kestrel_prefix_cache_disk_bytes", "gauge", "Bytes held by the disk tier.", double(p.disk_bytes));
+      metric(o, "kestrel_prefix_cache_disk_evictions_total", "counter", "Objects the disk tier removed for its budget.",
+             double(p.disk_evictions));
+    }
   }
   histogram(o, "kestrel_time_to_first_token_seconds", "Time to first token.", s.buckets, s.ttft_counts, s.ttft_sum,
             s.ttft_n);

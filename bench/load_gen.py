@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Load generator for `kestrel serve` (issue 4): TTFT, TPOT and aggregate output tokens/s at several
+"""Load generator for `kestrel serve`: TTFT, TPOT and aggregate output tokens/s at several
 concurrency levels, streaming chat completions with a fixed output length (ignore_eos).
 
-    python bench/load_gen.py --kestrel build/release/kestrel --preset k3-default --concurrency 1,4,16,64
+    python bench/load_gen.py --kestrel build/release/kestrel --concurrency 1,16      # the shipped default model
+    python bench/load_gen.py --kestrel build/release/kestrel --preset k3-bench --concurrency 1,4,16,64
+    python bench/load_gen.py --kestrel build/release/kestrel --model path/to/checkpoint
     python bench/load_gen.py --url http://127.0.0.1:8000 ...      # an already running server
 
 Starts its own server (loopback, ephemeral port) unless --url is given. Bounded: each level runs
@@ -68,7 +70,8 @@ def free_port():
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kestrel", default="build/release/kestrel")
-    ap.add_argument("--preset", default="k3-default", help="generated model preset when starting a server")
+    ap.add_argument("--preset", help="generated model preset when starting a server (default: the shipped model)")
+    ap.add_argument("--model", help="checkpoint directory or GGUF file when starting a server")
     ap.add_argument("--url")
     ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -84,7 +87,10 @@ def main():
         host, port = "127.0.0.1", free_port()
         cmd = [args.kestrel, "serve", "--quiet", "--port", str(port), "--max-running", "64", "--max-waiting", "1024",
                "--cache-mib", "1024", "--max-batch-tokens", "512", "--prefill-chunk", "256"]
-        cmd += ["--preset", args.preset]
+        if args.preset:
+            cmd += ["--preset", args.preset]
+        if args.model:
+            cmd += [args.model]
         if args.kernels:
             cmd += ["--kernels", args.kernels]
         proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)

@@ -277,10 +277,14 @@ void Scheduler::retire_prefix(Seq& s, bool keep) {
     s.held = -1, s.held_at = 0;
   }
   if (!keep) return;
-  prefix_->store_pages(keys_for(s, s.st.n_tokens / B), s.blocks);
-  // Disk tier, pure-MLA model: the deepest grid boundary whose blocks this prefill computed in whole grid chunks
-  // (a prompt's short last chunk and decode round differently from the chunk a longer cold prompt runs there).
+  // Only blocks computed in whole grid chunks (or attached from the cache) are stored: a prompt's short last
+  // chunk and decode round differently from the whole chunk a longer cold prompt runs there, so a hit reaching
+  // such a block would not reproduce the cold run. Opting into generation snapshots (deeper hits, documented as
+  // not bit-equal) keeps every full block.
   const int64_t G = cfg_.prefill_chunk, exact = std::min(s.st.n_tokens, s.prefill_len) / G * G;
+  const int64_t stored = prefix_->generation_snapshots() ? s.st.n_tokens / B : exact / B;
+  if (stored > 0) prefix_->store_pages(keys_for(s, stored), s.blocks);
+  // Disk tier, pure-MLA model: the deepest grid boundary computed in whole grid chunks.
   if (exact > 0) prefix_->write_down_pages(keys_for(s, exact / B), s.blocks);
 }
 

@@ -172,6 +172,28 @@ TEST_P(PrefixScheduler, HitCasesEqualCacheOff) {
   // which case 8 uses.
 }
 
+TEST_P(PrefixScheduler, BlocksOfAShortLastChunkOrOfDecodeAreNeverReused) {
+  // Grid 32, blocks of 16. A 60-token prompt runs chunks [0,32) and a short [32,60); 12 generated tokens fill
+  // the block [48,64) in decode. Those blocks round differently from the whole chunk [32,64) a longer cold
+  // prompt runs, so a follow-up that extends the first 64 tokens may reuse only the whole chunk [0,32).
+  const auto first = tokens(60, 12);
+  Collected off, on_first, on;
+  {
+    auto s = make(config(false));
+    const Collected a = run(*s, first, 12);
+    std::vector<int32_t> second(first);
+    second.insert(second.end(), a.tokens.begin(), a.tokens.begin() + 4);
+    off = run(*s, cat(second, tokens(40, 13)), 8);
+  }
+  auto s = make(config(true));
+  on_first = run(*s, first, 12);
+  std::vector<int32_t> second(first);
+  second.insert(second.end(), on_first.tokens.begin(), on_first.tokens.begin() + 4);
+  on = run(*s, cat(second, tokens(40, 13)), 8);
+  expect_same(on, off, "follow-up over a short chunk and decode");
+  EXPECT_EQ(on.cached_tokens, 32) << "only blocks computed in whole chunks are reused";
+}
+
 TEST_P(PrefixScheduler, SaltAndFingerprintSeparate) {
   auto s = make(config(true));
   const auto p = tokens(120, 6);
@@ -189,16 +211,18 @@ TEST_P(PrefixScheduler, NoLeaksUnderPressureAndFlush) {
   const auto g = engine_->model().cache_geometry();
   const int64_t block = static_cast<int64_t>(g.mla_layers.size()) * kPage * g.mla_row_floats * 4 +
                         static_cast<int64_t>(g.sparse_layers.size()) * kPage * g.index_row_bytes;
-  // On: 4 running sequences need at most 4 x 11 blocks, so 44 blocks never preempt but leave the cache only a
-  // few blocks of its own (it wants ~50 distinct ones). Off: ample room (batching never changes a bit).
+  // On: 4 running sequences need at most 4 x 12 blocks, so 50 blocks never preempt but leave the cache only a
+  // few blocks of its own. It wants ~48 distinct ones: only blocks computed in whole 32-token chunks are stored,
+  // so each prompt's own tail (40+ tokens) spans at least one whole chunk (2 blocks) past its shared prefix.
+  // Off: ample room (batching never changes a bit).
   c.cache.max_slots = 4;
-  c.cache.budget_bytes = g.slot_floats() * 4 * c.cache.max_slots + block * 44;
-  c.max_context = 44 * kPage;
+  c.cache.budget_bytes = g.slot_floats() * 4 * c.cache.max_slots + block * 50;
+  c.max_context = 50 * kPage;
   c.prefix.snapshot_budget_bytes = std::max<int64_t>(1, g.slot_floats() * 4 * 3);  // 3 snapshots
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 12; ++i) {
     const auto shared = tokens(200, i % 3);
-    prompts.push_back(cat(std::vector<int32_t>(shared.begin(), shared.begin() + 96 + 32 * (i % 2)), tokens(20 + i, 20 + i)));
+    prompts.push_back(cat(std::vector<int32_t>(shared.begin(), shared.begin() + 96 + 32 * (i % 2)), tokens(40 + i, 20 + i)));
   }
   auto go = [&](Scheduler& s) {
     std::vector<std::unique_ptr<Client>> cs;

@@ -40,6 +40,7 @@ struct TierCounters {
   int64_t evictions = 0;    // objects the store removed for its budget
   int64_t read_bytes = 0, write_bytes = 0;  // object bytes read and written by this process
   int64_t read_ns = 0, write_ns = 0;        // wall time of reads and writes, summed
+  int64_t lookup_ns = 0, lookup_max_ns = 0;  // time admissions waited on this tier (lookups and reads): sum, longest
 };
 
 struct LowerTierOptions {

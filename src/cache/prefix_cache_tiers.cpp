@@ -1,6 +1,7 @@
 // The prefix cache's lower tiers (disk L3, Redis L4): finding and restoring a deeper boundary at admission, and
 // writing boundaries down. See prefix_cache.h.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "base/check.h"
@@ -42,6 +43,16 @@ PrefixCache::Found PrefixCache::find(LowerTier& tier, std::span<const Digest> ke
   if (top <= have || !tier.readable()) return f;
   TierCounters& n = tier.counters();
   n.queries++;
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Timed {  // the admission's wait on this tier, however the lookup ends
+    TierCounters& n;
+    std::chrono::steady_clock::time_point t0;
+    ~Timed() {
+      const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+      n.lookup_ns += ns;
+      n.lookup_max_ns = std::max(n.lookup_max_ns, ns);
+    }
+  } timed{n, t0};
   const int64_t errors = n.read_errors;
   // A store error ends the lookup in this tier: the next boundary would most likely wait out the same timeout.
   auto present = [&](const Digest& boundary, TierPayloadKind kind) {

@@ -55,6 +55,8 @@ void tier_metrics(std::string& o, const std::string& tier, const TierCounters& t
   m("write_bytes_total", "counter", "Object bytes written to " + the + ".", double(t.write_bytes));
   m("read_seconds_total", "counter", "Wall time of reads from " + the + ", summed.", double(t.read_ns) * 1e-9);
   m("write_seconds_total", "counter", "Wall time of writes to " + the + ", summed.", double(t.write_ns) * 1e-9);
+  m("lookup_seconds_total", "counter", "Time admissions waited on " + the + " (lookups and reads), summed.",
+    double(t.lookup_ns) * 1e-9);
   if (t.objects >= 0) {  // a shared store (Redis) cannot know what it holds for this server
     m("objects", "gauge", "Objects held by " + the + ".", double(t.objects));
     m("bytes", "gauge", "Bytes held by " + the + ".", double(t.bytes));

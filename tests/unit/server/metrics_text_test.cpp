@@ -31,6 +31,7 @@ TEST(MetricsText, LowerTierCountersPerTier) {
   s.prefix.redis.write_bytes = 2000;
   s.prefix.redis.read_ns = 1500000000;
   s.prefix.redis.write_ns = 250000000;
+  s.prefix.redis.lookup_ns = 500000000;
   s.prefix.redis.objects = -1;
   s.prefix.redis.bytes = -1;
   std::string t = prometheus_text(s, true);
@@ -42,7 +43,8 @@ TEST(MetricsText, LowerTierCountersPerTier) {
         "kestrel_prefix_cache_redis_objects_written_total 8", "kestrel_prefix_cache_redis_write_errors_total 1",
         "kestrel_prefix_cache_redis_objects_dropped_total 6", "kestrel_prefix_cache_redis_read_bytes_total 1000",
         "kestrel_prefix_cache_redis_write_bytes_total 2000", "kestrel_prefix_cache_redis_read_seconds_total 1.5",
-        "kestrel_prefix_cache_redis_write_seconds_total 0.25", "# TYPE kestrel_prefix_cache_redis_hits_total counter"})
+        "kestrel_prefix_cache_redis_write_seconds_total 0.25",
+        "kestrel_prefix_cache_redis_lookup_seconds_total 0.5", "# TYPE kestrel_prefix_cache_redis_hits_total counter"})
     EXPECT_TRUE(has_line(t, line)) << line;
   EXPECT_EQ(t.find("kestrel_prefix_cache_redis_objects "), std::string::npos) << "a shared store has no object gauge";
   EXPECT_EQ(t.find("kestrel_prefix_cache_redis_bytes "), std::string::npos);

@@ -12,7 +12,9 @@
 
 #include "app/args.h"
 #include "app/commands.h"
+#include "app/host_port.h"
 #include "app/k3_chat_format.h"
+#include "cache/redis_store.h"
 #include "chat/model_tokenizer.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/w4a8_gemm.h"
@@ -64,6 +66,21 @@ void print_ready(const std::string& address, uint16_t port, const std::string& m
                with_key ? " -H \"Authorization: Bearer $KESTREL_API_KEY\"" : "", quoted.c_str());
   std::fflush(stderr);
 }
+
+// The Redis tier is optional at run time: a server that does not answer now is reported in one line, and serving
+// goes on (lookups and writes count their errors and recompute until it answers).
+void report_redis(const PrefixCacheConfig& c) {
+  RedisStoreOptions o;
+  o.host = c.redis_host;
+  o.port = c.redis_port;
+  o.connect_timeout_ms = c.redis_timeout_ms;
+  o.command_timeout_ms = c.redis_timeout_ms;
+  auto store = RedisStore::create(o);
+  const Status st = store ? (*store)->ping() : store.error();
+  if (!st.is_ok())
+    std::fprintf(stderr, "kestrel serve: the prefix cache's Redis tier does not answer (%s); serving without it until it does\n",
+                 st.message().c_str());
+}
 }  // namespace
 
 int cmd_serve(const std::vector<std::string>& argv) {
@@ -79,7 +96,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   long long port = 0, cache_mib = 0, max_running = 0, max_waiting = 0, batch = 0, chunk = 0, ctx = 0, page = 0,
-            timeout = 0, drain = 0, http_threads = 0, body_mib = 0, snapshot_mib = 0, disk_mib = 0;
+            timeout = 0, drain = 0, http_threads = 0, body_mib = 0, snapshot_mib = 0, disk_mib = 0,
+            redis_timeout_ms = 0;
   for (auto [flag, dst, lo, hi] : std::initializer_list<std::tuple<const char*, long long*, long long, long long>>{
            {"port", &port, 0, 65535}, {"cache-mib", &cache_mib, 16, 1 << 22},
            {"max-running", &max_running, 1, 4096}, {"max-waiting", &max_waiting, 0, 1 << 20},
@@ -87,13 +105,20 @@ int cmd_serve(const std::vector<std::string>& argv) {
            {"max-context", &ctx, 16, 1 << 24}, {"page-tokens", &page, 1, 1 << 16},
            {"timeout-seconds", &timeout, 1, 1 << 24}, {"drain-seconds", &drain, 0, 3600},
            {"http-threads", &http_threads, 1, 256}, {"max-body-mib", &body_mib, 1, 1024},
-           {"prefix-cache-snapshot-mib", &snapshot_mib, 0, 1 << 22}, {"prefix-cache-disk-mib", &disk_mib, 1, 1 << 26}}) {
+           {"prefix-cache-snapshot-mib", &snapshot_mib, 0, 1 << 22}, {"prefix-cache-disk-mib", &disk_mib, 1, 1 << 26},
+           {"prefix-cache-redis-timeout-ms", &redis_timeout_ms, 1, 60000}}) {
     auto v = a->integer(flag);
     if (!v) return usage_error("serve", v.error());
     if (*v < lo || *v > hi)
       return usage_error("serve", invalid_argument(std::string("--") + flag + " must be in " + std::to_string(lo) +
                                                    ".." + std::to_string(hi)));
     *dst = *v;
+  }
+  HostPort redis;
+  if (a->has("prefix-cache-redis")) {
+    auto hp = parse_host_port(a->str("prefix-cache-redis"));
+    if (!hp) return usage_error("serve", invalid_argument("--prefix-cache-redis: " + hp.error().message()));
+    redis = *hp;
   }
   int rc = 0;
   const std::string dir = resolve_model_or_default(a->str("model"), !a->has("quiet"), rc, a->str("preset"));
@@ -116,11 +141,15 @@ int cmd_serve(const std::vector<std::string>& argv) {
   sc.prefix.generation_snapshots = a->has("prefix-cache-generation-snapshots");
   sc.prefix.disk_dir = a->str("prefix-cache-disk");
   sc.prefix.disk_budget_bytes = disk_mib << 20;
+  sc.prefix.redis_host = redis.host;
+  sc.prefix.redis_port = redis.port;
+  sc.prefix.redis_timeout_ms = static_cast<int>(redis_timeout_ms);
   sc.cache_fingerprint = cache_fingerprint(dir, kernels::bf16_acts_opt_in() || kernels::mxfp4_int8_enabled());
   if (sc.prefix_cache && sc.prefill_chunk % page != 0)
     return usage_error("serve", invalid_argument("the prefix cache needs --prefill-chunk (" + std::to_string(sc.prefill_chunk) +
                                                  ") to be a multiple of --page-tokens (" + std::to_string(page) +
                                                  "), or --no-prefix-cache"));
+  if (sc.prefix_cache && !redis.host.empty()) report_redis(sc.prefix);
   auto sched = Scheduler::create(**eng, sc);
   if (!sched) return fail(sched.error());
   K3ChatFormat format(*tok);
@@ -152,6 +181,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
                                     (sc.prefix.disk_dir.empty() ? std::string()
                                                                 : ", disk " + sc.prefix.disk_dir + " " +
                                                                       std::to_string(disk_mib) + " MiB") +
+                                    (redis.host.empty() ? std::string()
+                                                        : ", redis " + a->str("prefix-cache-redis")) +
                                     ")").c_str()
                                  : "off");
   print_ready(ho.address, http.port(), ac.model_id, !ac.api_key.empty());

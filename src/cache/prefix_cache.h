@@ -14,16 +14,21 @@
 // block boundary: a deeper hit, but that state was computed token by token in decode, which rounds
 // differently from the chunked prefill a cold run uses (within the recurrent-vs-chunked KDA tolerance).
 //
-// Disk tier (L3, optional): every snapshot stored at a grid boundary (a pure-MLA model: the deepest grid boundary
-// of each retired prefix computed in whole grid chunks) is also written down, through an asynchronous writer that drops when its queue is full,
-// as two objects of cache/tier_object.h: the pages of ALL blocks from the start to the boundary, and the snapshot.
-// At admission, when the live hit is shorter, the deepest grid boundary whose objects both exist and verify
-// (checksum, key, model digest, shape) is read back into fresh blocks (all of them: the sequence uses the
-// object's bits only) and the slot, and the blocks of keys the radix index lacks are inserted into it; anything missing, corrupt or short of room means no disk hit at all (counted), never a partial one.
+// Lower tiers (optional): the disk tier (L3, a local directory) and the Redis tier (L4, a server several Kestrel
+// servers share), either or both (cache/lower_tier.h). Every snapshot stored at a grid boundary (a pure-MLA model:
+// the deepest grid boundary of each retired prefix computed in whole grid chunks) is also written down to every
+// configured tier, through one asynchronous writer per tier that drops when its queue is full, as two objects of
+// cache/tier_object.h: the pages of ALL blocks from the start to the boundary, and the snapshot.
+// At admission, when the live hit is shorter, the disk and then Redis are asked for a deeper grid boundary whose
+// objects both exist and verify (checksum, key, model digest, shape); the deepest one found is read back into fresh
+// blocks (all of them: the sequence uses the object's bits only) and the slot, and the blocks of keys the radix
+// index lacks are inserted into it. A Redis hit is also queued to the disk tier. Anything missing, corrupt, late
+// (a store error or timeout) or short of room means no hit from that tier (counted), never a partial one.
 //
 // Plain data structure, owned by the scheduler thread (not thread-safe), except flush_tier() and tier_stats().
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -35,6 +40,7 @@
 #include "cache/block_hash.h"
 #include "cache/cache_pools.h"
 #include "cache/disk_store.h"
+#include "cache/lower_tier.h"
 #include "cache/radix_cache.h"
 #include "cache/snapshot_pool.h"
 #include "cache/tier_object.h"
@@ -55,6 +61,14 @@ struct PrefixCacheConfig {
   std::string disk_dir;
   int64_t disk_budget_bytes = 4ll << 30;
   TierWriterOptions disk_writer;  // the write-down queue (full: the object is dropped, the step loop never waits)
+  // The Redis tier (L4): a Redis server at redis_host:redis_port (empty host: no Redis tier). Every connect and
+  // command is bounded by redis_timeout_ms; after a failed read the tier is not asked again for redis_backoff.
+  std::string redis_host;
+  int redis_port = 6379;
+  int redis_timeout_ms = 200;
+  std::string redis_key_prefix = "kestrel:v1:";
+  std::chrono::milliseconds redis_backoff{1000};
+  TierWriterOptions redis_writer;
 };
 
 struct PrefixCacheStats {
@@ -62,18 +76,8 @@ struct PrefixCacheStats {
   int64_t cached_blocks = 0, snapshots = 0, snapshot_bytes = 0, snapshot_capacity = 0;
   int64_t evicted_blocks = 0, evicted_snapshots = 0;  // by pool pressure
   int64_t flushes = 0;
-  // Disk tier (all zero without one). hit_tokens above includes disk_hit_tokens.
-  bool disk = false;
-  int64_t disk_queries = 0;     // admissions that looked deeper than the live hit on disk
-  int64_t disk_hits = 0, disk_hit_tokens = 0;  // admissions restored from disk, tokens restored
-  int64_t disk_corrupt = 0;     // objects that failed verification (checksum, identity, shape): erased
-  int64_t disk_incomplete = 0;  // boundaries with only one of their two objects (pages, snapshot)
-  int64_t disk_read_errors = 0; // store I/O errors on lookup or read
-  int64_t disk_no_room = 0;     // verified disk hits skipped: the pools had no room for their blocks
-  int64_t disk_submitted = 0, disk_written = 0, disk_write_errors = 0;  // objects handed to / put by the writer
-  int64_t disk_dropped = 0;     // objects the writer dropped (queue full, shutdown)
-  int64_t disk_objects = 0, disk_bytes = 0;  // held on disk now
-  int64_t disk_evictions = 0;   // objects the store removed for its budget
+  // The lower tiers (all zero where not configured). hit_tokens above includes their hit_tokens.
+  TierCounters disk, redis;
 };
 
 class PrefixCache {
@@ -101,7 +105,7 @@ class PrefixCache {
   // Records the sequence's first keys.size() blocks (pages only; the cache takes a reference on each block
   // it did not hold).
   void store_pages(std::span<const Digest> keys, std::span<const int32_t> blocks);
-  // Pure-MLA models with a disk tier: queues the pages of blocks [0, keys.size()) as that boundary's object. The
+  // Pure-MLA models with a lower tier: queues the pages of blocks [0, keys.size()) as that boundary's object. The
   // caller passes a grid boundary up to which the blocks were computed in whole grid chunks (not in a prompt's
   // short last chunk, not in decode), so that the object holds the bits a cold prefill computes. No-op otherwise.
   void write_down_pages(std::span<const Digest> keys, std::span<const int32_t> blocks);
@@ -121,8 +125,8 @@ class PrefixCache {
   // Drops every cached block and snapshot (admin flush).
   void clear();
   PrefixCacheStats stats() const;
-  // Disk tier, callable from any thread: waits until every queued object is written (tests, orderly stops), and
-  // fills the writer's and the store's counters into `s`.
+  // Lower tiers, callable from any thread: waits until every queued object is written (tests, orderly stops), and
+  // fills the writers' and the stores' counters into `s`.
   void flush_tier();
   void tier_stats(PrefixCacheStats& s) const;
 
@@ -130,15 +134,24 @@ class PrefixCache {
   PrefixCache(CachePools& pools, const PrefixCacheConfig& c, const RadixCacheConfig& rc)
       : pools_(pools), cfg_(c), radix_(rc) {}
   bool free_a_snapshot();
-  // Queues the pages of blocks [0, keys.size()) and, for a hybrid model, `state` as that boundary's objects.
+  // Queues the pages of blocks [0, keys.size()) and, for a hybrid model, `state` as that boundary's objects, to
+  // every tier that does not hold them yet.
   void write_down(std::span<const Digest> keys, std::span<const int32_t> blocks, const float* state);
-  // Restores the deepest verified disk boundary on the grid in (have, keys.size()] into the radix index (and its
-  // snapshot into `slot`); returns its block count, 0 for none. Sets `evicted` when it made room.
+  // A verified boundary of one tier: its block count, its objects, and their bytes as stored.
+  struct Found {
+    int64_t blocks = 0;
+    TierObject pages, snap;
+    std::vector<uint8_t> pages_raw, snap_raw;
+  };
+  // The deepest boundary on the grid in (have, keys.size()] that `tier` holds whole and verified; 0 blocks for none.
+  Found find(LowerTier& tier, std::span<const Digest> keys, int64_t have, int64_t grid_blocks);
+  bool load(LowerTier& tier, const Digest& boundary, TierPayloadKind kind, TierObject& out, std::vector<uint8_t>& raw);
+  // Restores the deepest verified boundary of any tier deeper than `have` into the radix index (and its snapshot
+  // into `slot`); returns its block count, 0 for none. Sets `evicted` when it made room.
   // `ids` gets the restored blocks (one allocation reference each, the index's for those it adopted, listed
   // otherwise in `own`).
   int64_t restore(std::span<const Digest> keys, int64_t have, int64_t grid_blocks, int slot, bool& evicted,
                   std::vector<int32_t>& ids, std::vector<int32_t>& own);
-  bool load(const Digest& boundary, TierPayloadKind kind, TierObject& out);
 
   CachePools& pools_;
   PrefixCacheConfig cfg_;
@@ -146,9 +159,9 @@ class PrefixCache {
   std::unique_ptr<SnapshotPool> snaps_;
   std::vector<int32_t> adopted_;
   PrefixCacheStats st_;
-  // Disk tier. The writer goes first (it puts into the store).
-  std::unique_ptr<DiskStore> disk_;
-  std::unique_ptr<TierWriter> writer_;
+  // Lower tiers, in lookup order (disk, then Redis).
+  std::unique_ptr<LowerTier> disk_, redis_;
+  std::vector<LowerTier*> tiers_;
   Digest model_{};
   int64_t grid_blocks_ = 1;
 };

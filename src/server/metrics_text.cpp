@@ -25,6 +25,45 @@ void histogram(std::string& out, const char* name, const char* help, const std::
   out += std::string(name) + "_sum " + buf + "\n" + name + "_count " + std::to_string(n) + "\n";
 }
 
+// kestrel_prefix_cache_<tier>_*: one lower tier of the prefix cache (disk L3, Redis L4).
+void tier_metrics(std::string& o, const std::string& tier, const TierCounters& t) {
+  const std::string base = "kestrel_prefix_cache_" + tier + "_";
+  auto m = [&](const char* name, const char* type, const std::string& help, double v) {
+    metric(o, (base + name).c_str(), type, help.c_str(), v);
+  };
+  const std::string the = "the " + tier + " tier";
+  m("queries_total", "counter", "Admissions that looked on " + the + " for a deeper prefix than the live hit.",
+    double(t.queries));
+  m("hits_total", "counter", "Admissions restored from " + the + ".", double(t.hits));
+  m("hit_tokens_total", "counter", "Prompt tokens restored from " + the + " (included in the hit tokens).",
+    double(t.hit_tokens));
+  m("objects_submitted_total", "counter", "Objects queued for writing to " + the + ".", double(t.submitted));
+  m("objects_written_total", "counter", "Objects written to " + the + ".", double(t.written));
+  m("objects_dropped_total", "counter", "Objects dropped before writing (writer queue full, shutdown).",
+    double(t.dropped));
+  m("write_errors_total", "counter", "Failed writes to " + the + ".", double(t.write_errors));
+  m("read_errors_total", "counter", "Errors reading " + the + " (I/O, connection, timeout): no hit from it.",
+    double(t.read_errors));
+  m("skipped_total", "counter", "Lookups not made: " + the + " was backing off after a read error.",
+    double(t.skipped));
+  m("corrupt_total", "counter", "Objects of " + the + " that failed verification (checksum, identity, shape) and were erased.",
+    double(t.corrupt));
+  m("incomplete_total", "counter", "Boundaries of " + the + " found with one of their two objects missing (no hit).",
+    double(t.incomplete));
+  m("no_room_total", "counter", "Verified hits of " + the + " skipped for want of free cache blocks.", double(t.no_room));
+  m("read_bytes_total", "counter", "Object bytes read from " + the + ".", double(t.read_bytes));
+  m("write_bytes_total", "counter", "Object bytes written to " + the + ".", double(t.write_bytes));
+  m("read_seconds_total", "counter", "Wall time of reads from " + the + ", summed.", double(t.read_ns) * 1e-9);
+  m("write_seconds_total", "counter", "Wall time of writes to " + the + ", summed.", double(t.write_ns) * 1e-9);
+  m("lookup_seconds_total", "counter", "Time admissions waited on " + the + " (lookups and reads), summed.",
+    double(t.lookup_ns) * 1e-9);
+  if (t.objects >= 0) {  // a shared store (Redis) cannot know what it holds for this server
+    m("objects", "gauge", "Objects held by " + the + ".", double(t.objects));
+    m("bytes", "gauge", "Bytes held by " + the + ".", double(t.bytes));
+    m("evictions_total", "counter", "Objects " + the + " removed for its budget.", double(t.evictions));
+  }
+}
+
 }  // namespace
 
 std::string prometheus_text(const ServiceStats& s, bool ready) {
@@ -45,7 +84,7 @@ std::string prometheus_text(const ServiceStats& s, bool ready) {
     const PrefixCacheStats& p = s.prefix;
     metric(o, "kestrel_prefix_cache_queries_total", "counter", "Prefix-cache lookups (one per admission).", double(p.queries));
     metric(o, "kestrel_prefix_cache_query_tokens_total", "counter", "Prompt tokens looked up.", double(p.query_tokens));
-    metric(o, "kestrel_prefix_cache_hit_tokens_total", "counter", "Prompt tokens reused (live pools and disk tier).",
+    metric(o, "kestrel_prefix_cache_hit_tokens_total", "counter", "Prompt tokens reused (live pools and lower tiers).",
            double(p.hit_tokens));
     metric(o, "kestrel_prefix_cache_blocks", "gauge", "Blocks the prefix cache holds.", double(p.cached_blocks));
     metric(o, "kestrel_prefix_cache_snapshots", "gauge", "KDA state snapshots the prefix cache holds.", double(p.snapshots));
@@ -56,32 +95,8 @@ std::string prometheus_text(const ServiceStats& s, bool ready) {
     metric(o, "kestrel_prefix_cache_evicted_snapshots_total", "counter", "Snapshots evicted (pool pressure or with their block).",
            double(p.evicted_snapshots));
     metric(o, "kestrel_prefix_cache_flushes_total", "counter", "Admin flushes.", double(p.flushes));
-    if (p.disk) {
-      metric(o, "kestrel_prefix_cache_disk_queries_total", "counter",
-             "Admissions that looked on the disk tier for a deeper prefix than the live hit.", double(p.disk_queries));
-      metric(o, "kestrel_prefix_cache_disk_hits_total", "counter", "Admissions restored from the disk tier.",
-             double(p.disk_hits));
-      metric(o, "kestrel_prefix_cache_disk_hit_tokens_total", "counter",
-             "Prompt tokens restored from the disk tier (included in the hit tokens).", double(p.disk_hit_tokens));
-      metric(o, "kestrel_prefix_cache_disk_objects_written_total", "counter", "Objects written to the disk tier.",
-             double(p.disk_written));
-      metric(o, "kestrel_prefix_cache_disk_objects_dropped_total", "counter",
-             "Objects dropped before writing (writer queue full, shutdown).", double(p.disk_dropped));
-      metric(o, "kestrel_prefix_cache_disk_write_errors_total", "counter", "Failed writes to the disk tier.",
-             double(p.disk_write_errors));
-      metric(o, "kestrel_prefix_cache_disk_read_errors_total", "counter", "I/O errors reading the disk tier.",
-             double(p.disk_read_errors));
-      metric(o, "kestrel_prefix_cache_disk_corrupt_total", "counter",
-             "Disk objects that failed verification (checksum, identity, shape) and were erased.", double(p.disk_corrupt));
-      metric(o, "kestrel_prefix_cache_disk_incomplete_total", "counter",
-             "Disk boundaries found with one of their two objects missing (no hit).", double(p.disk_incomplete));
-      metric(o, "kestrel_prefix_cache_disk_no_room_total", "counter",
-             "Verified disk hits skipped for want of free cache blocks.", double(p.disk_no_room));
-      metric(o, "kestrel_prefix_cache_disk_objects", "gauge", "Objects held by the disk tier.", double(p.disk_objects));
-      metric(o, "kestrel_prefix_cache_disk_bytes", "gauge", "Bytes held by the disk tier.", double(p.disk_bytes));
-      metric(o, "kestrel_prefix_cache_disk_evictions_total", "counter", "Objects the disk tier removed for its budget.",
-             double(p.disk_evictions));
-    }
+    if (p.disk.on) tier_metrics(o, "disk", p.disk);
+    if (p.redis.on) tier_metrics(o, "redis", p.redis);
   }
   histogram(o, "kestrel_time_to_first_token_seconds", "Time to first token.", s.buckets, s.ttft_counts, s.ttft_sum,
             s.ttft_n);

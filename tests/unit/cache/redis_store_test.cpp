@@ -4,21 +4,12 @@
 #include "cache/redis_store.h"
 
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
-#include <thread>
 
+#include "common/redis_server.h"
 #include "tier_test_util.h"
-
-extern char** environ;
 
 namespace kestrel {
 namespace {
@@ -26,98 +17,13 @@ namespace {
 using tiertest::bytes_of;
 using tiertest::key_of;
 using Clock = std::chrono::steady_clock;
-
-std::string find_redis_server() {
-  // An explicit binary is the only candidate, so pointing it at nothing shows what a machine without one does.
-  if (const char* p = std::getenv("KESTREL_REDIS_SERVER"); p && *p) return ::access(p, X_OK) == 0 ? p : "";
-  std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
-  path += ":/usr/bin:/usr/sbin:/usr/local/bin";
-  size_t start = 0;
-  while (start <= path.size()) {
-    const size_t end = std::min(path.find(':', start), path.size());
-    const std::string cand = path.substr(start, end - start) + "/redis-server";
-    if (end > start && ::access(cand.c_str(), X_OK) == 0) return cand;
-    start = end + 1;
-  }
-  return "";
-}
-
-bool in_ci() {
-  for (const char* var : {"CI", "KESTREL_CI"}) {
-    const char* v = std::getenv(var);
-    if (v && *v && std::string(v) != "0") return true;
-  }
-  return false;
-}
-
-int free_tcp_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
-
-// One redis-server child without persistence, on a unix socket in a scratch directory (and a TCP port if asked).
-class RedisServer {
- public:
-  RedisServer(std::string binary, std::string dir, int tcp_port)
-      : binary_(std::move(binary)), dir_(std::move(dir)), port_(tcp_port) {}
-  ~RedisServer() { kill9(); }
-  std::string socket() const { return dir_ + "/redis.sock"; }
-  int port() const { return port_; }
-
-  // Starts the server and waits until it answers PING.
-  bool start() {
-    std::vector<std::string> args = {binary_,       "--port",        std::to_string(port_),
-                                      "--bind",      "127.0.0.1",     "--unixsocket",
-                                      socket(),      "--unixsocketperm", "700",
-                                      "--save",      "",              "--appendonly",
-                                      "no",          "--dir",         dir_,
-                                      "--logfile",   dir_ + "/redis.log"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (::posix_spawn(&pid_, binary_.c_str(), nullptr, nullptr, argv.data(), environ) != 0) return false;
-    RedisStoreOptions o;
-    o.unix_socket = socket();
-    auto probe = RedisStore::create(o);
-    for (auto deadline = Clock::now() + std::chrono::seconds(10); Clock::now() < deadline;) {
-      if ((*probe)->ping().is_ok()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
-  }
-  void kill9() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  void pause() { ::kill(pid_, SIGSTOP); }
-  void resume() { ::kill(pid_, SIGCONT); }
-
- private:
-  std::string binary_, dir_;
-  int port_;
-  pid_t pid_ = -1;
-};
+using testing::free_tcp_port;
+using testing::RedisServer;
 
 class RedisStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string bin = find_redis_server();
-    if (bin.empty()) {
-      const char* why = "redis-server is not installed (Debian package redis-server; scripts/install-deps.sh)";
-      if (in_ci()) GTEST_FAIL() << "Redis store test cannot run: " << why;
-      GTEST_SKIP() << why;
-    }
+    KESTREL_REQUIRE_REDIS_SERVER(bin);
     server_ = std::make_unique<RedisServer>(bin, dir_.path(), tcp_port());
     ASSERT_TRUE(server_->start()) << "redis-server did not start; log in " << dir_.path() << "/redis.log";
   }

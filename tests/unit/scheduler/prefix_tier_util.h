@@ -1,0 +1,139 @@
+// Shared by the prefix cache's lower-tier tests through the scheduler (disk L3: prefix_tier_test.cpp, Redis L4:
+// prefix_redis_test.cpp): a tiny model per test parameter, a multi-turn conversation whose turns grow past the chunk
+// grid, and the bitwise comparison of two runs (tokens, log-probabilities, top-5).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/scheduler_client.h"
+#include "common/test_util.h"
+#include "scheduler/scheduler.h"
+
+namespace kestrel::tiers {
+
+using testing::Client;
+using testing::Collected;
+
+inline std::vector<int32_t> tokens(int n, int salt) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back((i * 37 + salt * 101 + 5) % 500);
+  return p;
+}
+
+inline std::vector<int32_t> cat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+constexpr int64_t kPage = 16, kChunk = 32;
+constexpr int kTurns = 6;
+const char* const kFingerprint = "test-model";
+
+inline SchedulerConfig config(bool prefix, const std::string& disk = "", const std::string& fingerprint = kFingerprint) {
+  SchedulerConfig c;
+  c.cache.budget_bytes = 64ll << 20;
+  c.cache.page_tokens = kPage;
+  c.cache.max_slots = 8;
+  c.prefill_chunk = kChunk;
+  c.max_batch_tokens = 64;
+  c.max_context = 1024;
+  c.prefix_cache = prefix;
+  c.prefix.snapshot_budget_bytes = 16ll << 20;
+  c.prefix.disk_dir = disk;
+  c.prefix.disk_budget_bytes = 256ll << 20;
+  c.cache_fingerprint = fingerprint;
+  return c;
+}
+
+// The fingerprint the scheduler seeds key chains with (it appends the cache layout).
+inline std::string full_fingerprint(const std::string& fp) { return fp + "|page=" + std::to_string(kPage) + "|kv=fp32"; }
+
+inline void expect_same(const Collected& a, const Collected& b, const std::string& what) {
+  EXPECT_EQ(a.tokens, b.tokens) << what;
+  ASSERT_EQ(a.logprobs.size(), b.logprobs.size()) << what;
+  for (size_t i = 0; i < a.logprobs.size(); ++i) {
+    EXPECT_EQ(a.logprobs[i], b.logprobs[i]) << what << " token " << i;  // bitwise
+    ASSERT_EQ(a.tops[i].size(), b.tops[i].size()) << what;
+    for (size_t j = 0; j < a.tops[i].size(); ++j) {
+      EXPECT_EQ(a.tops[i][j].id, b.tops[i][j].id) << what;
+      EXPECT_EQ(a.tops[i][j].logprob, b.tops[i][j].logprob) << what;
+    }
+  }
+}
+
+inline Collected run(Scheduler& s, std::vector<int32_t> p, int n) {
+  Client c;
+  EXPECT_TRUE(s.submit(c.make(std::move(p), n)));
+  return c.wait();
+}
+
+inline ServiceStats settled(Scheduler& s) {
+  for (int i = 0; i < 200; ++i) {
+    ServiceStats st = s.stats();
+    if (st.running == 0 && st.waiting == 0) return st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return s.stats();
+}
+
+struct Conversation {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<Collected> out;
+};
+
+// The deepest hit a prompt can have: its length less one token, floored to the chunk grid.
+inline int deepest(const std::vector<int32_t>& prompt) { return static_cast<int>((prompt.size() - 1) / kChunk * kChunk); }
+
+class TierFixture : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    dir_ = std::make_unique<testing::TempDir>();
+    testing::make_checkpoint(GetParam(), dir_->path());
+    auto e = Engine::load(dir_->path());
+    ASSERT_TRUE(e) << e.error().message();
+    engine_ = std::move(*e);
+  }
+  std::unique_ptr<Scheduler> make(const SchedulerConfig& c) {
+    auto s = Scheduler::create(*engine_, c);
+    EXPECT_TRUE(s) << s.error().message();
+    return s ? std::move(*s) : nullptr;
+  }
+  // Each turn's prompt = the previous prompt + its answer + a new user part (lengths 70, 99, 137, 184, 240, 305:
+  // none on the grid).
+  // `before_turn(t)`, when given, runs before turn t is submitted (a test's fault injection).
+  Conversation conversation(Scheduler& s, const std::function<void(int)>& before_turn = {}) {
+    Conversation c;
+    std::vector<int32_t> history = tokens(70, 1);
+    for (int t = 0; t < kTurns; ++t) {
+      if (before_turn) before_turn(t);
+      c.prompts.push_back(history);
+      c.out.push_back(run(s, history, 6));
+      history = cat(cat(history, c.out.back().tokens), tokens(23 + 9 * t, 10 + t));
+    }
+    return c;
+  }
+  Conversation cache_off() {
+    auto s = make(config(false));
+    return conversation(*s);
+  }
+  bool hybrid() const { return !engine_->model().cache_geometry().kda_layers.empty(); }
+
+  std::unique_ptr<testing::TempDir> dir_;
+  std::unique_ptr<Engine> engine_;
+};
+
+inline std::string param_name(const ::testing::TestParamInfo<const char*>& info) {
+  std::string n = info.param;
+  for (char& ch : n)
+    if (ch == '-') ch = '_';
+  return n;
+}
+
+}  // namespace kestrel::tiers

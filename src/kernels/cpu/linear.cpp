@@ -151,9 +151,19 @@ namespace {
 // extensions; one zmm on AVX-512, two ymm on AVX2). R·U independent accumulators keep the FMA
 // pipes busy; the tail of `in` (not a multiple of 16) is finished in scalar code.
 // Every path below keeps this per-(row, token) summation order: 16-lane partial sums over the row in
-// steps of 16, lane sum 0..15, then the scalar tail. So a token's result never depends on which
+// steps of 16, lane sum 0..15, then the scalar tail (each product rounded, then added). So a token's result never depends on which
 // path, block shape or batch it ran in.
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
+
+// One step of the scalar tail: s + w·x with the product rounded, then added — never contracted into
+// an FMA. (Left to the compiler, -ffp-contract=fast fused it in some loops and not in others — a
+// vectorised in-order reduction keeps the multiply separate — so the fused bf16/f16 few-token path
+// and the many-token path disagreed in the last bit when `in` % 16 != 0.)
+inline float tail_step(float s, float w, float x) {
+  float p = w * x;
+  asm("" : "+x"(p));  // hides the product from contraction
+  return s + p;
+}
 
 template <int R, int U>
 inline void block_dot(const float* w, int64_t ws, const float* x, int64_t xs, int64_t n, float* y, int64_t ys) {
@@ -174,7 +184,7 @@ inline void block_dot(const float* w, int64_t ws, const float* x, int64_t xs, in
     for (int u = 0; u < U; ++u) {
       float s = 0;
       for (int k = 0; k < 16; ++k) s += acc[r][u][k];
-      for (int64_t j = i; j < n; ++j) s += w[r * ws + j] * x[u * xs + j];
+      for (int64_t j = i; j < n; ++j) s = tail_step(s, w[r * ws + j], x[u * xs + j]);
       y[u * ys + r] = s;
     }
 }
@@ -233,7 +243,7 @@ void half_rows_dot(const uint16_t* W, int64_t in, int64_t r0, const float* x, fl
       for (int k = 0; k < 16; ++k) s += acc[r][u][k];
       for (int64_t j = i; j < in; ++j) {
         const uint16_t h = W[(r0 + r) * in + j];
-        s += (kBf16 ? bf16_to_f32(h) : f16_to_f32(h)) * x[u * in + j];
+        s = tail_step(s, kBf16 ? bf16_to_f32(h) : f16_to_f32(h), x[u * in + j]);
       }
       y[u * ldy + r0 + r] = s;
     }

@@ -25,6 +25,10 @@ typedef float v16f __attribute__((vector_size(64), aligned(4)));
 typedef int32_t v16i32 __attribute__((vector_size(64)));
 typedef uint16_t v16u16 __attribute__((vector_size(32), aligned(2)));
 typedef uint32_t v16u32 __attribute__((vector_size(64)));
+// Unaligned 16-float load as one vector op. (std::memcpy into a v16f is split by GCC 12 into two
+// 32-byte moves through the stack, and keeps the kernels' accumulators in memory.)
+typedef float v16f_alias __attribute__((vector_size(64), aligned(4), may_alias));
+inline v16f load16(const float* p) { return *reinterpret_cast<const v16f_alias*>(p); }
 
 // One MXFP4 32-block: 16 bytes (element 2j in the low nibble of byte j, 2j+1 in the high nibble)
 // and one E8M0 scale. Vectorised: a 16-entry byte table lookup (pshufb) maps codes to 2·E2M1 as
@@ -166,17 +170,22 @@ void mxfp4_rows_dot(const WeightMatrix& w, int64_t r0, const float* x, float* y,
   const int64_t in = w.in, blocks = in / 32;
   const uint8_t* P = static_cast<const uint8_t*>(w.data);
   v16f acc[R][U];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int u = 0; u < U; ++u) acc[r][u] = v16f{};
   for (int64_t b = 0; b < blocks; ++b) {
     v16f x1[U], x2[U];
+#pragma GCC unroll 16
     for (int u = 0; u < U; ++u) {
-      std::memcpy(&x1[u], x + u * in + b * 32, 64);
-      std::memcpy(&x2[u], x + u * in + b * 32 + 16, 64);
+      x1[u] = load16(x + u * in + b * 32);
+      x2[u] = load16(x + u * in + b * 32 + 16);
     }
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       v16f f1, f2;
       decode_mxfp4_block(P + (r0 + r) * (in / 2) + b * 16, w.scales[(r0 + r) * blocks + b], f1, f2);
+#pragma GCC unroll 16
       for (int u = 0; u < U; ++u) {
         acc[r][u] += f1 * x1[u];
         acc[r][u] += f2 * x2[u];
@@ -185,7 +194,9 @@ void mxfp4_rows_dot(const WeightMatrix& w, int64_t r0, const float* x, float* y,
   }
   float sums[R * U];
   block_lane_sums<R, U>(acc, sums);
+#pragma GCC unroll 16
   for (int u = 0; u < U; ++u)
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) y[u * ldy + r0 + r] = sums[u * R + r];
 }
 
@@ -260,15 +271,19 @@ inline float tail_step(float s, float w, float x) {
 template <int R, int U>
 inline void block_dot(const float* w, int64_t ws, const float* x, int64_t xs, int64_t n, float* y, int64_t ys) {
   v16 acc[R][U];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int u = 0; u < U; ++u) acc[r][u] = v16{};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     v16 xv[U];
-    for (int u = 0; u < U; ++u) std::memcpy(&xv[u], x + u * xs + i, 64);
+#pragma GCC unroll 16
+    for (int u = 0; u < U; ++u) xv[u] = load16(x + u * xs + i);
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      v16 wv;
-      std::memcpy(&wv, w + r * ws + i, 64);
+      const v16 wv = load16(w + r * ws + i);
+#pragma GCC unroll 16
       for (int u = 0; u < U; ++u) acc[r][u] += wv * xv[u];
     }
   }
@@ -313,12 +328,16 @@ constexpr int64_t kHalfPrefetchElems = 512;
 template <int R, int U, bool kBf16>
 void half_rows_dot(const uint16_t* W, int64_t in, int64_t r0, const float* x, float* y, int64_t ldy) {
   v16 acc[R][U];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int u = 0; u < U; ++u) acc[r][u] = v16{};
   int64_t i = 0;
   for (; i + 16 <= in; i += 16) {
     v16 xv[U];
-    for (int u = 0; u < U; ++u) std::memcpy(&xv[u], x + u * in + i, 64);
+#pragma GCC unroll 16
+    for (int u = 0; u < U; ++u) xv[u] = load16(x + u * in + i);
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const uint16_t* p = W + (r0 + r) * in + i;
       // Decode (one token): R row streams; prefetching ahead keeps more lines in flight than the
@@ -327,6 +346,7 @@ void half_rows_dot(const uint16_t* W, int64_t in, int64_t r0, const float* x, fl
         if ((i & 31) == 0) __builtin_prefetch(p + kHalfPrefetchElems, 0, 3);
       }
       const v16 wv = kBf16 ? load_bf16x16(p) : load_f16x16(p);
+#pragma GCC unroll 16
       for (int u = 0; u < U; ++u) acc[r][u] += wv * xv[u];
     }
   }

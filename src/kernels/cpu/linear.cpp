@@ -29,6 +29,23 @@ typedef uint32_t v16u32 __attribute__((vector_size(64)));
 // 32-byte moves through the stack, and keeps the kernels' accumulators in memory.)
 typedef float v16f_alias __attribute__((vector_size(64), aligned(4), may_alias));
 inline v16f load16(const float* p) { return *reinterpret_cast<const v16f_alias*>(p); }
+inline void store16(float* p, v16f v) { *reinterpret_cast<v16f_alias*>(p) = v; }
+
+// 16 bf16 → 16 fp32 in registers: zero-extend and shift into the high half (exact). AVX-512: one
+// vpmovzxwd from memory (GCC 12 splits the generic conversion into two halves and an insert).
+inline v16f load_bf16x16(const uint16_t* p) {
+#if defined(__AVX512F__)
+  const __m512i w = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return (v16f)((v16u32)w << 16);
+#else
+  v16u16 h;
+  std::memcpy(&h, p, 32);
+  const v16u32 w = __builtin_convertvector(h, v16u32) << 16;
+  v16f f;
+  std::memcpy(&f, &w, 64);
+  return f;
+#endif
+}
 
 // One MXFP4 32-block: 16 bytes (element 2j in the low nibble of byte j, 2j+1 in the high nibble)
 // and one E8M0 scale. Vectorised: a 16-entry byte table lookup (pshufb) maps codes to 2·E2M1 as
@@ -156,8 +173,8 @@ void decode_mxfp4_row(const uint8_t* packed, const uint8_t* scales, int64_t bloc
   for (int64_t b = 0; b < blocks; ++b) {
     v16f f1, f2;
     decode_mxfp4_block(packed + b * 16, scales[b], f1, f2);
-    std::memcpy(dst + b * 32, &f1, 64);
-    std::memcpy(dst + b * 32 + 16, &f2, 64);
+    store16(dst + b * 32, f1);
+    store16(dst + b * 32 + 16, f2);
   }
 }
 
@@ -213,12 +230,7 @@ void decode_row(const WeightMatrix& w, int64_t r, float* dst) {
     case WeightFormat::kBF16: {
       const uint16_t* p = static_cast<const uint16_t*>(w.data) + r * n;
       int64_t i = 0;
-      for (; i + 16 <= n; i += 16) {  // exact: zero-extend and shift into the high half
-        v16u16 h;
-        std::memcpy(&h, p + i, 32);
-        const v16u32 b = __builtin_convertvector(h, v16u32) << 16;
-        std::memcpy(dst + i, &b, 64);
-      }
+      for (; i + 16 <= n; i += 16) store16(dst + i, load_bf16x16(p + i));
       for (; i < n; ++i) dst[i] = bf16_to_f32(p[i]);
       return;
     }
@@ -295,16 +307,6 @@ inline void block_dot(const float* w, int64_t ws, const float* x, int64_t xs, in
       for (int64_t j = i; j < n; ++j) s = tail_step(s, w[r * ws + j], x[u * xs + j]);
       y[u * ys + r] = s;
     }
-}
-
-// 16 bf16 → 16 fp32 in registers: zero-extend and shift into the high half (exact).
-inline v16 load_bf16x16(const uint16_t* p) {
-  v16u16 h;
-  std::memcpy(&h, p, 32);
-  const v16u32 w = __builtin_convertvector(h, v16u32) << 16;
-  v16 f;
-  std::memcpy(&f, &w, 64);
-  return f;
 }
 
 inline v16 load_f16x16(const uint16_t* p) {

@@ -128,7 +128,7 @@ def browser():
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server(extra_args=["--max-context", "4096"])
+    s = Server(extra_args=["--max-context", "8192"])
     yield s
     assert s.stop() == 0
 
@@ -164,7 +164,7 @@ def test_streams_a_reply_and_stops_a_long_one(server, browser):
     browser.open(server.base + "/")
     browser.wait_for("document.getElementById('model-name').textContent === 'kimi-k3'", what="the model name")
     line = browser.js("document.getElementById('model-line').textContent")
-    assert line.startswith("Loaded: kimi-k3 from ") and "context 4096 tokens" in line and "Random weights" in line
+    assert line.startswith("Loaded: kimi-k3 from ") and "context 8192 tokens" in line and "Random weights" in line
 
     # A short reply without thinking: streamed answer text appears, then the message is marked done.
     send(browser, "Hello there", max_tokens=24, thinking=False)
@@ -173,13 +173,15 @@ def test_streams_a_reply_and_stops_a_long_one(server, browser):
     assert browser.js(f"{LAST}.querySelector('details.reasoning').hidden") is True  # no reasoning, no block
 
     # A long generation (ignore_eos added to the page's request, so only Stop or max_tokens ends it): text must
-    # grow while it streams, Stop must end it and the server must cancel the request.
+    # grow while it streams, Stop must end it and the server must cancel the request. max_tokens must outlast the
+    # steps before the click (3000 tokens decode in ~3 s on this random model; 7000 leave room; prompt + max_tokens
+    # must fit the context).
     browser.js("""(() => { const f = window.fetch; window.fetch = (url, o) => {
         if (o && o.body && String(url).endsWith('/chat/completions')) {
           const b = JSON.parse(o.body); b.ignore_eos = true; o = Object.assign({}, o, {body: JSON.stringify(b)}); }
         return f(url, o); }; return true; })()""")
     cancelled = metric(server, "kestrel_requests_cancelled_total")
-    send(browser, "Tell me a very long story", max_tokens=3000)
+    send(browser, "Tell me a very long story", max_tokens=7000)
     grow = (f"{LAST}.dataset.state === 'streaming' && "
             f"({LAST}.querySelector('.content').textContent + {LAST}.querySelector('.reasoning-text').textContent)")
     first = browser.wait_for(f"({grow}).length > 20 && ({grow}).length", timeout=120, what="streamed text")

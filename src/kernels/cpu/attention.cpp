@@ -4,13 +4,15 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 namespace kestrel::kernels {
 
 namespace {
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
+// One-op unaligned load (std::memcpy into a v16 goes through the stack in two halves with GCC 12).
+typedef float v16_alias __attribute__((vector_size(64), aligned(4), may_alias));
+inline v16 load16(const float* p) { return *reinterpret_cast<const v16_alias*>(p); }
 
 // q·k in 16-lane partial sums (two independent accumulators, then the lanes in order, then the
 // scalar tail): a plain running sum is one long FMA dependency chain GCC may not reorder.
@@ -18,15 +20,10 @@ inline float dot(const float* q, const float* k, int64_t n) {
   v16 a0{}, a1{};
   int64_t d = 0;
   for (; d + 32 <= n; d += 32) {
-    v16 q0, q1, k0, k1;
-    std::memcpy(&q0, q + d, 64), std::memcpy(&q1, q + d + 16, 64);
-    std::memcpy(&k0, k + d, 64), std::memcpy(&k1, k + d + 16, 64);
-    a0 += q0 * k0, a1 += q1 * k1;
+    a0 += load16(q + d) * load16(k + d), a1 += load16(q + d + 16) * load16(k + d + 16);
   }
   for (; d + 16 <= n; d += 16) {
-    v16 q0, k0;
-    std::memcpy(&q0, q + d, 64), std::memcpy(&k0, k + d, 64);
-    a0 += q0 * k0;
+    a0 += load16(q + d) * load16(k + d);
   }
   a0 += a1;
   float s = 0;

@@ -25,6 +25,27 @@ typedef float v16f __attribute__((vector_size(64), aligned(4)));
 typedef int32_t v16i32 __attribute__((vector_size(64)));
 typedef uint16_t v16u16 __attribute__((vector_size(32), aligned(2)));
 typedef uint32_t v16u32 __attribute__((vector_size(64)));
+// Unaligned 16-float load as one vector op. (std::memcpy into a v16f is split by GCC 12 into two
+// 32-byte moves through the stack, and keeps the kernels' accumulators in memory.)
+typedef float v16f_alias __attribute__((vector_size(64), aligned(4), may_alias));
+inline v16f load16(const float* p) { return *reinterpret_cast<const v16f_alias*>(p); }
+inline void store16(float* p, v16f v) { *reinterpret_cast<v16f_alias*>(p) = v; }
+
+// 16 bf16 → 16 fp32 in registers: zero-extend and shift into the high half (exact). AVX-512: one
+// vpmovzxwd from memory (GCC 12 splits the generic conversion into two halves and an insert).
+inline v16f load_bf16x16(const uint16_t* p) {
+#if defined(__AVX512F__)
+  const __m512i w = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return (v16f)((v16u32)w << 16);
+#else
+  v16u16 h;
+  std::memcpy(&h, p, 32);
+  const v16u32 w = __builtin_convertvector(h, v16u32) << 16;
+  v16f f;
+  std::memcpy(&f, &w, 64);
+  return f;
+#endif
+}
 
 // One MXFP4 32-block: 16 bytes (element 2j in the low nibble of byte j, 2j+1 in the high nibble)
 // and one E8M0 scale. Vectorised: a 16-entry byte table lookup (pshufb) maps codes to 2·E2M1 as
@@ -54,12 +75,106 @@ inline void decode_mxfp4_block(const uint8_t* packed16, uint8_t scale, v16f& f1,
   f2 = __builtin_convertvector(__builtin_convertvector(second, v16i32), v16f) * half_scale;
 }
 
+// Lane sums of n ≤ 16 accumulators in the kernels' fixed order: out[j] = ((0 + a[j][0]) + a[j][1]) + …
+// + a[j][15], the scalar loop `s = 0; for k: s += a[j][k]` bit for bit (the +0 start included).
+// AVX-512: the accumulators are transposed (vector k's lane j = a[j][k]) and the vectors added in
+// order k = 0..15, so every output lane runs exactly that scalar chain: for 16 outputs 64 shuffles
+// and 16 vector adds instead of 256 lane extracts and dependent scalar adds. Other builds: the loop.
+#if defined(__AVX512F__)
+// (Masked forms: GCC 12 warns on the plain intrinsics' undefined pass-through operand.)
+// 4×4 transposes inside each 128-bit chunk c: on return r[m] chunk c = (r0[4c+m], r1[4c+m], r2[4c+m], r3[4c+m]).
+inline __attribute__((always_inline)) void transpose_in_chunks(__m512* r) {
+  const __m512d t0 = _mm512_castps_pd(_mm512_maskz_unpacklo_ps(0xFFFF, r[0], r[1]));
+  const __m512d t1 = _mm512_castps_pd(_mm512_maskz_unpackhi_ps(0xFFFF, r[0], r[1]));
+  const __m512d t2 = _mm512_castps_pd(_mm512_maskz_unpacklo_ps(0xFFFF, r[2], r[3]));
+  const __m512d t3 = _mm512_castps_pd(_mm512_maskz_unpackhi_ps(0xFFFF, r[2], r[3]));
+  r[0] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xFF, t0, t2));
+  r[1] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xFF, t0, t2));
+  r[2] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xFF, t1, t3));
+  r[3] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xFF, t1, t3));
+}
+
+#endif
+
+// 5..16 outputs: full 16×16 transpose (missing accumulators are zero vectors).
+inline __attribute__((always_inline)) void lane_sums16(const v16f* a, int n, float* out) {
+#if defined(__AVX512F__)
+  __m512 r[16];
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) {
+    if (j < n) r[j] = (__m512)a[j];
+    else r[j] = _mm512_setzero_ps();
+  }
+  for (int g = 0; g < 4; ++g) transpose_in_chunks(r + 4 * g);  // r[4g + m] chunk c: rows 4g..4g+3, lane 4c + m
+  __m512 v[16];  // v[4c + m] chunk g = r[4g + m] chunk c, i.e. v[k] lane j = a[j][k]
+  for (int m = 0; m < 4; ++m) {
+    const __m512 A = _mm512_maskz_shuffle_f32x4(0xFFFF, r[m], r[4 + m], 0x44);  // r[m].c0 c1, r[4+m].c0 c1
+    const __m512 B = _mm512_maskz_shuffle_f32x4(0xFFFF, r[m], r[4 + m], 0xEE);  // … c2 c3
+    const __m512 C = _mm512_maskz_shuffle_f32x4(0xFFFF, r[8 + m], r[12 + m], 0x44);
+    const __m512 D = _mm512_maskz_shuffle_f32x4(0xFFFF, r[8 + m], r[12 + m], 0xEE);
+    v[m] = _mm512_maskz_shuffle_f32x4(0xFFFF, A, C, 0x88);  // chunk 0 of each
+    v[4 + m] = _mm512_maskz_shuffle_f32x4(0xFFFF, A, C, 0xDD);
+    v[8 + m] = _mm512_maskz_shuffle_f32x4(0xFFFF, B, D, 0x88);
+    v[12 + m] = _mm512_maskz_shuffle_f32x4(0xFFFF, B, D, 0xDD);
+  }
+  __m512 s = _mm512_setzero_ps();
+  for (int k = 0; k < 16; ++k) s = _mm512_add_ps(s, v[k]);
+  float tmp[16];
+  _mm512_storeu_ps(tmp, s);
+  for (int j = 0; j < n; ++j) out[j] = tmp[j];
+#else
+  for (int j = 0; j < n; ++j) {
+    float s = 0;
+    for (int k = 0; k < 16; ++k) s += a[j][k];
+    out[j] = s;
+  }
+#endif
+}
+
+// 1..4 outputs: the in-chunk transpose, then 16 adds of 4-float vectors in lane order (chunk c, m).
+inline __attribute__((always_inline)) void lane_sums4(const v16f* a, int n, float* out) {
+#if defined(__AVX512F__)
+  __m512 r[4];
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    if (j < n) r[j] = (__m512)a[j];
+    else r[j] = _mm512_setzero_ps();
+  }
+  transpose_in_chunks(r);  // r[m] chunk c: outputs 0..3, lane 4c + m
+  __m128 s = _mm_setzero_ps();
+  for (int m = 0; m < 4; ++m) s = _mm_add_ps(s, _mm512_maskz_extractf32x4_ps(0xF, r[m], 0));
+  for (int m = 0; m < 4; ++m) s = _mm_add_ps(s, _mm512_maskz_extractf32x4_ps(0xF, r[m], 1));
+  for (int m = 0; m < 4; ++m) s = _mm_add_ps(s, _mm512_maskz_extractf32x4_ps(0xF, r[m], 2));
+  for (int m = 0; m < 4; ++m) s = _mm_add_ps(s, _mm512_maskz_extractf32x4_ps(0xF, r[m], 3));
+  float tmp[4];
+  _mm_storeu_ps(tmp, s);
+  for (int j = 0; j < n; ++j) out[j] = tmp[j];
+#else
+  for (int j = 0; j < n; ++j) {
+    float s = 0;
+    for (int k = 0; k < 16; ++k) s += a[j][k];
+    out[j] = s;
+  }
+#endif
+}
+
+// The R×U accumulators' lane sums, token-major: sums[u * R + r] for acc[r][u].
+template <int R, int U>
+inline __attribute__((always_inline)) void block_lane_sums(const v16f (&acc)[R][U], float (&sums)[R * U]) {
+  static_assert(R * U <= 16);
+  v16f a[R * U];
+  for (int u = 0; u < U; ++u)
+    for (int r = 0; r < R; ++r) a[u * R + r] = acc[r][u];
+  if constexpr (R * U <= 4) lane_sums4(a, R * U, sums);
+  else lane_sums16(a, R * U, sums);
+}
+
 void decode_mxfp4_row(const uint8_t* packed, const uint8_t* scales, int64_t blocks, float* dst) {
   for (int64_t b = 0; b < blocks; ++b) {
     v16f f1, f2;
     decode_mxfp4_block(packed + b * 16, scales[b], f1, f2);
-    std::memcpy(dst + b * 32, &f1, 64);
-    std::memcpy(dst + b * 32 + 16, &f2, 64);
+    store16(dst + b * 32, f1);
+    store16(dst + b * 32 + 16, f2);
   }
 }
 
@@ -72,29 +187,34 @@ void mxfp4_rows_dot(const WeightMatrix& w, int64_t r0, const float* x, float* y,
   const int64_t in = w.in, blocks = in / 32;
   const uint8_t* P = static_cast<const uint8_t*>(w.data);
   v16f acc[R][U];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int u = 0; u < U; ++u) acc[r][u] = v16f{};
   for (int64_t b = 0; b < blocks; ++b) {
     v16f x1[U], x2[U];
+#pragma GCC unroll 16
     for (int u = 0; u < U; ++u) {
-      std::memcpy(&x1[u], x + u * in + b * 32, 64);
-      std::memcpy(&x2[u], x + u * in + b * 32 + 16, 64);
+      x1[u] = load16(x + u * in + b * 32);
+      x2[u] = load16(x + u * in + b * 32 + 16);
     }
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       v16f f1, f2;
       decode_mxfp4_block(P + (r0 + r) * (in / 2) + b * 16, w.scales[(r0 + r) * blocks + b], f1, f2);
+#pragma GCC unroll 16
       for (int u = 0; u < U; ++u) {
         acc[r][u] += f1 * x1[u];
         acc[r][u] += f2 * x2[u];
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int u = 0; u < U; ++u) {
-      float s = 0;
-      for (int k = 0; k < 16; ++k) s += acc[r][u][k];
-      y[u * ldy + r0 + r] = s;
-    }
+  float sums[R * U];
+  block_lane_sums<R, U>(acc, sums);
+#pragma GCC unroll 16
+  for (int u = 0; u < U; ++u)
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) y[u * ldy + r0 + r] = sums[u * R + r];
 }
 
 }  // namespace
@@ -110,12 +230,7 @@ void decode_row(const WeightMatrix& w, int64_t r, float* dst) {
     case WeightFormat::kBF16: {
       const uint16_t* p = static_cast<const uint16_t*>(w.data) + r * n;
       int64_t i = 0;
-      for (; i + 16 <= n; i += 16) {  // exact: zero-extend and shift into the high half
-        v16u16 h;
-        std::memcpy(&h, p + i, 32);
-        const v16u32 b = __builtin_convertvector(h, v16u32) << 16;
-        std::memcpy(dst + i, &b, 64);
-      }
+      for (; i + 16 <= n; i += 16) store16(dst + i, load_bf16x16(p + i));
       for (; i < n; ++i) dst[i] = bf16_to_f32(p[i]);
       return;
     }
@@ -151,42 +266,47 @@ namespace {
 // extensions; one zmm on AVX-512, two ymm on AVX2). R·U independent accumulators keep the FMA
 // pipes busy; the tail of `in` (not a multiple of 16) is finished in scalar code.
 // Every path below keeps this per-(row, token) summation order: 16-lane partial sums over the row in
-// steps of 16, lane sum 0..15, then the scalar tail. So a token's result never depends on which
-// path, block shape or batch it ran in.
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
+// steps of 16, lane sum 0..15 (lane_sums16 / lane_sums4), then the scalar tail (each product rounded,
+// then added). So a token's result never depends on which path, block shape or batch it ran in.
+using v16 = v16f;
+
+// One step of the scalar tail: s + w·x with the product rounded, then added — never contracted into
+// an FMA. (Left to the compiler, -ffp-contract=fast fused it in some loops and not in others — a
+// vectorised in-order reduction keeps the multiply separate — so the fused bf16/f16 few-token path
+// and the many-token path disagreed in the last bit when `in` % 16 != 0.)
+inline float tail_step(float s, float w, float x) {
+  float p = w * x;
+  asm("" : "+x"(p));  // hides the product from contraction
+  return s + p;
+}
 
 template <int R, int U>
 inline void block_dot(const float* w, int64_t ws, const float* x, int64_t xs, int64_t n, float* y, int64_t ys) {
   v16 acc[R][U];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int u = 0; u < U; ++u) acc[r][u] = v16{};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     v16 xv[U];
-    for (int u = 0; u < U; ++u) std::memcpy(&xv[u], x + u * xs + i, 64);
+#pragma GCC unroll 16
+    for (int u = 0; u < U; ++u) xv[u] = load16(x + u * xs + i);
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      v16 wv;
-      std::memcpy(&wv, w + r * ws + i, 64);
+      const v16 wv = load16(w + r * ws + i);
+#pragma GCC unroll 16
       for (int u = 0; u < U; ++u) acc[r][u] += wv * xv[u];
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int u = 0; u < U; ++u) {
-      float s = 0;
-      for (int k = 0; k < 16; ++k) s += acc[r][u][k];
-      for (int64_t j = i; j < n; ++j) s += w[r * ws + j] * x[u * xs + j];
+  float sums[R * U];
+  block_lane_sums<R, U>(acc, sums);
+  for (int u = 0; u < U; ++u)
+    for (int r = 0; r < R; ++r) {
+      float s = sums[u * R + r];
+      for (int64_t j = i; j < n; ++j) s = tail_step(s, w[r * ws + j], x[u * xs + j]);
       y[u * ys + r] = s;
     }
-}
-
-// 16 bf16 → 16 fp32 in registers: zero-extend and shift into the high half (exact).
-inline v16 load_bf16x16(const uint16_t* p) {
-  v16u16 h;
-  std::memcpy(&h, p, 32);
-  const v16u32 w = __builtin_convertvector(h, v16u32) << 16;
-  v16 f;
-  std::memcpy(&f, &w, 64);
-  return f;
 }
 
 inline v16 load_f16x16(const uint16_t* p) {
@@ -210,12 +330,16 @@ constexpr int64_t kHalfPrefetchElems = 512;
 template <int R, int U, bool kBf16>
 void half_rows_dot(const uint16_t* W, int64_t in, int64_t r0, const float* x, float* y, int64_t ldy) {
   v16 acc[R][U];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int u = 0; u < U; ++u) acc[r][u] = v16{};
   int64_t i = 0;
   for (; i + 16 <= in; i += 16) {
     v16 xv[U];
-    for (int u = 0; u < U; ++u) std::memcpy(&xv[u], x + u * in + i, 64);
+#pragma GCC unroll 16
+    for (int u = 0; u < U; ++u) xv[u] = load16(x + u * in + i);
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const uint16_t* p = W + (r0 + r) * in + i;
       // Decode (one token): R row streams; prefetching ahead keeps more lines in flight than the
@@ -224,16 +348,18 @@ void half_rows_dot(const uint16_t* W, int64_t in, int64_t r0, const float* x, fl
         if ((i & 31) == 0) __builtin_prefetch(p + kHalfPrefetchElems, 0, 3);
       }
       const v16 wv = kBf16 ? load_bf16x16(p) : load_f16x16(p);
+#pragma GCC unroll 16
       for (int u = 0; u < U; ++u) acc[r][u] += wv * xv[u];
     }
   }
+  float sums[R * U];
+  block_lane_sums<R, U>(acc, sums);
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < U; ++u) {
-      float s = 0;
-      for (int k = 0; k < 16; ++k) s += acc[r][u][k];
+      float s = sums[u * R + r];
       for (int64_t j = i; j < in; ++j) {
         const uint16_t h = W[(r0 + r) * in + j];
-        s += (kBf16 ? bf16_to_f32(h) : f16_to_f32(h)) * x[u * in + j];
+        s = tail_step(s, kBf16 ? bf16_to_f32(h) : f16_to_f32(h), x[u * in + j]);
       }
       y[u * ldy + r0 + r] = s;
     }

@@ -61,8 +61,9 @@ MUTATIONS = {
         "E8M0 block scale one exponent too large"),
     "batch_dependent_reduction": (
         "src/kernels/cpu/linear.cpp",
-        "      for (int k = 0; k < 16; ++k) s += acc[r][u][k];\n      for (int64_t j = i; j < n; ++j) s += w[r * ws + j] * x[u * xs + j];",
-        "      for (int k = 0; k < 16; ++k) s += acc[r][u][U > 1 ? 15 - k : k];\n      for (int64_t j = i; j < n; ++j) s += w[r * ws + j] * x[u * xs + j];",
+        "      float s = sums[u * R + r];\n      for (int64_t j = i; j < n; ++j) s = tail_step(s, w[r * ws + j], x[u * xs + j]);",
+        "      float s = 0;\n      for (int k = 0; k < 16; ++k) s += acc[r][u][U > 1 ? 15 - k : k];\n"
+        "      for (int64_t j = i; j < n; ++j) s = tail_step(s, w[r * ws + j], x[u * xs + j]);",
         "BatchedEqualsAlone|Linear|ModelConsistency",
         "lane sum order depends on how many tokens share the block (batch-dependent bits)"),
     "scheduler_one_sequence_per_step": (

@@ -211,6 +211,7 @@ void ApiServer::generate(const std::shared_ptr<HttpExchange>& ex, bool chat, std
   spec.stop = s.stop;
   spec.echo = std::move(echo);
   spec.reasoning = reasoning;
+  spec.ignore_eos = s.ignore_eos;
   spec.prompt_tokens = plen;
   run_completion_job(ex, engine_, tok_, chat ? &format_ : nullptr, std::move(spec), std::move(g));
 }

@@ -43,6 +43,7 @@ struct Choice {
   explicit Choice(const chat::Tokenizer& tok, std::vector<std::string> stop) : dec(tok), stopper(std::move(stop)) {}
   uint64_t req_id = 0;
   bool submitted = false, finished = false, stopped_by_us = false;
+  bool past_end = false;  // ignore_eos: the parser saw the end of the message; later text is plain content
   chat::StreamDecoder dec;
   StopMatcher stopper;
   std::unique_ptr<OutputParser> parser;
@@ -111,6 +112,13 @@ class Job : public std::enable_shared_from_this<Job> {
     return json{{"token", chat::utf8_replace_invalid(bytes)}, {"logprob", lp}, {"bytes", std::move(arr)}};
   }
 
+  ParsedDelta parse(Choice& c, std::string text) {
+    if (!c.past_end) return c.parser->push(text);
+    ParsedDelta d;
+    d.content = std::move(text);
+    return d;
+  }
+
   void on_event(int i, const GenerationEvent& ev) {
     Choice& c = *choices_[i];
     if (failed_ || c.finished) return;
@@ -126,8 +134,9 @@ class Job : public std::enable_shared_from_this<Job> {
     }
     auto text = c.dec.push(ev.token);
     std::string piece = c.stopper.push(text ? *text : std::string());
-    ParsedDelta d = c.parser->push(piece);
+    ParsedDelta d = parse(c, std::move(piece));
     bool done = d.done;
+    if (done && spec_.ignore_eos) c.past_end = true, done = false;
     emit(i, std::move(d), std::move(lp));
     if (c.stopper.stopped() || done) {
       c.stopped_by_us = true;
@@ -140,7 +149,7 @@ class Job : public std::enable_shared_from_this<Job> {
     if (!c.stopped_by_us) {
       std::string tail = c.stopper.push(c.dec.flush());
       tail += c.stopper.flush();
-      emit(i, c.parser->push(tail), json());
+      emit(i, parse(c, std::move(tail)), json());
     }
     emit(i, c.parser->finish(), json());
     c.finished = true;

@@ -31,6 +31,9 @@ struct JobSpec {
   std::vector<std::string> stop;
   std::string echo;           // completions with echo: the prompt text, emitted first
   ReasoningOptions reasoning;  // chat: for the output parser
+  // ignore_eos: the end of the assistant message (parsed from the text) does not end the generation either;
+  // the text after it streams as plain content until max_tokens or another limit.
+  bool ignore_eos = false;
   int prompt_tokens = 0;
 };
 

@@ -1,4 +1,4 @@
-"""The real `openai` Python client against `kestrel serve` (issue 4): streaming and non-streaming chat,
+"""The real `openai` Python client against `kestrel serve`: streaming and non-streaming chat,
 tools round trip, stop sequences, n > 1, logprobs, seed reproducibility, and the error statuses."""
 import json
 import threading
@@ -45,6 +45,27 @@ def test_chat_streaming_matches_non_streaming(server):
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
     finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
     assert finals == [full.choices[0].finish_reason]
+
+
+def test_ignore_eos_runs_to_max_tokens_past_the_end_of_the_message(server):
+    # Greedy on the random-weight preset, this conversation's reply ends its message (the output parser sees the end
+    # of the message in the text, not only the stop token) after fewer than 1200 tokens. ignore_eos goes on to
+    # max_tokens (fixed-length benchmarks rely on it) and streams the text after the end as content.
+    msgs = [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "x"},
+            {"role": "user", "content": "Tell me a very long story"}]
+    c = client(server)
+    plain = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=1200, temperature=0)
+    assert plain.choices[0].finish_reason == "stop" and plain.usage.completion_tokens < 1200, "the message must end"
+    r = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=1200, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 1200
+    assert r.choices[0].message.content, "the text after the end of the message is content"
+    chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=1200, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    assert chunks[-1].usage.completion_tokens == 1200
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["length"]
+    text = "".join((ch.choices[0].delta.content or "") for ch in chunks if ch.choices)
+    assert text == r.choices[0].message.content
 
 
 def test_seed_reproducibility(server):

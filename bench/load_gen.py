@@ -55,6 +55,9 @@ def one(host, port, prompt, max_tokens):
                     stamps.append(time.perf_counter())
     conn.close()
     n = usage["completion_tokens"] if usage else len(stamps)
+    # ignore_eos: every stream must run to max_tokens, or the batch sizes this benchmark claims do not hold.
+    if n != max_tokens:
+        raise SystemExit(f"load_gen: a stream ended after {n} of {max_tokens} tokens (ignore_eos not honoured?)")
     ttft = (stamps[0] - t0) if stamps else float("nan")
     # Several tokens can arrive in one read; TPOT spreads the first-to-last interval over the tokens.
     tpot = (stamps[-1] - stamps[0]) / (n - 1) if stamps and n > 1 else float("nan")

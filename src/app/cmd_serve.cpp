@@ -7,10 +7,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "app/args.h"
+#include "app/cache_fingerprint.h"
 #include "app/commands.h"
 #include "app/host_port.h"
 #include "app/k3_chat_format.h"
@@ -25,30 +25,6 @@
 namespace kestrel::app {
 
 namespace {
-// What besides the tokens decides whether cached state can be reused: the model files (path, name, size,
-// modification time of each) and the kernels mode; the scheduler adds the page size and cache dtype. The
-// prefix cache lives in this process only, so this separates everything one process can serve; a store
-// shared across processes or restarts would need a digest of the weights themselves.
-std::string cache_fingerprint(const std::string& model, bool fast) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  std::string f = "model=" + fs::weakly_canonical(model, ec).string();
-  std::vector<fs::path> files;
-  if (fs::is_directory(model, ec)) {
-    for (const auto& e : fs::directory_iterator(model, ec))
-      if (e.is_regular_file(ec)) files.push_back(e.path());
-  } else {
-    files.push_back(model);
-  }
-  std::sort(files.begin(), files.end());
-  for (const auto& p : files) {
-    const auto size = fs::file_size(p, ec);
-    const auto mtime = fs::last_write_time(p, ec).time_since_epoch().count();
-    f += "|" + p.filename().string() + ":" + std::to_string(size) + ":" + std::to_string(mtime);
-  }
-  return f + (fast ? "|kernels=fast" : "|kernels=exact");
-}
-
 // Once listening: the chat page's URL and a curl line that pastes as is (wildcard addresses shown as loopback).
 void print_ready(const std::string& address, uint16_t port, const std::string& model, bool with_key) {
   std::string host = address == "0.0.0.0" ? "127.0.0.1" : address == "::" ? "::1" : address;
@@ -144,7 +120,13 @@ int cmd_serve(const std::vector<std::string>& argv) {
   sc.prefix.redis_host = redis.host;
   sc.prefix.redis_port = redis.port;
   sc.prefix.redis_timeout_ms = static_cast<int>(redis_timeout_ms);
-  sc.cache_fingerprint = cache_fingerprint(dir, kernels::bf16_acts_opt_in() || kernels::mxfp4_int8_enabled());
+  {
+    const bool shared_tiers = sc.prefix_cache && (!sc.prefix.disk_dir.empty() || !redis.host.empty());
+    auto fp = cache_fingerprint(dir, kernels::bf16_acts_opt_in() || kernels::mxfp4_int8_enabled(), shared_tiers,
+                                !a->has("quiet"));
+    if (!fp) return fail(fp.error());
+    sc.cache_fingerprint = *fp;
+  }
   if (sc.prefix_cache && sc.prefill_chunk % page != 0)
     return usage_error("serve", invalid_argument("the prefix cache needs --prefill-chunk (" + std::to_string(sc.prefill_chunk) +
                                                  ") to be a multiple of --page-tokens (" + std::to_string(page) +

@@ -29,6 +29,8 @@ bool is_model_dir(const fs::path& d) {
 }
 }  // namespace
 
+std::string user_cache_dir() { return cache_root().string(); }
+
 Result<std::string> default_model_dir() {
   if (const char* d = std::getenv("KESTREL_DEFAULT_MODEL"); d && *d) {
     if (!is_model_dir(d)) return not_found(std::string("$KESTREL_DEFAULT_MODEL=") + d + ": no config.json + tiktoken.model there");

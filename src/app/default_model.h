@@ -17,4 +17,7 @@ Result<std::string> default_model_dir();
 // ($KESTREL_CACHE_DIR, else $XDG_CACHE_HOME/kestrel, else ~/.cache/kestrel).
 Result<std::string> ensure_preset_model(const std::string& preset, bool verbose);
 
+// The user cache directory named above (generated presets, the weights-digest memo).
+std::string user_cache_dir();
+
 }  // namespace kestrel::app

@@ -90,7 +90,20 @@ def written(server, timeout=30):
         time.sleep(0.1)
 
 
+def model_copy(edit_config=False):
+    """The shipped default model copied to a fresh directory (new paths and modification times, same bytes; or
+    one byte more in config.json: still the same model to the loader, other bytes to the weights digest)."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "models", "default")
+    dst = os.path.join(tempfile.mkdtemp(prefix="kestrel-model-copy-"), "default")
+    shutil.copytree(src, dst, copy_function=shutil.copyfile)
+    if edit_config:
+        with open(os.path.join(dst, "config.json"), "a") as f:
+            f.write("\n")
+    return dst
+
+
 def test_second_server_reuses_the_first_ones_prefixes(redis):
+    """B loads a copy of A's model from another directory: objects are bound to the weights' digest, not to paths."""
     flags = GRID + ["--prefix-cache-redis", f"127.0.0.1:{redis}"]
     a = Server(flags, model_args=())
     try:
@@ -101,12 +114,14 @@ def test_second_server_reuses_the_first_ones_prefixes(redis):
     assert ma["kestrel_prefix_cache_redis_objects_written_total"] > 0, ma
     assert ma["kestrel_prefix_cache_redis_write_errors_total"] == 0
     assert ma["kestrel_prefix_cache_redis_hits_total"] == 0  # nothing there yet
-    b = Server(flags, model_args=())
+    copy = model_copy()
+    b = Server(flags, model_args=("--model", copy))
     try:
         second = conversation(b)
         mb = b.idle_metrics()
     finally:
         b.stop()
+        shutil.rmtree(os.path.dirname(copy), ignore_errors=True)
     for t, (x, y) in enumerate(zip(first, second)):
         assert x["content"] == y["content"], f"turn {t}"
         assert x["logprobs"] == y["logprobs"], f"turn {t}: logprobs differ"  # floats compared exactly
@@ -123,6 +138,29 @@ def test_second_server_reuses_the_first_ones_prefixes(redis):
     assert mb["kestrel_prefix_cache_redis_corrupt_total"] == 0
     assert mb["kestrel_prefix_cache_redis_read_bytes_total"] > 0
     assert "kestrel_prefix_cache_disk_hits_total" not in mb  # no disk tier configured
+
+
+def test_other_model_bytes_get_no_hits(redis):
+    """A model whose files differ by one byte is another model to the shared tier: nothing A wrote is read."""
+    flags = GRID + ["--prefix-cache-redis", f"127.0.0.1:{redis}"]
+    a = Server(flags, model_args=())
+    try:
+        first = conversation(a, turns=2)
+        written(a)
+    finally:
+        a.stop()
+    copy = model_copy(edit_config=True)
+    c = Server(flags, model_args=("--model", copy))
+    try:
+        other = conversation(c, turns=2)
+        mc = c.idle_metrics()
+    finally:
+        c.stop()
+        shutil.rmtree(os.path.dirname(copy), ignore_errors=True)
+    assert [x["logprobs"] for x in first] == [y["logprobs"] for y in other]  # the same model to the loader
+    assert mc["kestrel_prefix_cache_redis_hits_total"] == 0, mc
+    assert mc["kestrel_prefix_cache_redis_corrupt_total"] == 0, mc  # not even found: other keys
+    assert other[0]["cached"] == 0
 
 
 def test_unreachable_redis_is_logged_and_counted():

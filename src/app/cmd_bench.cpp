@@ -183,6 +183,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
                       {"mla_bytes_per_token", g.mla_bytes_per_token()},
                       {"indexer_bytes_per_token", g.index_bytes_per_token()},
                       {"kda_slot_bytes_per_request", g.slot_floats() * 4},
+                      {"prefix_snapshot_bytes", g.slot_floats() * 4},  // one slot's state, kept at rest as is
                       {"indexer_ms_per_prefill_token", 1e3 * idx_prefill / static_cast<double>(*prompt)},
                       {"indexer_ms_per_decode_token", 1e3 * idx_decode / static_cast<double>(*gen)},
                       {"prefill_cpu_ms_per_token", 1e3 * (c1 - c0) / static_cast<double>(*prompt)},
@@ -197,7 +198,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
     std::printf("cpu time     %.1f ms/token prefill, %.1f ms/token decode (all threads)\n",
                 1e3 * (c1 - c0) / static_cast<double>(*prompt), 1e3 * (c2 - c1) / static_cast<double>(*gen));
     std::printf("context      %lld cached tokens before the timed prefill\n"
-                "cache        MLA pages %lld B/token, indexer pages %lld B/token, KDA slot %.1f KiB/request\n",
+                "cache        MLA pages %lld B/token, indexer pages %lld B/token, KDA slot %.1f KiB/request (and per "
+                "prefix-cache snapshot)\n",
                 *context, static_cast<long long>(g.mla_bytes_per_token()), static_cast<long long>(g.index_bytes_per_token()),
                 static_cast<double>(g.slot_floats() * 4) / 1024.0);
     if (g.index_bytes_per_token() > 0)

@@ -105,6 +105,8 @@ std::string plan_json(const Plan& p) {
                  {"indexer_bytes_per_token_per_layer", m.indexer_bytes_per_token_per_layer},
                  {"kda_recurrent_bytes_per_request", m.kda_recurrent_bytes},
                  {"kda_conv_bytes_per_request", m.kda_conv_bytes},
+                 // A prefix-cache snapshot is one request's KDA state (conv + recurrent) at a token boundary.
+                 {"prefix_snapshot_bytes", m.state_bytes_per_request()},
                  {"bytes_per_request_at_context", ctx * static_cast<double>(m.cache_bytes_per_token()) +
                                                       static_cast<double>(m.state_bytes_per_request())}}},
       {"flops_per_token", {{"linear", m.linear_flops},
@@ -150,8 +152,8 @@ std::string plan_table(const Plan& p) {
     o += fmt("  %-16s %14.4g %12.3f\n", component_name(static_cast<Component>(i)), static_cast<double>(t.params),
              static_cast<double>(t.bytes) / kGiB);
   }
-  o += fmt("layers: %d KDA, %d MLA (%d sparse); cache %lld B/token; KDA state %.1f MiB/request\n", m.kda_layers,
-           m.mla_layers, m.sparse_layers, static_cast<long long>(m.cache_bytes_per_token()),
+  o += fmt("layers: %d KDA, %d MLA (%d sparse); cache %lld B/token; KDA state %.1f MiB/request (and per prefix-cache "
+           "snapshot)\n", m.kda_layers, m.mla_layers, m.sparse_layers, static_cast<long long>(m.cache_bytes_per_token()),
            static_cast<double>(m.state_bytes_per_request()) / (1 << 20));
   o += fmt("cluster: %s, %d GPUs/node, context %lld; MFU %.2f, HBM eff %.2f, mem util %.2f, reserve %.1f GiB\n",
            c.accel.name.c_str(), c.gpus_per_node, static_cast<long long>(c.context), c.a.mfu, c.a.bw_efficiency,

@@ -74,3 +74,12 @@ def test_gate_rejects_out_of_vocab_ids_and_unwritable_output():
     assert p.returncode != 0 and b"cannot write" in p.stderr
     p = run(["bench", "--model", Q4, "--gate-ids", "1,2"])
     assert p.returncode != 0 and b"go together" in p.stderr
+
+
+def test_default_mode_reports_cache_and_snapshot_bytes():
+    p = run(["bench", "--model", Q4, "--threads", "1", "--prompt", "8", "--gen", "2", "--json"])
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    # A prefix-cache snapshot is one slot's KDA state (conv + recurrent of every KDA layer, fp32 at rest).
+    assert j["prefix_snapshot_bytes"] == j["kda_slot_bytes_per_request"] > 0
+    assert j["mla_bytes_per_token"] > 0

@@ -142,6 +142,8 @@ TEST(PlanOutput, JsonSchema) {
   }
   EXPECT_EQ(m.at("layers").at("sparse"), 24);
   EXPECT_EQ(m.at("cache").at("bytes_per_token"), 27648 + 24 * 132);
+  // A prefix-cache snapshot holds one request's KDA state: 69 layers x (recurrent 6 MiB + conv 216 KiB) at K3 widths.
+  EXPECT_EQ(m.at("cache").at("prefix_snapshot_bytes").get<int64_t>(), 69LL * (6 * (1 << 20) + 216 * 1024));
   const auto& a = j.at("cluster").at("assumptions");
   for (const char* k : {"memory_utilization", "reserve_bytes", "mfu", "bandwidth_efficiency", "comm_efficiency"})
     EXPECT_TRUE(a.at(k).is_number()) << k;

@@ -75,6 +75,73 @@ def quantize_q4_0(src, dst, threads=2):
     return dst
 
 
+def quantize_q4_0_binary(llama_quantize, src, dst, threads=2):
+    """The same quantization as quantize_q4_0, by llama.cpp's llama-quantize program (built from the same source
+    package) instead of the Python binding."""
+    if not os.path.exists(dst):
+        tmp = dst + ".part"
+        run([llama_quantize, "--allow-requantize", "--output-tensor-type", "q4_0", "--token-embedding-type", "q4_0",
+             src, tmp, "Q4_0", str(threads)], stdout=subprocess.DEVNULL)
+        os.replace(tmp, dst)
+    return dst
+
+
+def with_tokenizer(llama_cpp_src, src, dst, tiktoken_path, n_ranks=4096):
+    """A copy of `src` (a GGUF converted with the dummy vocabulary) whose tokenizer is the first n_ranks ranks of
+    a tiktoken file plus a few specials, built as llama.cpp's converter builds Kimi's (tools/gen_gguf_goldens.py
+    write_tokenizer_gguf), padded to the model's vocabulary: both servers then load it and tokenize alike. The
+    tensors are copied byte for byte."""
+    if os.path.exists(dst):
+        return dst
+    sys.path.insert(0, os.path.join(llama_cpp_src, "gguf-py"))
+    import gguf
+    from gen_gguf_goldens import TOKENIZER_SPECIALS, read_tiktoken
+    sys.path.insert(0, llama_cpp_src)
+    from conversion.qwen import QwenModel
+    ranks = read_tiktoken(tiktoken_path, n_ranks)
+    specials = {t: n_ranks + i for i, t in enumerate(TOKENIZER_SPECIALS)}
+    r = gguf.GGUFReader(src)
+    arch = r.fields["general.architecture"].contents()
+    vocab_size = int(r.fields[f"{arch}.vocab_size"].contents())
+    merges, vocab = [], {}
+    for token, rank in ranks.items():
+        vocab[QwenModel.token_bytes_to_string(token)] = rank
+        if len(token) > 1:
+            merged = QwenModel.bpe(ranks, token, max_rank=rank)
+            if len(merged) == 2:
+                merges.append(" ".join(map(QwenModel.token_bytes_to_string, merged)))
+    reverse = {i: t for t, i in {**vocab, **specials}.items()}
+    T = gguf.TokenType
+    tokens = [reverse.get(i, f"[PAD{i}]") for i in range(vocab_size)]
+    types = [T.UNUSED if i not in reverse else T.CONTROL if i in specials.values() else T.NORMAL
+             for i in range(vocab_size)]
+    tmp = dst + ".part"
+    w = gguf.GGUFWriter(tmp, arch)
+    for k, f in r.fields.items():
+        if k.startswith(("GGUF.", "tokenizer.")) or k == "general.architecture":
+            continue
+        w.add_key_value(k, f.contents(), f.types[0], f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("kimi-k2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(specials["[BOS]"])
+    w.add_eos_token_id(specials["[EOS]"])
+    for t in r.tensors:
+        w.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for t in r.tensors:
+        w.write_tensor_data(t.data)
+    w.close()
+    os.replace(tmp, dst)
+    log(f"wrote {dst} ({vocab_size} tokens: {n_ranks} ranks of {os.path.basename(tiktoken_path)}, "
+        f"{len(specials)} specials, padding)")
+    return dst
+
+
 def _field(r, key, default=None):
     f = r.fields.get(key)
     return default if f is None else f.contents()

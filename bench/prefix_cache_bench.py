@@ -87,8 +87,8 @@ class Engine:
 
 
 class Kestrel(Engine):
-    def __init__(self, args, cache_on):
-        self.name = "kestrel" + ("" if cache_on else " (cache off)")
+    def __init__(self, args, cache_on, extra=(), name=None):
+        self.name = name or "kestrel" + ("" if cache_on else " (cache off)")
         self.port = free_port()
         cmd = [args.kestrel, "serve", "--quiet", "--port", str(self.port), "--cache-mib", str(args.cache_mib),
                "--max-context", str(args.max_context), "--prefill-chunk", str(args.chunk), "--page-tokens",
@@ -96,6 +96,7 @@ class Kestrel(Engine):
         cmd += ["--model", args.gguf or args.model] if (args.gguf or args.model) else ["--preset", args.preset]
         if not cache_on:
             cmd.append("--no-prefix-cache")
+        cmd += list(extra)
         self.proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
         self.wait_healthy()
 
@@ -117,10 +118,24 @@ class Kestrel(Engine):
         return {"t0": t0, "ttft": stamps[0] - t0, "cached": cached, "n": n,
                 "tpot": (stamps[-1] - stamps[0]) / (n - 1) if n > 1 else float("nan")}
 
-    def counters(self):
+    def metrics(self):
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
-            m = {l.rpartition(" ")[0]: float(l.rpartition(" ")[2]) for l in r.read().decode().splitlines()
-                 if l and not l.startswith("#")}
+            return {l.rpartition(" ")[0]: float(l.rpartition(" ")[2]) for l in r.read().decode().splitlines()
+                    if l and not l.startswith("#")}
+
+    def written(self, tier, timeout=600):
+        """/metrics once the tier's writer has put everything it was handed (writes are asynchronous)."""
+        deadline = time.time() + timeout
+        while True:
+            m = self.metrics()
+            p = f"kestrel_prefix_cache_{tier}_"
+            if (m[p + "objects_written_total"] + m[p + "write_errors_total"] + m[p + "objects_dropped_total"] >=
+                    m[p + "objects_submitted_total"] or time.time() > deadline):
+                return m
+            time.sleep(0.2)
+
+    def counters(self):
+        m = self.metrics()
         return {"hit_tokens": m.get("kestrel_prefix_cache_hit_tokens_total"),
                 "snapshots": m.get("kestrel_prefix_cache_snapshots"),
                 "snapshot_bytes": m.get("kestrel_prefix_cache_snapshot_bytes")}
@@ -248,6 +263,65 @@ def summarize(name, res, wall, best, warm, cold, off, counters):
     return row
 
 
+def membw_gb_s(binary, threads):
+    """The machine's DRAM read bandwidth (bench/membw_bench, 2 GiB, best of 5), the limit a restore copy meets."""
+    import re
+    if not binary or not os.path.exists(binary):
+        return None
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    out = subprocess.run([binary, "2", "5"], check=True, capture_output=True, text=True, env=env).stdout
+    return float(re.search(r"read ([0-9.]+) GB/s", out).group(1))
+
+
+def tier_restores(args, reqs):
+    """Restore bandwidth per lower tier: the trace once with the disk and Redis tiers (written), then a fresh server
+    over each tier alone runs it again; its admissions restore from that tier. Bandwidth = object bytes read / wall
+    time of the reads, as the server counts them (/metrics), next to the TTFT of the restored requests."""
+    import shutil
+    import tempfile
+    redis_bin = shutil.which("redis-server")
+    if not redis_bin:
+        raise RuntimeError("--tiers needs redis-server (Debian package redis-server)")
+    port = free_port()
+    rdir = tempfile.mkdtemp(prefix="kestrel-bench-redis-", dir=args.work_dir)
+    ddir = tempfile.mkdtemp(prefix="kestrel-bench-disk-", dir=args.work_dir)
+    redis = subprocess.Popen([redis_bin, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                              "no", "--dir", rdir, "--maxmemory", "0"], stdout=subprocess.DEVNULL)
+    rows = []
+    try:
+        time.sleep(0.5)
+        both = ["--prefix-cache-disk", ddir, "--prefix-cache-disk-mib", str(args.cache_mib * 4),
+                "--prefix-cache-redis", f"127.0.0.1:{port}", "--prefix-cache-redis-timeout-ms", "5000"]
+        w = Kestrel(args, True, both, "kestrel (writing disk + redis)")
+        try:
+            drive(w, args, reqs)
+            w.written("disk")
+            w.written("redis")
+        finally:
+            w.stop()
+        for tier, flags in (("disk", both[:4]), ("redis", both[4:])):
+            k = Kestrel(args, True, flags, f"kestrel (restoring from {tier})")
+            try:
+                res, wall = drive(k, args, reqs)
+                m = k.metrics()
+            finally:
+                k.stop()
+            p = f"kestrel_prefix_cache_{tier}_"
+            nbytes, secs = m[p + "read_bytes_total"], m[p + "read_seconds_total"]
+            restored = [i for i, r in enumerate(res) if r["cached"] > 0]
+            rows.append({"tier": tier, "hits": m[p + "hits_total"], "hit_tokens": m[p + "hit_tokens_total"],
+                         "read_bytes": nbytes, "read_s": round(secs, 4),
+                         "restore_gb_s": round(nbytes / secs / 1e9, 3) if secs > 0 else None,
+                         "admission_wait_s": round(m[p + "lookup_seconds_total"], 4),
+                         "ttft_restored_p50_ms": ms(pct([res[i]["ttft"] for i in restored], 0.5))})
+    finally:
+        redis.kill()
+        redis.wait()
+        shutil.rmtree(rdir, ignore_errors=True)
+        shutil.rmtree(ddir, ignore_errors=True)
+    return rows
+
+
 def make_gguf(args):
     import llbench_models as lm
     ckpt = lm.make_checkpoint(args.kestrel, args.make_gguf, os.path.join(args.work_dir, args.make_gguf))
@@ -289,6 +363,8 @@ def main():
     ap.add_argument("--page", type=int, default=64)
     ap.add_argument("--cache-mib", type=int, default=4096)
     ap.add_argument("--max-context", type=int, default=16384)
+    ap.add_argument("--tiers", action="store_true", help="also measure restores from the disk and Redis tiers")
+    ap.add_argument("--membw", default="build/release/bench/membw_bench")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     os.makedirs(args.work_dir, exist_ok=True)
@@ -321,6 +397,9 @@ def main():
            "rows": [summarize(n, res, wall, best, warm, cold, off, c) for n, res, wall, c in runs.values()]}
     if "llama-server" in runs:
         out["llama_server_flags"] = llama_cmd
+    if args.tiers:
+        out["tiers"] = tier_restores(args, reqs)
+        out["memory_read_gb_s"] = membw_gb_s(args.membw, args.threads)
     if args.json:
         print(json.dumps(out))
     else:

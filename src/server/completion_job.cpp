@@ -138,6 +138,9 @@ class Job : public std::enable_shared_from_this<Job> {
     bool done = d.done;
     if (done && spec_.ignore_eos) c.past_end = true, done = false;
     emit(i, std::move(d), std::move(lp));
+    // A token whose text is not out yet (held by the stop matcher, part of a UTF-8 sequence, or a token that decodes
+    // to nothing) still shows in the stream when logprobs are asked for: its entry goes out now, with empty text.
+    if (spec_.stream) flush_logprobs(i);
     if (c.stopper.stopped() || done) {
       c.stopped_by_us = true;
       engine_.cancel(c.req_id);
@@ -152,6 +155,7 @@ class Job : public std::enable_shared_from_this<Job> {
       emit(i, parse(c, std::move(tail)), json());
     }
     emit(i, c.parser->finish(), json());
+    flush_logprobs(i);  // entries of tokens whose text never came out are still returned, one per token
     c.finished = true;
     prompt_tokens_ = std::max(prompt_tokens_, ev.prompt_tokens);
     cached_tokens_ = std::max(cached_tokens_, ev.cached_tokens);
@@ -206,6 +210,14 @@ class Job : public std::enable_shared_from_this<Job> {
       delta["tool_calls"] = std::move(calls);
     }
     send_chunk(i, std::move(delta), std::move(logprobs), nullptr);
+  }
+
+  // Sends (stream) or keeps (non-stream) the logprob entries not yet attached to emitted text, with no text.
+  void flush_logprobs(int i) {
+    json lp = take_logprobs(i, 0);
+    if (lp.is_null()) return;
+    if (!spec_.stream) return append_logprobs(*choices_[i], lp);
+    send_chunk(i, spec_.chat ? json::object() : json(""), std::move(lp), nullptr);
   }
 
   // Logprob entries not yet attached to emitted text, in the endpoint's shape (null if none / not requested).

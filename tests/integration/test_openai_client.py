@@ -109,6 +109,41 @@ def test_n_and_logprobs(server):
     assert entries == r.usage.completion_tokens, (entries, r.usage.completion_tokens)
 
 
+def test_every_token_has_its_logprob_entry_streamed_or_not(server):
+    # A token whose text is held back (a stop string's first characters, part of a UTF-8 sequence) or decodes to
+    # nothing still has its entry: in the stream at once, with empty text; at the end of a non-streamed answer.
+    c = client(server)
+    base = c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=0, logprobs=0)
+    toks = base.choices[0].logprobs.tokens
+    text = base.choices[0].text
+    # A stop string across the boundary of tokens 3 and 4 (its first character held back with token 3's entry,
+    # then matched by token 4, which adds no text), and one inside a single token.
+    cut = len("".join(toks[:3]))
+    spans = toks[2][-1] + toks[3][0]
+    assert text.find(spans) == cut - 1, (toks, spans)
+    for stop in (None, [spans], [text[5]]):
+        full = c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=0, logprobs=2,
+                                    stop=stop)
+        lp = full.choices[0].logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == full.usage.completion_tokens, (stop, lp.tokens)
+        chunks = list(c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=0,
+                                           logprobs=2, stop=stop, stream=True,
+                                           stream_options={"include_usage": True}))
+        toks, lps, streamed = [], [], ""
+        for ch in chunks:
+            if not ch.choices:
+                continue
+            streamed += ch.choices[0].text or ""
+            if ch.choices[0].logprobs is not None:
+                toks += ch.choices[0].logprobs.tokens
+                lps += ch.choices[0].logprobs.token_logprobs
+        assert streamed == full.choices[0].text
+        assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+        assert toks == lp.tokens and lps == lp.token_logprobs, stop
+        if stop:
+            assert full.choices[0].finish_reason == "stop" and stop[0] not in full.choices[0].text
+
+
 def test_completions_and_stop(server):
     c = client(server)
     base = c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=0)

@@ -1,0 +1,23 @@
+// Deadline: a point on the steady clock that every wait in disagg/ is bounded by.
+#pragma once
+
+#include <chrono>
+
+namespace kestrel::disagg {
+
+using Clock = std::chrono::steady_clock;
+
+class Deadline {
+ public:
+  explicit Deadline(Clock::time_point at) : at_(at) {}
+  static Deadline after(std::chrono::milliseconds d) { return Deadline(Clock::now() + d); }
+  Clock::time_point at() const { return at_; }
+  bool expired() const { return Clock::now() >= at_; }
+  // The earlier of two deadlines.
+  Deadline min(Deadline other) const { return other.at_ < at_ ? other : *this; }
+
+ private:
+  Clock::time_point at_;
+};
+
+}  // namespace kestrel::disagg

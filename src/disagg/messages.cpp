@@ -1,5 +1,7 @@
 #include "disagg/messages.h"
 
+#include <unistd.h>
+
 #include <string>
 
 namespace kestrel::disagg {
@@ -7,7 +9,7 @@ namespace {
 
 constexpr uint32_t kMagic = 0x4753444b;  // "KDSG" little-endian
 constexpr uint16_t kVersion = 1;
-constexpr size_t kHeaderBytes = 4 + 2 + 2 + 8 + 8;
+constexpr size_t kHeaderBytes = 4 + 2 + 2 + 8 + 4 + 8;
 
 class Writer {
  public:
@@ -59,6 +61,7 @@ Writer header(MessageKind kind, uint64_t sender, uint64_t transfer_id) {
   w.u16(kVersion);
   w.u16(static_cast<uint16_t>(kind));
   w.u64(sender);
+  w.u32(static_cast<uint32_t>(getpid()));
   w.u64(transfer_id);
   return w;
 }
@@ -106,6 +109,7 @@ Result<MessageHeader> decode_header(std::span<const std::byte> message, std::spa
   r.u16(version);
   r.u16(kind);
   r.u64(h.sender);
+  r.u32(h.pid);
   r.u64(h.transfer_id);
   if (magic != kMagic) return bad("bad magic");
   if (version != kVersion) return bad("version " + std::to_string(version) + ", expected " + std::to_string(kVersion));

@@ -1,7 +1,7 @@
 // Control messages between a prefill and a decode instance, sent as UCX active messages (one AM id per kind).
 // Explicit little-endian layout, checked on decode; every message starts with the same header:
 //
-//   u32 magic 'KDSG' | u16 version | u16 kind | u64 sender instance | u64 transfer id
+//   u32 magic 'KDSG' | u16 version | u16 kind | u64 sender instance | u32 sender pid | u64 transfer id
 //
 //   kDestinations (decode → prefill): u32 rkey count, per rkey (u32 length, bytes); u32 range count, per range
 //                 (u64 remote address, u64 length, u32 rkey index)
@@ -25,6 +25,7 @@ inline constexpr uint16_t kMaxMessageKind = 3;
 struct MessageHeader {
   MessageKind kind = MessageKind::kHeartbeat;
   uint64_t sender = 0;       // instance id of the sending worker (WorkerOptions::instance)
+  uint32_t pid = 0;          // the sending process (meaningful to a peer on the same host only)
   uint64_t transfer_id = 0;  // 0 for heartbeats
 };
 
@@ -51,6 +52,7 @@ inline constexpr size_t kMaxRanges = size_t{1} << 22;
 inline constexpr size_t kMaxRkeys = 4096;
 inline constexpr size_t kMaxRkeyBytes = 64 * 1024;
 
+// The sender's pid is this process's (getpid()).
 std::vector<std::byte> encode_heartbeat(uint64_t sender);
 std::vector<std::byte> encode_destinations(uint64_t sender, uint64_t transfer_id, const Destinations& d);
 std::vector<std::byte> encode_completion(uint64_t sender, uint64_t transfer_id, const Completion& c);

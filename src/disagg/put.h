@@ -23,8 +23,9 @@ struct PutRange {
 
 // Posts every put, then flushes the endpoint, all within the deadline. The fault policy of the endpoint's worker
 // (if any) sees each range first (drop, corrupt a private copy, delay). On any failure (an endpoint error, a
-// missed deadline) the endpoint is marked failed and closed before returning, so no UCX request still reads the
-// sources: the caller may reuse them as soon as this returns, whatever it returns.
+// missed deadline) the endpoint is marked failed and closed (up to one second) before returning. The sources may
+// be reused once this returns Ok, or once ep.closed() after a failure (with PeerFailure::kUcx always on return:
+// the forced close completes every request).
 Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRange> ranges, Deadline deadline);
 
 }  // namespace kestrel::disagg

@@ -69,7 +69,11 @@ Status RegionRegistry::fail(uint64_t transfer_id) {
 
 Status RegionRegistry::release_closed(const Endpoint& ep) {
   if (!ep.closed()) {
-    return invalid_argument("disagg: endpoint " + std::to_string(ep.id()) + " is open; its memory stays held");
+    return unavailable("disagg: endpoint " + std::to_string(ep.id()) + " is open; its memory stays held");
+  }
+  if (ep.peer_may_write()) {
+    return unavailable("disagg: endpoint " + std::to_string(ep.id()) +
+                       " is closed but its peer's process may still write (shared memory); its memory stays held");
   }
   for (auto it = transfers_.begin(); it != transfers_.end();) {
     if (it->second.endpoint != ep.id()) {

@@ -45,8 +45,8 @@ class RegionRegistry {
   Status complete(uint64_t transfer_id);
   // The transfer failed: its ranges stay held (quarantine). No-op for a transfer already failed.
   Status fail(uint64_t transfer_id);
-  // `ep` has been closed: every transfer advertised through it (failed or still in flight, which counts as failed)
-  // is released. kInvalidArgument if the endpoint is still open.
+  // The peer behind `ep` can no longer write (!ep.peer_may_write()): every transfer advertised through it (failed,
+  // or still in flight, which counts as failed) is released. kUnavailable, releasing nothing, otherwise.
   Status release_closed(const Endpoint& ep);
 
   bool held(const void* p, size_t n) const;

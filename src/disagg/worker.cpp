@@ -1,6 +1,7 @@
 #include "disagg/worker.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <random>
 #include <thread>
 
@@ -8,12 +9,37 @@
 #include "disagg/ucx_status.h"
 
 namespace kestrel::disagg {
+namespace {
+
+// True when every entry of a UCX_TLS-style list names a shared-memory transport (or the loopback "self").
+bool shared_memory_only(const std::string& tls) {
+  if (tls.empty() || tls[0] == '^') return false;  // empty: UCX's default, all transports; '^': an exclusion list
+  size_t start = 0;
+  while (start <= tls.size()) {
+    size_t end = tls.find(',', start);
+    if (end == std::string::npos) end = tls.size();
+    std::string t = tls.substr(start, end - start);
+    if (t != "shm" && t != "sm" && t != "posix" && t != "sysv" && t != "cma" && t != "xpmem" && t != "knem" &&
+        t != "self") {
+      return false;
+    }
+    start = end + 1;
+  }
+  return true;
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Worker>> Worker::create(const WorkerOptions& options) {
   std::unique_ptr<Worker> w(new Worker(options));
   if (w->options_.instance == 0) {
     std::random_device rd;
     while (w->options_.instance == 0) w->options_.instance = (uint64_t{rd()} << 32) | rd();
+  }
+  if (w->options_.peer_failure == PeerFailure::kAuto) {
+    const char* env = std::getenv("UCX_TLS");
+    std::string tls = !options.transports.empty() ? options.transports : env != nullptr ? env : "";
+    w->options_.peer_failure = shared_memory_only(tls) ? PeerFailure::kHeartbeat : PeerFailure::kUcx;
   }
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
@@ -83,7 +109,7 @@ ucs_status_t Worker::on_message(void* arg, const void*, size_t, void* data, size
     ++self->malformed_;
     return UCS_OK;
   }
-  self->last_heard_[h->sender] = Clock::now();
+  self->heard_[h->sender] = {Clock::now(), h->pid};
   if (h->kind != MessageKind::kHeartbeat) self->inbox_.push_back({*h, {body.begin(), body.end()}});
   return UCS_OK;
 }
@@ -123,9 +149,15 @@ std::optional<Message> Worker::take(MessageKind kind, uint64_t transfer_id) {
 }
 
 std::optional<Clock::time_point> Worker::last_heard(uint64_t instance) const {
-  auto it = last_heard_.find(instance);
-  if (it == last_heard_.end()) return std::nullopt;
-  return it->second;
+  auto it = heard_.find(instance);
+  if (it == heard_.end()) return std::nullopt;
+  return it->second.at;
+}
+
+std::optional<uint32_t> Worker::pid_of(uint64_t instance) const {
+  auto it = heard_.find(instance);
+  if (it == heard_.end()) return std::nullopt;
+  return it->second.pid;
 }
 
 void Worker::add_heartbeat(Endpoint* ep) { heartbeats_.push_back(ep); }

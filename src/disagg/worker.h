@@ -27,8 +27,19 @@ namespace kestrel::disagg {
 
 class Endpoint;
 
+// How a dead peer is noticed. UCX's own peer failure detection (UCP_ERR_HANDLING_MODE_PEER: the endpoint's error
+// handler runs when the peer dies or the connection breaks) needs transports that support it; in UCX 1.13 the
+// shared-memory transports (posix, sysv, cma) do not ("no peer failure handler"), and endpoints that ask for it
+// get no usable lanes. There the heartbeats are the only detector (UCP_ERR_HANDLING_MODE_NONE).
+enum class PeerFailure {
+  kAuto,       // kUcx unless every transport named (options or UCX_TLS) is a shared-memory one
+  kUcx,        // UCP_ERR_HANDLING_MODE_PEER, plus heartbeats
+  kHeartbeat,  // UCP_ERR_HANDLING_MODE_NONE: heartbeats only
+};
+
 struct WorkerOptions {
   std::string transports;       // UCX TLS list for this context (UCX_TLS syntax); empty: UCX_TLS from the environment
+  PeerFailure peer_failure = PeerFailure::kAuto;
   uint64_t instance = 0;        // this worker's id on the wire; 0: drawn at random
   std::chrono::milliseconds heartbeat_interval{100};  // to every live endpoint; 0 disables
   FaultPolicy* faults = nullptr;  // tests only
@@ -50,6 +61,8 @@ class Worker {
   ucp_context_h context() const { return context_; }
   ucp_worker_h handle() const { return worker_; }
   FaultPolicy* faults() const { return options_.faults; }
+  // kUcx or kHeartbeat (kAuto resolved at creation).
+  PeerFailure peer_failure() const { return options_.peer_failure; }
 
   // This worker's packed UCX address (for a peer's Endpoint::connect_address).
   Result<std::vector<std::byte>> address() const;
@@ -65,8 +78,13 @@ class Worker {
   std::optional<Message> take(MessageKind kind, uint64_t transfer_id = 0);
   // When a message (heartbeats included) last arrived from this instance; nullopt if never.
   std::optional<Clock::time_point> last_heard(uint64_t instance) const;
+  // The pid this instance's messages carry; nullopt if none arrived.
+  std::optional<uint32_t> pid_of(uint64_t instance) const;
   size_t malformed_messages() const { return malformed_; }
   size_t queued_messages() const { return inbox_.size(); }
+
+  // Buffers that an endpoint destroyed while still closing leaves to UCX requests, freed after ucp_worker_destroy.
+  void keep_until_destroyed(std::vector<std::byte> bytes) { orphans_.push_back(std::move(bytes)); }
 
   // Endpoints register themselves for heartbeats while open.
   void add_heartbeat(Endpoint* ep);
@@ -82,9 +100,14 @@ class Worker {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::deque<Message> inbox_;
-  std::unordered_map<uint64_t, Clock::time_point> last_heard_;
+  struct Heard {
+    Clock::time_point at;
+    uint32_t pid = 0;
+  };
+  std::unordered_map<uint64_t, Heard> heard_;
   size_t malformed_ = 0;
   std::vector<Endpoint*> heartbeats_;
+  std::vector<std::vector<std::byte>> orphans_;
   Clock::time_point next_heartbeat_{};
 };
 

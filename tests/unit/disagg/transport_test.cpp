@@ -130,25 +130,33 @@ class Pair : public ::testing::Test {
     return n;
   }
 
-  // Decode closes first (its close flushes while the prefill worker answers), then prefill. A failed endpoint
-  // closes at once.
+  // Decode closes first (its close flushes while the prefill worker answers), then prefill. With UCX's peer
+  // failure detection (tcp) a closed endpoint releases what was advertised through it; on shared memory
+  // (heartbeats only) the writer is this very process, alive, so the memory stays quarantined.
+  bool ucx_detects_peer_failure() const { return decode->peer_failure() == PeerFailure::kUcx; }
   void close_all() {
     Status closed = testing::close_with_peer(*to_prefill, *prefill, milliseconds(2000));
     EXPECT_TRUE(closed.is_ok() || to_prefill->failed()) << closed.message();
     EXPECT_TRUE(to_prefill->closed());
-    EXPECT_TRUE(registry.release_closed(*to_prefill).is_ok());
+    Status released = registry.release_closed(*to_prefill);
+    if (ucx_detects_peer_failure()) {
+      EXPECT_TRUE(released.is_ok()) << released.message();
+    } else {
+      EXPECT_TRUE(to_prefill->peer_may_write());
+      EXPECT_EQ(released.code(), StatusCode::kUnavailable) << released.message();
+    }
     (void)testing::close_with_peer(*to_decode, *decode, milliseconds(2000));
     EXPECT_TRUE(to_decode->closed());
   }
 
   void TearDown() override {
     // Nothing held, nothing in flight, whatever the test did.
-    if (to_prefill) {
+    if (to_prefill && to_decode) {
       close_all();
       RegistryCounts c = registry.counts();
       EXPECT_EQ(c.in_flight, 0u);
-      EXPECT_EQ(c.quarantined, 0u);
-      EXPECT_EQ(c.held_ranges, 0u);
+      EXPECT_EQ(c.quarantined, ucx_detects_peer_failure() ? 0 : c.failed);
+      EXPECT_EQ(c.held_ranges == 0, c.quarantined == 0);
     }
     region.reset();
     to_prefill.reset();
@@ -166,7 +174,7 @@ class Pair : public ::testing::Test {
 };
 
 TEST_F(Pair, ScatteredRangesByWorkerAddressLandAndVerify) {
-  connect(false);
+  ASSERT_NO_FATAL_FAILURE(connect(false));
   Outcome o = run();
   ASSERT_TRUE(o.prefill.is_ok()) << o.prefill.message();
   ASSERT_TRUE(o.decode.is_ok()) << o.decode.message();
@@ -179,7 +187,12 @@ TEST_F(Pair, ScatteredRangesByWorkerAddressLandAndVerify) {
 }
 
 TEST_F(Pair, ScatteredRangesBySockaddrLandAndVerify) {
-  connect(true);
+  // UCX 1.13 makes client-server (sockaddr) connections through its TCP connection manager: with UCX_TLS naming
+  // only shared-memory transports no connection request arrives. Same-host peers connect by worker address.
+  if (testing::expected_transports().count("tcp") == 0 && !testing::expected_transports().empty()) {
+    GTEST_SKIP() << "sockaddr connections need tcp in UCX_TLS";
+  }
+  ASSERT_NO_FATAL_FAILURE(connect(true));
   Outcome o = run();
   ASSERT_TRUE(o.prefill.is_ok()) << o.prefill.message();
   ASSERT_TRUE(o.decode.is_ok()) << o.decode.message();
@@ -189,7 +202,7 @@ TEST_F(Pair, ScatteredRangesBySockaddrLandAndVerify) {
 }
 
 TEST_F(Pair, DroppedPutIsAChecksumMismatchAndQuarantined) {
-  connect(false);
+  ASSERT_NO_FATAL_FAILURE(connect(false));
   faults.puts = {{3, {PutFault::Kind::kDrop}}};
   Outcome o = run();
   EXPECT_TRUE(o.prefill.is_ok()) << o.prefill.message();  // the sender cannot tell
@@ -203,14 +216,14 @@ TEST_F(Pair, DroppedPutIsAChecksumMismatchAndQuarantined) {
   // Still held after failure: the same memory cannot be advertised again until the endpoint is closed.
   IncomingTransfer again(kTransfer + 1, *to_prefill, registry, destinations());
   EXPECT_EQ(again.advertise(Deadline::after(milliseconds(1000))).code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(registry.release_closed(*to_prefill).code() == StatusCode::kInvalidArgument);  // open: refused
+  EXPECT_EQ(registry.release_closed(*to_prefill).code(), StatusCode::kUnavailable);  // open: refused
   close_all();
-  EXPECT_FALSE(registry.held(pool.data() + 12288, 1));
-  EXPECT_EQ(registry.counts().released_after_close, 1u);
+  EXPECT_EQ(registry.held(pool.data() + 12288, 1), !ucx_detects_peer_failure());
+  EXPECT_EQ(registry.counts().released_after_close, ucx_detects_peer_failure() ? 1u : 0u);
 }
 
 TEST_F(Pair, CorruptedByteIsAChecksumMismatch) {
-  connect(false);
+  ASSERT_NO_FATAL_FAILURE(connect(false));
   faults.puts = {{0, {PutFault::Kind::kCorrupt, 4095}}};
   Outcome o = run();
   EXPECT_TRUE(o.prefill.is_ok()) << o.prefill.message();
@@ -226,7 +239,7 @@ TEST_F(Pair, CorruptedByteIsAChecksumMismatch) {
 }
 
 TEST_F(Pair, DelayWithinTheDeadlineStillCompletes) {
-  connect(false);
+  ASSERT_NO_FATAL_FAILURE(connect(false));
   faults.puts = {{2, {PutFault::Kind::kDelay, 0, milliseconds(50)}}};
   Outcome o = run();
   EXPECT_TRUE(o.prefill.is_ok()) << o.prefill.message();
@@ -235,7 +248,7 @@ TEST_F(Pair, DelayWithinTheDeadlineStillCompletes) {
 }
 
 TEST_F(Pair, SlowSenderMissesTheDeadline) {
-  connect(false);
+  ASSERT_NO_FATAL_FAILURE(connect(false));
   faults.puts = {{1, {PutFault::Kind::kDelay, 0, milliseconds(2500)}}};  // longer than the prefill deadline
   Outcome o = run();
   EXPECT_EQ(o.prefill.code(), StatusCode::kUnavailable) << o.prefill.message();
@@ -245,7 +258,7 @@ TEST_F(Pair, SlowSenderMissesTheDeadline) {
 }
 
 TEST_F(Pair, LostCompletionMessageFailsAtTheDeadline) {
-  connect(false);
+  ASSERT_NO_FATAL_FAILURE(connect(false));
   faults.dropped_kinds = {static_cast<uint16_t>(MessageKind::kCompletion)};
   auto start = Clock::now();
   Outcome o = run(milliseconds(300));
@@ -264,7 +277,7 @@ Status wait_with_prefill_progressing(Pair* t, bool stalled, milliseconds deadlin
                                      milliseconds* took);
 
 TEST_F(Pair, StalledPeerIsSilentAndFailsBeforeTheDeadline) {
-  connect(false);
+  ASSERT_NO_FATAL_FAILURE(connect(false));
   milliseconds took{};
   Status st = wait_with_prefill_progressing(this, true, milliseconds(5000), milliseconds(300), &took);
   EXPECT_EQ(st.code(), StatusCode::kUnavailable);
@@ -277,7 +290,7 @@ TEST_F(Pair, StalledPeerIsSilentAndFailsBeforeTheDeadline) {
 }
 
 TEST_F(Pair, HeartbeatsKeepAQuietPeerAlive) {
-  connect(false);
+  ASSERT_NO_FATAL_FAILURE(connect(false));
   milliseconds took{};
   Status st = wait_with_prefill_progressing(this, false, milliseconds(900), milliseconds(300), &took);
   EXPECT_EQ(st.code(), StatusCode::kUnavailable);
@@ -288,7 +301,7 @@ TEST_F(Pair, HeartbeatsKeepAQuietPeerAlive) {
 }
 
 TEST_F(Pair, SenderReportsMismatchedRanges) {
-  connect(false);
+  ASSERT_NO_FATAL_FAILURE(connect(false));
   auto src = sources();
   src.pop_back();
   Outcome o = run(milliseconds(3000), milliseconds(2000), src);

@@ -120,7 +120,7 @@ struct Child {
   }
 };
 
-class Peer : public ::testing::Test {
+class DisaggPeer : public ::testing::Test {
  protected:
   void start(const std::string& behaviour) {
     worker = std::move(Worker::create({}).value());
@@ -181,7 +181,7 @@ class Peer : public ::testing::Test {
   RegionRegistry registry;
 };
 
-TEST_F(Peer, TransferBetweenProcessesLandsAndVerifies) {
+TEST_F(DisaggPeer, TransferBetweenProcessesLandsAndVerifies) {
   ASSERT_NO_FATAL_FAILURE(start("normal"));
   IncomingTransfer in(kTransfer, *ep, registry, ranges);
   ASSERT_TRUE(in.advertise(Deadline::after(milliseconds(5000))).is_ok());
@@ -199,7 +199,7 @@ TEST_F(Peer, TransferBetweenProcessesLandsAndVerifies) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
-TEST_F(Peer, FrozenPeerFailsWithinTheSilenceLimit) {
+TEST_F(DisaggPeer, FrozenPeerFailsWithinTheSilenceLimit) {
   ASSERT_NO_FATAL_FAILURE(start("stop"));
   IncomingTransfer in(kTransfer, *ep, registry, ranges);
   ASSERT_TRUE(in.advertise(Deadline::after(milliseconds(5000))).is_ok());
@@ -232,7 +232,7 @@ TEST_F(Peer, FrozenPeerFailsWithinTheSilenceLimit) {
   expect_nothing_held();
 }
 
-TEST_F(Peer, KilledPeerFailsTheTransferAndIsReleasedAfterClose) {
+TEST_F(DisaggPeer, KilledPeerFailsTheTransferAndIsReleasedAfterClose) {
   ASSERT_NO_FATAL_FAILURE(start("hold"));
   IncomingTransfer in(kTransfer, *ep, registry, ranges);
   ASSERT_TRUE(in.advertise(Deadline::after(milliseconds(5000))).is_ok());

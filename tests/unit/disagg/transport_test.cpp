@@ -27,7 +27,7 @@ constexpr uint64_t kTransfer = 0x5eed;
 
 // Two workers (decode, prefill) connected to each other, decode's pool registered once, prefill's sources filled
 // with a pattern, decode's pool with another.
-class Pair : public ::testing::Test {
+class DisaggPair : public ::testing::Test {
  public:
   void connect(bool by_sockaddr) {
     WorkerOptions d, p;
@@ -173,7 +173,7 @@ class Pair : public ::testing::Test {
   RegionRegistry registry;
 };
 
-TEST_F(Pair, ScatteredRangesByWorkerAddressLandAndVerify) {
+TEST_F(DisaggPair, ScatteredRangesByWorkerAddressLandAndVerify) {
   ASSERT_NO_FATAL_FAILURE(connect(false));
   Outcome o = run();
   ASSERT_TRUE(o.prefill.is_ok()) << o.prefill.message();
@@ -186,7 +186,7 @@ TEST_F(Pair, ScatteredRangesByWorkerAddressLandAndVerify) {
   testing::expect_transports(*to_decode);
 }
 
-TEST_F(Pair, ScatteredRangesBySockaddrLandAndVerify) {
+TEST_F(DisaggPair, ScatteredRangesBySockaddrLandAndVerify) {
   // UCX 1.13 makes client-server (sockaddr) connections through its TCP connection manager: with UCX_TLS naming
   // only shared-memory transports no connection request arrives. Same-host peers connect by worker address.
   if (testing::expected_transports().count("tcp") == 0 && !testing::expected_transports().empty()) {
@@ -201,7 +201,7 @@ TEST_F(Pair, ScatteredRangesBySockaddrLandAndVerify) {
   testing::expect_transports(*to_decode);
 }
 
-TEST_F(Pair, DroppedPutIsAChecksumMismatchAndQuarantined) {
+TEST_F(DisaggPair, DroppedPutIsAChecksumMismatchAndQuarantined) {
   ASSERT_NO_FATAL_FAILURE(connect(false));
   faults.puts = {{3, {PutFault::Kind::kDrop}}};
   Outcome o = run();
@@ -222,7 +222,7 @@ TEST_F(Pair, DroppedPutIsAChecksumMismatchAndQuarantined) {
   EXPECT_EQ(registry.counts().released_after_close, ucx_detects_peer_failure() ? 1u : 0u);
 }
 
-TEST_F(Pair, CorruptedByteIsAChecksumMismatch) {
+TEST_F(DisaggPair, CorruptedByteIsAChecksumMismatch) {
   ASSERT_NO_FATAL_FAILURE(connect(false));
   faults.puts = {{0, {PutFault::Kind::kCorrupt, 4095}}};
   Outcome o = run();
@@ -238,7 +238,7 @@ TEST_F(Pair, CorruptedByteIsAChecksumMismatch) {
   EXPECT_EQ(registry.counts().quarantined, 1u);
 }
 
-TEST_F(Pair, DelayWithinTheDeadlineStillCompletes) {
+TEST_F(DisaggPair, DelayWithinTheDeadlineStillCompletes) {
   ASSERT_NO_FATAL_FAILURE(connect(false));
   faults.puts = {{2, {PutFault::Kind::kDelay, 0, milliseconds(50)}}};
   Outcome o = run();
@@ -247,7 +247,7 @@ TEST_F(Pair, DelayWithinTheDeadlineStillCompletes) {
   EXPECT_TRUE(landed());
 }
 
-TEST_F(Pair, SlowSenderMissesTheDeadline) {
+TEST_F(DisaggPair, SlowSenderMissesTheDeadline) {
   ASSERT_NO_FATAL_FAILURE(connect(false));
   faults.puts = {{1, {PutFault::Kind::kDelay, 0, milliseconds(2500)}}};  // longer than the prefill deadline
   Outcome o = run();
@@ -257,7 +257,7 @@ TEST_F(Pair, SlowSenderMissesTheDeadline) {
   EXPECT_EQ(registry.counts().quarantined, 1u);
 }
 
-TEST_F(Pair, LostCompletionMessageFailsAtTheDeadline) {
+TEST_F(DisaggPair, LostCompletionMessageFailsAtTheDeadline) {
   ASSERT_NO_FATAL_FAILURE(connect(false));
   faults.dropped_kinds = {static_cast<uint16_t>(MessageKind::kCompletion)};
   auto start = Clock::now();
@@ -273,10 +273,10 @@ TEST_F(Pair, LostCompletionMessageFailsAtTheDeadline) {
 // The prefill worker runs in its own thread (each worker has one thread) and only progresses: it sends heartbeats
 // and nothing else. With the fault policy stalling it (a frozen process), the decode side declares it silent after
 // the silence limit, long before the deadline; progressing normally, the same wait runs into its deadline instead.
-Status wait_with_prefill_progressing(Pair* t, bool stalled, milliseconds deadline, milliseconds silence,
+Status wait_with_prefill_progressing(DisaggPair* t, bool stalled, milliseconds deadline, milliseconds silence,
                                      milliseconds* took);
 
-TEST_F(Pair, StalledPeerIsSilentAndFailsBeforeTheDeadline) {
+TEST_F(DisaggPair, StalledPeerIsSilentAndFailsBeforeTheDeadline) {
   ASSERT_NO_FATAL_FAILURE(connect(false));
   milliseconds took{};
   Status st = wait_with_prefill_progressing(this, true, milliseconds(5000), milliseconds(300), &took);
@@ -289,7 +289,7 @@ TEST_F(Pair, StalledPeerIsSilentAndFailsBeforeTheDeadline) {
   EXPECT_EQ(registry.counts().quarantined, 1u);
 }
 
-TEST_F(Pair, HeartbeatsKeepAQuietPeerAlive) {
+TEST_F(DisaggPair, HeartbeatsKeepAQuietPeerAlive) {
   ASSERT_NO_FATAL_FAILURE(connect(false));
   milliseconds took{};
   Status st = wait_with_prefill_progressing(this, false, milliseconds(900), milliseconds(300), &took);
@@ -300,7 +300,7 @@ TEST_F(Pair, HeartbeatsKeepAQuietPeerAlive) {
   EXPECT_EQ(registry.counts().quarantined, 1u);
 }
 
-TEST_F(Pair, SenderReportsMismatchedRanges) {
+TEST_F(DisaggPair, SenderReportsMismatchedRanges) {
   ASSERT_NO_FATAL_FAILURE(connect(false));
   auto src = sources();
   src.pop_back();
@@ -312,7 +312,7 @@ TEST_F(Pair, SenderReportsMismatchedRanges) {
   EXPECT_EQ(registry.counts().quarantined, 1u);
 }
 
-Status wait_with_prefill_progressing(Pair* t, bool stalled, milliseconds deadline, milliseconds silence,
+Status wait_with_prefill_progressing(DisaggPair* t, bool stalled, milliseconds deadline, milliseconds silence,
                                      milliseconds* took) {
   std::atomic<bool> stop{false};
   std::thread prefill([&] {

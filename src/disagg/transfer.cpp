@@ -28,6 +28,7 @@ IncomingTransfer::IncomingTransfer(uint64_t id, Endpoint& ep, RegionRegistry& re
 
 IncomingTransfer::~IncomingTransfer() {
   if (state_ == TransferState::kAdvertised) (void)registry_.fail(id_);
+  ep_.worker().discard(id_);
 }
 
 Status IncomingTransfer::fail(Status reason) {
@@ -38,6 +39,10 @@ Status IncomingTransfer::fail(Status reason) {
 
 Status IncomingTransfer::advertise(Deadline deadline) {
   if (state_ != TransferState::kCreated) return invalid_argument("disagg: transfer advertised twice");
+  if (id_ == 0) {
+    state_ = TransferState::kFailed;
+    return invalid_argument("disagg: transfer id 0 is reserved");
+  }
   Destinations d;
   std::vector<HeldRange> held;
   for (const DestinationRange& r : ranges_) {
@@ -78,7 +83,7 @@ Status IncomingTransfer::wait(Deadline deadline, std::chrono::milliseconds silen
   };
   Status waited = worker.wait(
       [&] {
-        message = worker.take(MessageKind::kCompletion, id_);
+        message = worker.take(MessageKind::kCompletion, id_, ep_.peer());  // never a stale one from another peer
         if (message) return true;
         if (ep_.failed()) {
           why = ep_.failure();

@@ -40,16 +40,17 @@ struct DestinationRange {
 
 class IncomingTransfer {
  public:
+  // `id` is non-zero and unique among this worker's live transfers (the router's bootstrap room).
   IncomingTransfer(uint64_t id, Endpoint& ep, RegionRegistry& registry, std::vector<DestinationRange> ranges);
-  ~IncomingTransfer();  // an unfinished transfer is failed (its ranges quarantined)
+  ~IncomingTransfer();  // an unfinished transfer is failed (its ranges quarantined); its unread messages dropped
   IncomingTransfer(const IncomingTransfer&) = delete;
   IncomingTransfer& operator=(const IncomingTransfer&) = delete;
 
   // kCreated → kAdvertised: leases the ranges and sends their addresses and rkeys to the peer.
   Status advertise(Deadline deadline);
   // kAdvertised → kCompleted, or kFailed with the reason returned (kCorrupt for a size or checksum mismatch,
-  // kUnavailable for a lost, silent or failing peer or a missed deadline). `silence` applies when the endpoint
-  // knows its peer's instance id.
+  // kUnavailable for a lost, silent or failing peer or a missed deadline). When the endpoint knows its peer's
+  // instance id, `silence` applies and only that peer's completion counts.
   Status wait(Deadline deadline, std::chrono::milliseconds silence);
 
   uint64_t id() const { return id_; }

@@ -110,7 +110,12 @@ ucs_status_t Worker::on_message(void* arg, const void*, size_t, void* data, size
     return UCS_OK;
   }
   self->heard_[h->sender] = {Clock::now(), h->pid};
-  if (h->kind != MessageKind::kHeartbeat) self->inbox_.push_back({*h, {body.begin(), body.end()}});
+  if (h->kind == MessageKind::kHeartbeat) return UCS_OK;
+  if (self->inbox_.size() >= kMaxQueued) {
+    ++self->overflowed_;
+    self->inbox_.pop_front();
+  }
+  self->inbox_.push_back({*h, {body.begin(), body.end()}});
   return UCS_OK;
 }
 
@@ -138,14 +143,19 @@ Status Worker::wait(const std::function<bool()>& done, Deadline deadline, std::s
   return Status::ok();
 }
 
-std::optional<Message> Worker::take(MessageKind kind, uint64_t transfer_id) {
+std::optional<Message> Worker::take(MessageKind kind, uint64_t transfer_id, std::optional<uint64_t> sender) {
   auto it = std::find_if(inbox_.begin(), inbox_.end(), [&](const Message& m) {
-    return m.header.kind == kind && (transfer_id == 0 || m.header.transfer_id == transfer_id);
+    return m.header.kind == kind && (transfer_id == 0 || m.header.transfer_id == transfer_id) &&
+           (!sender || m.header.sender == *sender);
   });
   if (it == inbox_.end()) return std::nullopt;
   Message m = std::move(*it);
   inbox_.erase(it);
   return m;
+}
+
+void Worker::discard(uint64_t transfer_id) {
+  std::erase_if(inbox_, [&](const Message& m) { return m.header.transfer_id == transfer_id; });
 }
 
 std::optional<Clock::time_point> Worker::last_heard(uint64_t instance) const {

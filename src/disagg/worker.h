@@ -74,14 +74,20 @@ class Worker {
   // between rounds without events.
   Status wait(const std::function<bool()>& done, Deadline deadline, std::string_view what);
 
-  // Takes the oldest received message of this kind for this transfer (any transfer when transfer_id is 0).
-  std::optional<Message> take(MessageKind kind, uint64_t transfer_id = 0);
+  // Takes the oldest received message of this kind for this transfer (any transfer when transfer_id is 0) from
+  // this sender (any sender when nullopt). Transfer ids are never 0.
+  std::optional<Message> take(MessageKind kind, uint64_t transfer_id = 0, std::optional<uint64_t> sender = {});
+  // Discards the queued messages of a transfer (one that has ended: late or stale messages are never read).
+  void discard(uint64_t transfer_id);
   // When a message (heartbeats included) last arrived from this instance; nullopt if never.
   std::optional<Clock::time_point> last_heard(uint64_t instance) const;
   // The pid this instance's messages carry; nullopt if none arrived.
   std::optional<uint32_t> pid_of(uint64_t instance) const;
   size_t malformed_messages() const { return malformed_; }
   size_t queued_messages() const { return inbox_.size(); }
+  // Messages dropped because the inbox was full (kMaxQueued unread messages).
+  size_t overflowed_messages() const { return overflowed_; }
+  static constexpr size_t kMaxQueued = 65536;
 
   // Buffers that an endpoint destroyed while still closing leaves to UCX requests, freed after ucp_worker_destroy.
   void keep_until_destroyed(std::vector<std::byte> bytes) { orphans_.push_back(std::move(bytes)); }
@@ -106,6 +112,7 @@ class Worker {
   };
   std::unordered_map<uint64_t, Heard> heard_;
   size_t malformed_ = 0;
+  size_t overflowed_ = 0;
   std::vector<Endpoint*> heartbeats_;
   std::vector<std::vector<std::byte>> orphans_;
   Clock::time_point next_heartbeat_{};

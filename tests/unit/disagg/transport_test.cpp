@@ -270,6 +270,52 @@ TEST_F(DisaggPair, LostCompletionMessageFailsAtTheDeadline) {
   EXPECT_EQ(registry.counts().quarantined, 1u);
 }
 
+TEST_F(DisaggPair, CompletionFromAnotherPeerIsIgnored) {
+  ASSERT_NO_FATAL_FAILURE(connect(false));
+  // A third instance (a prefill that served an earlier attempt with the same room, say) sends a completion whose
+  // sizes and checksum match the destination bytes as they are: it must not make the transfer ready.
+  WorkerOptions o;
+  o.instance = 33;
+  std::unique_ptr<Worker> other = std::move(Worker::create(o).value());
+  std::unique_ptr<Endpoint> other_ep =
+      std::move(Endpoint::connect_address(*other, decode->address().value()).value());
+  IncomingTransfer in(kTransfer, *to_prefill, registry, destinations());
+  std::atomic<bool> stop{false};
+  std::thread prefill_side([&] {  // the real prefill only progresses (heartbeats)
+    while (!stop) {
+      if (!prefill->progress()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  ASSERT_TRUE(in.advertise(Deadline::after(milliseconds(1000))).is_ok());
+  Completion c;
+  Checksum sum;
+  for (const DestinationRange& d : destinations()) {
+    sum.update({pool.data() + d.offset, d.length});
+    c.bytes += d.length;
+  }
+  c.ranges = static_cast<uint32_t>(destinations().size());
+  c.checksum = sum.value();
+  Status sent;
+  std::thread other_side([&] {
+    sent = other_ep->send(encode_completion(other->instance(), kTransfer, c), MessageKind::kCompletion,
+                          Deadline::after(milliseconds(2000)));
+    while (!stop) {
+      if (!other->progress()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  Status st = in.wait(Deadline::after(milliseconds(500)), milliseconds(2000));
+  stop = true;
+  prefill_side.join();
+  other_side.join();
+  EXPECT_TRUE(sent.is_ok()) << sent.message();
+  EXPECT_TRUE(decode->last_heard(33).has_value());  // it did arrive
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.message();
+  EXPECT_NE(st.message().find("deadline"), std::string::npos) << st.message();
+  EXPECT_EQ(registry.counts().completed, 0u);
+  (void)testing::close_with_peer(*other_ep, *decode, milliseconds(2000));
+  other_ep.reset();
+}
+
 // The prefill worker runs in its own thread (each worker has one thread) and only progresses: it sends heartbeats
 // and nothing else. With the fault policy stalling it (a frozen process), the decode side declares it silent after
 // the silence limit, long before the deadline; progressing normally, the same wait runs into its deadline instead.

@@ -13,8 +13,6 @@ class Deadline {
   static Deadline after(std::chrono::milliseconds d) { return Deadline(Clock::now() + d); }
   Clock::time_point at() const { return at_; }
   bool expired() const { return Clock::now() >= at_; }
-  // The earlier of two deadlines.
-  Deadline min(Deadline other) const { return other.at_ < at_ ? other : *this; }
 
  private:
   Clock::time_point at_;

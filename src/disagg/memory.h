@@ -26,10 +26,6 @@ class Region {
   size_t length() const { return length_; }
   uint64_t address(size_t offset) const { return reinterpret_cast<uint64_t>(base_ + offset); }
   const std::vector<std::byte>& packed_rkey() const { return packed_rkey_; }
-  bool contains(const void* p, size_t n) const {
-    const auto* b = static_cast<const std::byte*>(p);
-    return b >= base_ && n <= length_ && static_cast<size_t>(b - base_) <= length_ - n;
-  }
 
  private:
   Region(ucp_context_h context, std::byte* base, size_t length) : context_(context), base_(base), length_(length) {}

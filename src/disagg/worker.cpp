@@ -115,7 +115,7 @@ ucs_status_t Worker::on_message(void* arg, const void*, size_t, void* data, size
     ++self->overflowed_;
     self->inbox_.pop_front();
   }
-  self->inbox_.push_back({*h, {body.begin(), body.end()}});
+  self->inbox_.push_back({*h, {body.begin(), body.end()}, Clock::now()});
   return UCS_OK;
 }
 
@@ -123,6 +123,12 @@ bool Worker::progress() {
   bool events = false;
   if (options_.faults == nullptr || !options_.faults->stall_progress()) events = ucp_worker_progress(worker_) != 0;
   send_due_heartbeats();
+  // The inbox is in arrival order: expired messages are at its front.
+  Clock::time_point oldest = Clock::now() - options_.message_ttl;
+  while (!inbox_.empty() && inbox_.front().arrived < oldest) {
+    inbox_.pop_front();
+    ++expired_;
+  }
   return events;
 }
 

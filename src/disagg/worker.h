@@ -42,12 +42,14 @@ struct WorkerOptions {
   PeerFailure peer_failure = PeerFailure::kAuto;
   uint64_t instance = 0;        // this worker's id on the wire; 0: drawn at random
   std::chrono::milliseconds heartbeat_interval{100};  // to every live endpoint; 0 disables
+  std::chrono::milliseconds message_ttl{60000};  // unread control messages older than this are dropped
   FaultPolicy* faults = nullptr;  // tests only
 };
 
 struct Message {
   MessageHeader header;
   std::vector<std::byte> body;
+  Clock::time_point arrived;
 };
 
 class Worker {
@@ -85,8 +87,10 @@ class Worker {
   std::optional<uint32_t> pid_of(uint64_t instance) const;
   size_t malformed_messages() const { return malformed_; }
   size_t queued_messages() const { return inbox_.size(); }
-  // Messages dropped because the inbox was full (kMaxQueued unread messages).
+  // Messages dropped unread: the inbox was full (kMaxQueued), or they outlived message_ttl (destinations for a
+  // request this instance never got, a completion that came after its transfer gave up).
   size_t overflowed_messages() const { return overflowed_; }
+  size_t expired_messages() const { return expired_; }
   static constexpr size_t kMaxQueued = 65536;
 
   // Buffers that an endpoint destroyed while still closing leaves to UCX requests, freed after ucp_worker_destroy.
@@ -113,6 +117,7 @@ class Worker {
   std::unordered_map<uint64_t, Heard> heard_;
   size_t malformed_ = 0;
   size_t overflowed_ = 0;
+  size_t expired_ = 0;
   std::vector<Endpoint*> heartbeats_;
   std::vector<std::vector<std::byte>> orphans_;
   Clock::time_point next_heartbeat_{};

@@ -34,6 +34,7 @@ class DisaggPair : public ::testing::Test {
     d.instance = 11;
     p.instance = 22;
     p.faults = &faults;
+    p.message_ttl = prefill_ttl;
     decode = std::move(Worker::create(d).value());
     prefill = std::move(Worker::create(p).value());
     if (by_sockaddr) {
@@ -150,7 +151,11 @@ class DisaggPair : public ::testing::Test {
   }
 
   void TearDown() override {
-    // Nothing held, nothing in flight, whatever the test did.
+    // Nothing held, nothing in flight, no message left unread on the decode side, whatever the test did.
+    if (decode) {
+      EXPECT_EQ(decode->queued_messages(), 0u);
+    }
+
     if (to_prefill && to_decode) {
       close_all();
       RegistryCounts c = registry.counts();
@@ -166,6 +171,7 @@ class DisaggPair : public ::testing::Test {
   }
 
   ScriptedFaults faults;
+  milliseconds prefill_ttl{60000};
   std::unique_ptr<Worker> decode, prefill;
   std::unique_ptr<Endpoint> to_prefill, to_decode;
   std::vector<std::byte> pool, source;
@@ -316,6 +322,33 @@ TEST_F(DisaggPair, CompletionFromAnotherPeerIsIgnored) {
   other_ep.reset();
 }
 
+TEST_F(DisaggPair, MalformedMessagesAreCountedAndDropped) {
+  ASSERT_NO_FATAL_FAILURE(connect(false));
+  std::vector<std::byte> completion = encode_completion(prefill->instance(), kTransfer, {});
+  std::vector<std::byte> bad_magic = completion;
+  bad_magic[0] = std::byte{0};
+  std::vector<std::byte> short_header(completion.begin(), completion.begin() + 10);
+  // The decode thread progresses until a message is queued: the good one sent last, so the two before it have
+  // been handled by then.
+  std::atomic<bool> queued{false};
+  std::thread decode_side([&] {
+    Deadline d = Deadline::after(milliseconds(3000));
+    while (!d.expired() && decode->queued_messages() == 0) {
+      if (!decode->progress()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    queued = true;
+  });
+  Status a = to_decode->send(bad_magic, MessageKind::kCompletion, Deadline::after(milliseconds(2000)));
+  Status b = to_decode->send(short_header, MessageKind::kCompletion, Deadline::after(milliseconds(2000)));
+  Status c = to_decode->send(completion, MessageKind::kCompletion, Deadline::after(milliseconds(2000)));
+  while (!queued) prefill->progress();
+  decode_side.join();
+  EXPECT_TRUE(a.is_ok() && b.is_ok() && c.is_ok());
+  EXPECT_EQ(decode->malformed_messages(), 2u);
+  ASSERT_EQ(decode->queued_messages(), 1u);
+  EXPECT_TRUE(decode->take(MessageKind::kCompletion, kTransfer, prefill->instance()).has_value());
+}
+
 // The prefill worker runs in its own thread (each worker has one thread) and only progresses: it sends heartbeats
 // and nothing else. With the fault policy stalling it (a frozen process), the decode side declares it silent after
 // the silence limit, long before the deadline; progressing normally, the same wait runs into its deadline instead.
@@ -344,6 +377,17 @@ TEST_F(DisaggPair, HeartbeatsKeepAQuietPeerAlive) {
   EXPECT_GE(took, milliseconds(900));
   EXPECT_FALSE(to_prefill->failed());
   EXPECT_EQ(registry.counts().quarantined, 1u);
+}
+
+TEST_F(DisaggPair, UnreadDestinationsExpire) {
+  prefill_ttl = milliseconds(200);
+  ASSERT_NO_FATAL_FAILURE(connect(false));
+  // The prefill side never gets the request, so nobody asks for these destinations.
+  milliseconds took{};
+  Status st = wait_with_prefill_progressing(this, false, milliseconds(400), milliseconds(1000), &took);
+  EXPECT_NE(st.message().find("deadline"), std::string::npos) << st.message();
+  EXPECT_EQ(prefill->queued_messages(), 0u);
+  EXPECT_EQ(prefill->expired_messages(), 1u);
 }
 
 TEST_F(DisaggPair, SenderReportsMismatchedRanges) {

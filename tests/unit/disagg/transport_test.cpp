@@ -351,19 +351,20 @@ TEST_F(DisaggPair, MalformedMessagesAreCountedAndDropped) {
 
 // The prefill worker runs in its own thread (each worker has one thread) and only progresses: it sends heartbeats
 // and nothing else. With the fault policy stalling it (a frozen process), the decode side declares it silent after
-// the silence limit, long before the deadline; progressing normally, the same wait runs into its deadline instead.
+// the silence limit (500 ms, five heartbeat intervals), long before the deadline; progressing normally, a wait
+// more than twice the silence limit long runs into its deadline instead.
 Status wait_with_prefill_progressing(DisaggPair* t, bool stalled, milliseconds deadline, milliseconds silence,
                                      milliseconds* took);
 
 TEST_F(DisaggPair, StalledPeerIsSilentAndFailsBeforeTheDeadline) {
   ASSERT_NO_FATAL_FAILURE(connect(false));
   milliseconds took{};
-  Status st = wait_with_prefill_progressing(this, true, milliseconds(5000), milliseconds(300), &took);
+  Status st = wait_with_prefill_progressing(this, true, milliseconds(5000), milliseconds(500), &took);
   EXPECT_EQ(st.code(), StatusCode::kUnavailable);
   EXPECT_NE(st.message().find("silent"), std::string::npos) << st.message();
   // Silence counts from the last heartbeat heard, which may precede the wait by up to one interval (100 ms).
-  EXPECT_GE(took, milliseconds(300 - 100));
-  EXPECT_LT(took, milliseconds(2000));
+  EXPECT_GE(took, milliseconds(500 - 100));
+  EXPECT_LT(took, milliseconds(3000));
   EXPECT_TRUE(to_prefill->failed());
   EXPECT_EQ(registry.counts().quarantined, 1u);
 }
@@ -371,10 +372,10 @@ TEST_F(DisaggPair, StalledPeerIsSilentAndFailsBeforeTheDeadline) {
 TEST_F(DisaggPair, HeartbeatsKeepAQuietPeerAlive) {
   ASSERT_NO_FATAL_FAILURE(connect(false));
   milliseconds took{};
-  Status st = wait_with_prefill_progressing(this, false, milliseconds(900), milliseconds(300), &took);
+  Status st = wait_with_prefill_progressing(this, false, milliseconds(1200), milliseconds(500), &took);
   EXPECT_EQ(st.code(), StatusCode::kUnavailable);
   EXPECT_NE(st.message().find("deadline"), std::string::npos) << st.message();  // not "silent"
-  EXPECT_GE(took, milliseconds(900));
+  EXPECT_GE(took, milliseconds(1200));
   EXPECT_FALSE(to_prefill->failed());
   EXPECT_EQ(registry.counts().quarantined, 1u);
 }

@@ -38,17 +38,25 @@ Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRang
     }
     return n;
   };
-  // Marks the endpoint failed and closes it (forced: every request completes, cancelled), then frees the requests.
+  // Marks the endpoint failed and closes it (kUcx: forced, every request completes, cancelled), then releases the
+  // requests. A close still in progress (kHeartbeat) may leave a put reading a corrupted copy: the worker keeps it.
   auto abort_with = [&](Status reason) {
     fail(ep, reason);
-    (void)pending();
+    for (void* r : requests) {
+      if (r != nullptr) ucp_request_free(r);
+    }
     if (flush != nullptr) ucp_request_free(flush);
+    if (!ep.closed()) {
+      for (auto& c : corrupted) worker.keep_until_destroyed(std::move(c));
+    }
     return reason;
   };
 
   for (size_t i = 0; i < ranges.size(); ++i) {
     const PutRange& r = ranges[i];
-    if (r.rkey == nullptr || r.rkey->handle() == nullptr) return abort_with(invalid_argument("disagg: put without rkey"));
+    if (r.rkey == nullptr || r.rkey->handle() == nullptr) {
+      return abort_with(invalid_argument("disagg: put without rkey"));
+    }
     const std::byte* source = r.source;
     if (faults != nullptr) {
       PutFault f = faults->on_put(transfer_id, i, r.length);

@@ -5,10 +5,9 @@
 //   advertise(): lease ranges, send kDestinations ──▶ wait_destinations()
 //                                                     run(): put every range            → kPosted
 //                                                            flush (remote completion)  → kFlushed
-//               ◀── kCompletion (sizes, checksum) ─────────  send the completion        → kCompleted
-//   wait(): verify sizes + checksum of the
-//   destination bytes → kCompleted (ranges free)
-//   or kFailed (ranges quarantined until the endpoint is closed)
+//   wait() ◀──────────── kCompletion (sizes, checksum) ─ send the completion          → kCompleted
+//   verify sizes + checksum of the destination bytes
+//   → kCompleted (ranges free) or kFailed (ranges quarantined until the peer cannot write)
 //
 // Every state has a deadline. The decode side also fails when the endpoint reports an error (peer died,
 // connection lost), when the peer has been silent (no message, heartbeats included) for longer than the given
@@ -73,7 +72,8 @@ Result<Destinations> wait_destinations(Worker& worker, uint64_t id, Deadline dea
 class OutgoingTransfer {
  public:
   // sources[i] is written to destinations.ranges[i]; the lengths must match one for one.
-  OutgoingTransfer(uint64_t id, Endpoint& ep, Destinations destinations, std::vector<std::span<const std::byte>> sources);
+  OutgoingTransfer(uint64_t id, Endpoint& ep, Destinations destinations,
+                   std::vector<std::span<const std::byte>> sources);
 
   // kCreated → kPosted → kFlushed → kCompleted; kFailed on any error. A failure after the destinations arrived
   // (mismatched ranges, a bad rkey, a failed put) is reported to the peer by a completion with a non-zero status

@@ -159,7 +159,8 @@ TEST(DisaggRegistry, OverlapIsRefusedAndCompletionReleases) {
   EXPECT_FALSE(r.advertise(2, lo.ep->id(), std::vector<HeldRange>{{pool.data() + 249, 10}}).is_ok());
   EXPECT_FALSE(r.advertise(2, lo.ep->id(), std::vector<HeldRange>{{pool.data() + 190, 100}}).is_ok());
   EXPECT_FALSE(r.advertise(1, lo.ep->id(), std::vector<HeldRange>{{pool.data() + 500, 1}}).is_ok());
-  EXPECT_FALSE(r.advertise(2, lo.ep->id(), std::vector<HeldRange>{{pool.data() + 500, 10}, {pool.data() + 505, 1}}).is_ok());
+  EXPECT_FALSE(
+      r.advertise(2, lo.ep->id(), std::vector<HeldRange>{{pool.data() + 500, 10}, {pool.data() + 505, 1}}).is_ok());
   EXPECT_FALSE(r.advertise(2, lo.ep->id(), std::vector<HeldRange>{}).is_ok());
   EXPECT_FALSE(r.advertise(2, lo.ep->id(), std::vector<HeldRange>{{pool.data() + 500, 0}}).is_ok());
   EXPECT_FALSE(r.held(pool.data() + 500, 10));  // nothing of the refused ones was recorded

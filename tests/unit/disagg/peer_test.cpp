@@ -39,7 +39,9 @@ std::string to_hex(const std::vector<std::byte>& b) {
 
 std::vector<std::byte> from_hex(const std::string& s) {
   std::vector<std::byte> out;
-  for (size_t i = 0; i + 1 < s.size(); i += 2) out.push_back(static_cast<std::byte>(std::stoi(s.substr(i, 2), nullptr, 16)));
+  for (size_t i = 0; i + 1 < s.size(); i += 2) {
+    out.push_back(static_cast<std::byte>(std::stoi(s.substr(i, 2), nullptr, 16)));
+  }
   return out;
 }
 

@@ -1,0 +1,66 @@
+// Control messages between a prefill and a decode instance, sent as UCX active messages (one AM id per kind).
+// Explicit little-endian layout, checked on decode; every message starts with the same header:
+//
+//   u32 magic 'KDSG' | u16 version | u16 kind | u64 sender instance | u32 sender pid | u64 transfer id
+//
+//   kDestinations (decode → prefill): u32 rkey count, per rkey (u32 length, bytes); u32 range count, per range
+//                 (u64 remote address, u64 length, u32 rkey index)
+//   kCompletion   (prefill → decode, after the puts are flushed): u32 status (0 = every range put, else the
+//                 sender gave up), u32 range count, u64 total bytes, u64 checksum (checksum.h) of the source bytes
+//   kHeartbeat    (both ways, periodic): empty body
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "base/result.h"
+
+namespace kestrel::disagg {
+
+enum class MessageKind : uint16_t { kDestinations = 1, kCompletion = 2, kHeartbeat = 3 };
+inline constexpr uint16_t kMaxMessageKind = 3;
+
+struct MessageHeader {
+  MessageKind kind = MessageKind::kHeartbeat;
+  uint64_t sender = 0;       // instance id of the sending worker (WorkerOptions::instance)
+  uint32_t pid = 0;          // the sending process (meaningful to a peer on the same host only)
+  uint64_t transfer_id = 0;  // 0 for heartbeats
+};
+
+struct RemoteRange {
+  uint64_t address = 0;  // in the receiver's registered memory
+  uint64_t length = 0;
+  uint32_t rkey = 0;  // index into Destinations::rkeys
+};
+
+struct Destinations {
+  std::vector<std::vector<std::byte>> rkeys;  // packed remote keys (Region::packed_rkey), one per registered pool
+  std::vector<RemoteRange> ranges;            // in the order the sender's sources are listed
+};
+
+struct Completion {
+  uint32_t status = 0;  // 0: every range was put and flushed; otherwise the sender failed and the data is invalid
+  uint32_t ranges = 0;
+  uint64_t bytes = 0;
+  uint64_t checksum = 0;
+};
+
+// Limits a decoder enforces before allocating anything.
+inline constexpr size_t kMaxRanges = size_t{1} << 22;
+inline constexpr size_t kMaxRkeys = 4096;
+inline constexpr size_t kMaxRkeyBytes = 64 * 1024;
+
+// The sender's pid is this process's (getpid()).
+std::vector<std::byte> encode_heartbeat(uint64_t sender);
+std::vector<std::byte> encode_destinations(uint64_t sender, uint64_t transfer_id, const Destinations& d);
+std::vector<std::byte> encode_completion(uint64_t sender, uint64_t transfer_id, const Completion& c);
+
+// Splits a message into its header and body; kCorrupt for a bad magic, version, kind or a short buffer.
+Result<MessageHeader> decode_header(std::span<const std::byte> message, std::span<const std::byte>* body);
+// Bodies; kCorrupt for anything truncated, trailing, out of the limits above, or an rkey index out of range.
+Result<Destinations> decode_destinations(std::span<const std::byte> body);
+Result<Completion> decode_completion(std::span<const std::byte> body);
+
+}  // namespace kestrel::disagg

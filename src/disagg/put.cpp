@@ -1,0 +1,105 @@
+#include "disagg/put.h"
+
+#include <thread>
+#include <vector>
+
+#include "disagg/ucx_status.h"
+
+namespace kestrel::disagg {
+namespace {
+
+Status fail(Endpoint& ep, Status reason) {
+  ep.mark_failed(reason);
+  (void)ep.close(Deadline::after(std::chrono::seconds(1)));
+  return reason;
+}
+
+}  // namespace
+
+Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRange> ranges, Deadline deadline) {
+  if (ep.closed() || ep.failed()) return unavailable("disagg: put on a failed or closed endpoint");
+  Worker& worker = ep.worker();
+  FaultPolicy* faults = worker.faults();
+  std::vector<void*> requests;
+  std::vector<std::vector<std::byte>> corrupted;  // private copies, alive until the flush completes
+  void* flush = nullptr;
+  auto pending = [&] {
+    size_t n = 0;
+    for (void*& r : requests) {
+      if (r == nullptr) continue;
+      ucs_status_t st = ucp_request_check_status(r);
+      if (st == UCS_INPROGRESS) {
+        ++n;
+        continue;
+      }
+      ucp_request_free(r);
+      r = nullptr;
+      if (st != UCS_OK) ep.mark_failed(ucx_error(st, "ucp_put_nbx"));
+    }
+    return n;
+  };
+  // Marks the endpoint failed and closes it (kUcx: forced, every request completes, cancelled), then releases the
+  // requests. A close still in progress (kHeartbeat) may leave a put reading a corrupted copy: the worker keeps it.
+  auto abort_with = [&](Status reason) {
+    fail(ep, reason);
+    for (void* r : requests) {
+      if (r != nullptr) ucp_request_free(r);
+    }
+    if (flush != nullptr) ucp_request_free(flush);
+    if (!ep.closed()) {
+      for (auto& c : corrupted) worker.keep_until_destroyed(std::move(c));
+    }
+    return reason;
+  };
+
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const PutRange& r = ranges[i];
+    if (r.rkey == nullptr || r.rkey->handle() == nullptr) {
+      return abort_with(invalid_argument("disagg: put without rkey"));
+    }
+    const std::byte* source = r.source;
+    if (faults != nullptr) {
+      PutFault f = faults->on_put(transfer_id, i, r.length);
+      if (f.kind == PutFault::Kind::kDrop) continue;
+      if (f.kind == PutFault::Kind::kDelay) std::this_thread::sleep_for(f.delay);
+      if (f.kind == PutFault::Kind::kCorrupt && f.byte < r.length) {
+        corrupted.emplace_back(r.source, r.source + r.length);
+        corrupted.back()[f.byte] = ~corrupted.back()[f.byte];
+        source = corrupted.back().data();
+      }
+    }
+    if (deadline.expired()) return abort_with(unavailable("disagg: posting puts: deadline passed"));
+    ucp_request_param_t param{};
+    void* request = ucp_put_nbx(ep.handle(), source, r.length, r.remote, r.rkey->handle(), &param);
+    if (UCS_PTR_IS_ERR(request)) return abort_with(ucx_error(UCS_PTR_STATUS(request), "ucp_put_nbx"));
+    if (request != nullptr) requests.push_back(request);
+    worker.progress();
+    (void)pending();
+    if (ep.failed()) return abort_with(ep.failure());
+  }
+  ucp_request_param_t param{};
+  flush = ucp_ep_flush_nbx(ep.handle(), &param);
+  if (UCS_PTR_IS_ERR(flush)) {
+    ucs_status_t st = UCS_PTR_STATUS(flush);
+    flush = nullptr;
+    return abort_with(ucx_error(st, "ucp_ep_flush_nbx"));
+  }
+  ucs_status_t flush_status = UCS_OK;
+  auto flushed = [&] {
+    if (flush == nullptr) return true;
+    ucs_status_t st = ucp_request_check_status(flush);
+    if (st == UCS_INPROGRESS) return false;
+    ucp_request_free(flush);
+    flush = nullptr;
+    flush_status = st;
+    return true;
+  };
+  Status waited = worker.wait([&] { return (flushed() && pending() == 0) || ep.failed(); }, deadline,
+                              "flushing puts");
+  if (!waited.is_ok()) return abort_with(waited);
+  if (flush_status != UCS_OK) ep.mark_failed(ucx_error(flush_status, "ucp_ep_flush_nbx"));
+  if (ep.failed()) return abort_with(ep.failure());
+  return Status::ok();
+}
+
+}  // namespace kestrel::disagg

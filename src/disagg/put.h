@@ -1,0 +1,31 @@
+// put_and_flush: one-sided writes of many (local source, remote address, rkey, length) ranges into a peer's
+// registered memory, then an endpoint flush: when it returns Ok every byte is in the peer's memory (remote
+// completion), so a control message sent afterwards on the same endpoint announces finished data.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "base/result.h"
+#include "disagg/deadline.h"
+#include "disagg/endpoint.h"
+#include "disagg/memory.h"
+
+namespace kestrel::disagg {
+
+struct PutRange {
+  const std::byte* source = nullptr;  // local; need not be registered
+  uint64_t remote = 0;                // address inside the peer's region that `rkey` covers
+  size_t length = 0;
+  const RemoteKey* rkey = nullptr;
+};
+
+// Posts every put, then flushes the endpoint, all within the deadline. The fault policy of the endpoint's worker
+// (if any) sees each range first (drop, corrupt a private copy, delay). On any failure (an endpoint error, a
+// missed deadline) the endpoint is marked failed and closed (up to one second) before returning. The sources may
+// be reused once this returns Ok, or once ep.closed() after a failure (with PeerFailure::kUcx always on return:
+// the forced close completes every request).
+Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRange> ranges, Deadline deadline);
+
+}  // namespace kestrel::disagg

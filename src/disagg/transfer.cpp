@@ -1,0 +1,195 @@
+#include "disagg/transfer.h"
+
+#include <string>
+#include <utility>
+
+#include "disagg/checksum.h"
+#include "disagg/put.h"
+
+namespace kestrel::disagg {
+
+const char* to_string(TransferState s) {
+  switch (s) {
+    case TransferState::kCreated: return "created";
+    case TransferState::kAdvertised: return "advertised";
+    case TransferState::kPosted: return "posted";
+    case TransferState::kFlushed: return "flushed";
+    case TransferState::kCompleted: return "completed";
+    case TransferState::kFailed: return "failed";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------------------------------------- decode side
+
+IncomingTransfer::IncomingTransfer(uint64_t id, Endpoint& ep, RegionRegistry& registry,
+                                   std::vector<DestinationRange> ranges)
+    : id_(id), ep_(ep), registry_(registry), ranges_(std::move(ranges)) {}
+
+IncomingTransfer::~IncomingTransfer() {
+  if (state_ == TransferState::kAdvertised) (void)registry_.fail(id_);
+  ep_.worker().discard(id_);
+}
+
+Status IncomingTransfer::fail(Status reason) {
+  if (state_ == TransferState::kAdvertised) (void)registry_.fail(id_);
+  state_ = TransferState::kFailed;
+  return reason;
+}
+
+Status IncomingTransfer::advertise(Deadline deadline) {
+  if (state_ != TransferState::kCreated) return invalid_argument("disagg: transfer advertised twice");
+  if (id_ == 0) {
+    state_ = TransferState::kFailed;
+    return invalid_argument("disagg: transfer id 0 is reserved");
+  }
+  Destinations d;
+  std::vector<HeldRange> held;
+  for (const DestinationRange& r : ranges_) {
+    if (r.region == nullptr || r.offset > r.region->length() || r.length > r.region->length() - r.offset) {
+      state_ = TransferState::kFailed;
+      return invalid_argument("disagg: destination range outside its registered region");
+    }
+    uint32_t key = 0;
+    while (key < d.rkeys.size() && d.rkeys[key] != r.region->packed_rkey()) ++key;
+    if (key == d.rkeys.size()) d.rkeys.push_back(r.region->packed_rkey());
+    d.ranges.push_back({r.region->address(r.offset), r.length, key});
+    held.push_back({r.region->base() + r.offset, r.length});
+  }
+  Status leased = registry_.advertise(id_, ep_.id(), held);
+  if (!leased.is_ok()) {
+    state_ = TransferState::kFailed;
+    return leased;
+  }
+  state_ = TransferState::kAdvertised;
+  advertised_at_ = Clock::now();
+  Status sent = ep_.send(encode_destinations(ep_.worker().instance(), id_, d), MessageKind::kDestinations, deadline);
+  if (!sent.is_ok()) return fail(sent);
+  return Status::ok();
+}
+
+Status IncomingTransfer::wait(Deadline deadline, std::chrono::milliseconds silence) {
+  if (state_ != TransferState::kAdvertised) {
+    return invalid_argument(std::string("disagg: wait on a transfer in state ") + to_string(state_));
+  }
+  Worker& worker = ep_.worker();
+  std::optional<Message> message;
+  Status why;
+  auto silent = [&] {
+    if (!ep_.peer()) return false;
+    Clock::time_point since = advertised_at_;
+    if (auto heard = worker.last_heard(*ep_.peer()); heard && *heard > since) since = *heard;
+    return Clock::now() - since > silence;
+  };
+  Status waited = worker.wait(
+      [&] {
+        message = worker.take(MessageKind::kCompletion, id_, ep_.peer());  // never a stale one from another peer
+        if (message) return true;
+        if (ep_.failed()) {
+          why = ep_.failure();
+          return true;
+        }
+        if (silent()) {
+          why = unavailable("disagg: peer silent for more than " + std::to_string(silence.count()) + " ms");
+          ep_.mark_failed(why);
+          return true;
+        }
+        return false;
+      },
+      deadline, "waiting for the completion of transfer " + std::to_string(id_));
+  if (!waited.is_ok()) return fail(waited);
+  if (!message) return fail(why);
+
+  Result<Completion> c = decode_completion(message->body);
+  if (!c) return fail(c.error());
+  if (c->status != 0) return fail(unavailable("disagg: the sender failed transfer " + std::to_string(id_)));
+  uint64_t bytes = 0;
+  Checksum sum;
+  for (const DestinationRange& r : ranges_) {
+    bytes += r.length;
+    sum.update({r.region->base() + r.offset, r.length});
+  }
+  if (c->ranges != ranges_.size() || c->bytes != bytes) {
+    return fail(corrupt("disagg: transfer " + std::to_string(id_) + ": completion reports " +
+                        std::to_string(c->ranges) + " ranges / " + std::to_string(c->bytes) + " bytes, expected " +
+                        std::to_string(ranges_.size()) + " / " + std::to_string(bytes)));
+  }
+  if (c->checksum != sum.value()) {
+    return fail(corrupt("disagg: transfer " + std::to_string(id_) + ": checksum mismatch"));
+  }
+  Status done = registry_.complete(id_);
+  if (!done.is_ok()) return fail(done);
+  state_ = TransferState::kCompleted;
+  return Status::ok();
+}
+
+// --------------------------------------------------------------------------------------------- prefill side
+
+Result<Destinations> wait_destinations(Worker& worker, uint64_t id, Deadline deadline, uint64_t* sender) {
+  std::optional<Message> m;
+  Status waited = worker.wait([&] { return (m = worker.take(MessageKind::kDestinations, id)).has_value(); },
+                              deadline, "waiting for the destinations of transfer " + std::to_string(id));
+  if (!waited.is_ok()) return waited;
+  if (sender != nullptr) *sender = m->header.sender;
+  return decode_destinations(m->body);
+}
+
+OutgoingTransfer::OutgoingTransfer(uint64_t id, Endpoint& ep, Destinations destinations,
+                                   std::vector<std::span<const std::byte>> sources)
+    : id_(id), ep_(ep), destinations_(std::move(destinations)), sources_(std::move(sources)) {}
+
+Status OutgoingTransfer::fail(Status reason, Deadline deadline) {
+  state_ = TransferState::kFailed;
+  if (!ep_.failed() && !ep_.closed()) {
+    Completion c;
+    c.status = 1;
+    (void)ep_.send(encode_completion(ep_.worker().instance(), id_, c), MessageKind::kCompletion, deadline);
+  }
+  return reason;
+}
+
+Status OutgoingTransfer::run(Deadline deadline) {
+  if (state_ != TransferState::kCreated) return invalid_argument("disagg: transfer run twice");
+  const auto& dst = destinations_.ranges;
+  if (dst.size() != sources_.size()) {
+    return fail(invalid_argument("disagg: transfer " + std::to_string(id_) + ": " + std::to_string(sources_.size()) +
+                                 " sources for " + std::to_string(dst.size()) + " destinations"),
+                deadline);
+  }
+  std::vector<RemoteKey> keys;
+  for (const auto& packed : destinations_.rkeys) {
+    Result<RemoteKey> k = ep_.unpack_rkey(packed);
+    if (!k) return fail(k.error(), deadline);
+    keys.push_back(std::move(*k));
+  }
+  std::vector<PutRange> puts;
+  Completion c;
+  Checksum sum;
+  for (size_t i = 0; i < dst.size(); ++i) {
+    if (sources_[i].size() != dst[i].length) {
+      return fail(invalid_argument("disagg: transfer " + std::to_string(id_) + ": range " + std::to_string(i) +
+                                   " has " + std::to_string(sources_[i].size()) + " source bytes for " +
+                                   std::to_string(dst[i].length) + " destination bytes"),
+                  deadline);
+    }
+    puts.push_back({sources_[i].data(), dst[i].address, sources_[i].size(), &keys[dst[i].rkey]});
+    sum.update(sources_[i]);
+    c.bytes += sources_[i].size();
+  }
+  c.ranges = static_cast<uint32_t>(dst.size());
+  c.checksum = sum.value();
+  state_ = TransferState::kPosted;
+  Status put = put_and_flush(ep_, id_, puts, deadline);
+  keys.clear();  // remote keys go before the endpoint may be closed by the caller
+  if (!put.is_ok()) return fail(put, deadline);
+  state_ = TransferState::kFlushed;
+  Status sent = ep_.send(encode_completion(ep_.worker().instance(), id_, c), MessageKind::kCompletion, deadline);
+  if (!sent.is_ok()) {
+    state_ = TransferState::kFailed;
+    return sent;
+  }
+  state_ = TransferState::kCompleted;
+  return Status::ok();
+}
+
+}  // namespace kestrel::disagg

@@ -1,0 +1,95 @@
+// One request's state transfer from a prefill instance to a decode instance (the push model: the decode side
+// owns the destination memory and sends its addresses; the prefill side writes into it).
+//
+//   decode (IncomingTransfer)                         prefill (OutgoingTransfer)
+//   advertise(): lease ranges, send kDestinations ──▶ wait_destinations()
+//                                                     run(): put every range            → kPosted
+//                                                            flush (remote completion)  → kFlushed
+//   wait() ◀──────────── kCompletion (sizes, checksum) ─ send the completion          → kCompleted
+//   verify sizes + checksum of the destination bytes
+//   → kCompleted (ranges free) or kFailed (ranges quarantined until the peer cannot write)
+//
+// Every state has a deadline. The decode side also fails when the endpoint reports an error (peer died,
+// connection lost), when the peer has been silent (no message, heartbeats included) for longer than the given
+// limit, or when the sender reports that it gave up. Nothing is ready until the checksum matches.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "base/result.h"
+#include "disagg/deadline.h"
+#include "disagg/endpoint.h"
+#include "disagg/memory.h"
+#include "disagg/messages.h"
+#include "disagg/region_registry.h"
+
+namespace kestrel::disagg {
+
+enum class TransferState { kCreated, kAdvertised, kPosted, kFlushed, kCompleted, kFailed };
+const char* to_string(TransferState s);
+
+struct DestinationRange {
+  const Region* region = nullptr;
+  size_t offset = 0;
+  size_t length = 0;
+};
+
+class IncomingTransfer {
+ public:
+  // `id` is non-zero and unique among this worker's live transfers (the router's bootstrap room).
+  IncomingTransfer(uint64_t id, Endpoint& ep, RegionRegistry& registry, std::vector<DestinationRange> ranges);
+  ~IncomingTransfer();  // an unfinished transfer is failed (its ranges quarantined); its unread messages dropped
+  IncomingTransfer(const IncomingTransfer&) = delete;
+  IncomingTransfer& operator=(const IncomingTransfer&) = delete;
+
+  // kCreated → kAdvertised: leases the ranges and sends their addresses and rkeys to the peer.
+  Status advertise(Deadline deadline);
+  // kAdvertised → kCompleted, or kFailed with the reason returned (kCorrupt for a size or checksum mismatch,
+  // kUnavailable for a lost, silent or failing peer or a missed deadline). When the endpoint knows its peer's
+  // instance id, `silence` applies and only that peer's completion counts.
+  Status wait(Deadline deadline, std::chrono::milliseconds silence);
+
+  uint64_t id() const { return id_; }
+  TransferState state() const { return state_; }
+
+ private:
+  Status fail(Status reason);
+
+  uint64_t id_;
+  Endpoint& ep_;
+  RegionRegistry& registry_;
+  std::vector<DestinationRange> ranges_;
+  TransferState state_ = TransferState::kCreated;
+  Clock::time_point advertised_at_{};
+};
+
+// Waits for the kDestinations message of transfer `id` on the worker; the sender's instance id goes to *sender.
+Result<Destinations> wait_destinations(Worker& worker, uint64_t id, Deadline deadline, uint64_t* sender);
+
+class OutgoingTransfer {
+ public:
+  // sources[i] is written to destinations.ranges[i]; the lengths must match one for one.
+  OutgoingTransfer(uint64_t id, Endpoint& ep, Destinations destinations,
+                   std::vector<std::span<const std::byte>> sources);
+
+  // kCreated → kPosted → kFlushed → kCompleted; kFailed on any error. A failure after the destinations arrived
+  // (mismatched ranges, a bad rkey, a failed put) is reported to the peer by a completion with a non-zero status
+  // while the endpoint is still usable. When run() returns, no UCX request reads the sources any more.
+  Status run(Deadline deadline);
+
+  TransferState state() const { return state_; }
+
+ private:
+  Status fail(Status reason, Deadline deadline);
+
+  uint64_t id_;
+  Endpoint& ep_;
+  Destinations destinations_;
+  std::vector<std::span<const std::byte>> sources_;
+  TransferState state_ = TransferState::kCreated;
+};
+
+}  // namespace kestrel::disagg

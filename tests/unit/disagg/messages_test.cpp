@@ -1,0 +1,234 @@
+// disagg/ without UCX traffic: the control message format (round trips, every truncation and bad field rejected),
+// the checksum (published FNV-1a 64 vectors; order matters, range boundaries do not), and the region registry's
+// rules (overlap refused, completion releases, failure quarantines until the peer cannot write).
+#include <gtest/gtest.h>
+
+#include <string_view>
+
+#include "disagg/checksum.h"
+#include "disagg/endpoint.h"
+#include "disagg/messages.h"
+#include "disagg/region_registry.h"
+#include "disagg/worker.h"
+
+namespace kestrel::disagg {
+namespace {
+
+std::span<const std::byte> bytes(std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); }
+
+TEST(DisaggChecksum, MatchesPublishedFnv1a64Vectors) {
+  // Test vectors of the FNV reference (isthe.com/chongo/tech/comp/fnv): "", "a", "foobar".
+  EXPECT_EQ(Checksum().value(), 0xcbf29ce484222325ull);
+  Checksum a;
+  a.update(bytes("a"));
+  EXPECT_EQ(a.value(), 0xaf63dc4c8601ec8cull);
+  Checksum f;
+  f.update(bytes("foobar"));
+  EXPECT_EQ(f.value(), 0x85944171f73967e8ull);
+}
+
+TEST(DisaggChecksum, RangesActAsOneBufferButOrderMatters) {
+  Checksum split, reordered;
+  split.update(bytes("foo"));
+  split.update(bytes("bar"));
+  EXPECT_EQ(split.value(), 0x85944171f73967e8ull);
+  reordered.update(bytes("bar"));
+  reordered.update(bytes("foo"));
+  EXPECT_NE(reordered.value(), split.value());
+}
+
+Destinations sample() {
+  Destinations d;
+  d.rkeys = {{std::byte{1}, std::byte{2}, std::byte{3}}, {std::byte{9}}};
+  d.ranges = {{0x1000, 4096, 0}, {0x7fff0000, 1, 1}, {0xffffffffffff0000ull, 0xffff, 0}};
+  return d;
+}
+
+TEST(DisaggMessages, DestinationsRoundTrip) {
+  std::vector<std::byte> m = encode_destinations(42, 7, sample());
+  std::span<const std::byte> body;
+  Result<MessageHeader> h = decode_header(m, &body);
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->kind, MessageKind::kDestinations);
+  EXPECT_EQ(h->sender, 42u);
+  EXPECT_EQ(h->transfer_id, 7u);
+  EXPECT_EQ(h->pid, static_cast<uint32_t>(getpid()));
+  Result<Destinations> d = decode_destinations(body);
+  ASSERT_TRUE(d) << d.error().message();
+  EXPECT_EQ(d->rkeys, sample().rkeys);
+  ASSERT_EQ(d->ranges.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(d->ranges[i].address, sample().ranges[i].address);
+    EXPECT_EQ(d->ranges[i].length, sample().ranges[i].length);
+    EXPECT_EQ(d->ranges[i].rkey, sample().ranges[i].rkey);
+  }
+}
+
+TEST(DisaggMessages, CompletionAndHeartbeatRoundTrip) {
+  Completion c{0, 5, 123456789012ull, 0xdeadbeefcafef00dull};
+  std::vector<std::byte> m = encode_completion(1, 99, c);
+  std::span<const std::byte> body;
+  Result<MessageHeader> h = decode_header(m, &body);
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->kind, MessageKind::kCompletion);
+  Result<Completion> back = decode_completion(body);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->status, 0u);
+  EXPECT_EQ(back->ranges, 5u);
+  EXPECT_EQ(back->bytes, c.bytes);
+  EXPECT_EQ(back->checksum, c.checksum);
+  std::vector<std::byte> hb = encode_heartbeat(3);
+  h = decode_header(hb, &body);
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->kind, MessageKind::kHeartbeat);
+  EXPECT_TRUE(body.empty());
+}
+
+TEST(DisaggMessages, EveryTruncationIsRejected) {
+  std::vector<std::byte> d = encode_destinations(1, 2, sample());
+  std::vector<std::byte> c = encode_completion(1, 2, {0, 1, 2, 3});
+  for (const auto* m : {&d, &c}) {
+    for (size_t n = 0; n < m->size(); ++n) {
+      std::span<const std::byte> cut(m->data(), n), body;
+      Result<MessageHeader> h = decode_header(cut, &body);
+      if (!h) {
+        EXPECT_EQ(h.error().code(), StatusCode::kCorrupt);
+        continue;
+      }
+      bool ok = h->kind == MessageKind::kDestinations ? decode_destinations(body).has_value()
+                                                      : decode_completion(body).has_value();
+      EXPECT_FALSE(ok) << "accepted " << n << " of " << m->size() << " bytes";
+    }
+  }
+}
+
+TEST(DisaggMessages, BadFieldsAreRejected) {
+  std::vector<std::byte> m = encode_completion(1, 2, {});
+  std::span<const std::byte> body;
+  auto flipped = [&](size_t at, std::byte v) {
+    std::vector<std::byte> x = m;
+    x[at] = v;
+    return x;
+  };
+  EXPECT_FALSE(decode_header(flipped(0, std::byte{0}), &body));   // magic
+  EXPECT_FALSE(decode_header(flipped(4, std::byte{2}), &body));   // version
+  EXPECT_FALSE(decode_header(flipped(6, std::byte{0}), &body));   // kind 0
+  EXPECT_FALSE(decode_header(flipped(6, std::byte{4}), &body));   // kind past the last
+  std::vector<std::byte> trailing = m;
+  trailing.push_back(std::byte{0});
+  ASSERT_TRUE(decode_header(trailing, &body));
+  EXPECT_FALSE(decode_completion(body));  // trailing byte
+  Destinations bad = sample();
+  bad.ranges[1].rkey = 2;  // only two rkeys
+  std::vector<std::byte> d = encode_destinations(1, 2, bad);
+  ASSERT_TRUE(decode_header(d, &body));
+  EXPECT_FALSE(decode_destinations(body));
+  bad = sample();
+  bad.ranges[0] = {0xfffffffffffff000ull, 0x2000, 0};  // wraps around
+  d = encode_destinations(1, 2, bad);
+  ASSERT_TRUE(decode_header(d, &body));
+  EXPECT_FALSE(decode_destinations(body));
+}
+
+// A worker connected to itself over tcp (UCX's peer failure detection: a closed endpoint stops the peer) or over
+// shared memory (heartbeats only: the peer, this process, may write while it lives).
+struct Loopback {
+  explicit Loopback(const char* tls) {
+    WorkerOptions o;
+    o.transports = tls;
+    worker = std::move(Worker::create(o).value());
+    ep = std::move(Endpoint::connect_address(*worker, worker->address().value()).value());
+    ep->set_peer(worker->instance());
+  }
+  ~Loopback() { ep.reset(); }
+  std::unique_ptr<Worker> worker;
+  std::unique_ptr<Endpoint> ep;
+};
+
+TEST(DisaggRegistry, OverlapIsRefusedAndCompletionReleases) {
+  Loopback lo("tcp");
+  std::vector<std::byte> pool(1024);
+  RegionRegistry r;
+  HeldRange a{pool.data(), 100}, b{pool.data() + 200, 50};
+  ASSERT_TRUE(r.advertise(1, lo.ep->id(), std::vector{a, b}).is_ok());
+  EXPECT_TRUE(r.held(pool.data() + 99, 1));
+  EXPECT_FALSE(r.held(pool.data() + 100, 100));
+  EXPECT_TRUE(r.held(pool.data() + 150, 51));
+  // Overlaps at either end, inside, around; a duplicate id; ranges overlapping each other; empty; zero length.
+  EXPECT_FALSE(r.advertise(2, lo.ep->id(), std::vector<HeldRange>{{pool.data() + 99, 2}}).is_ok());
+  EXPECT_FALSE(r.advertise(2, lo.ep->id(), std::vector<HeldRange>{{pool.data() + 249, 10}}).is_ok());
+  EXPECT_FALSE(r.advertise(2, lo.ep->id(), std::vector<HeldRange>{{pool.data() + 190, 100}}).is_ok());
+  EXPECT_FALSE(r.advertise(1, lo.ep->id(), std::vector<HeldRange>{{pool.data() + 500, 1}}).is_ok());
+  EXPECT_FALSE(
+      r.advertise(2, lo.ep->id(), std::vector<HeldRange>{{pool.data() + 500, 10}, {pool.data() + 505, 1}}).is_ok());
+  EXPECT_FALSE(r.advertise(2, lo.ep->id(), std::vector<HeldRange>{}).is_ok());
+  EXPECT_FALSE(r.advertise(2, lo.ep->id(), std::vector<HeldRange>{{pool.data() + 500, 0}}).is_ok());
+  EXPECT_FALSE(r.held(pool.data() + 500, 10));  // nothing of the refused ones was recorded
+  // Adjacent is fine.
+  EXPECT_TRUE(r.advertise(2, lo.ep->id(), std::vector<HeldRange>{{pool.data() + 100, 100}}).is_ok());
+  EXPECT_EQ(r.counts().in_flight, 2u);
+  EXPECT_EQ(r.counts().held_ranges, 3u);
+  EXPECT_TRUE(r.complete(1).is_ok());
+  EXPECT_FALSE(r.complete(1).is_ok());
+  EXPECT_FALSE(r.held(pool.data(), 100));
+  EXPECT_TRUE(r.advertise(3, lo.ep->id(), std::vector{a}).is_ok());  // reusable after completion
+  EXPECT_TRUE(r.complete(2).is_ok());
+  EXPECT_TRUE(r.complete(3).is_ok());
+  RegistryCounts c = r.counts();
+  EXPECT_EQ(c.in_flight + c.quarantined + c.held_ranges, 0u);
+  EXPECT_EQ(c.completed, 3u);
+}
+
+TEST(DisaggRegistry, FailureQuarantinesUntilTheEndpointIsClosed) {
+  Loopback lo("tcp");
+  std::vector<std::byte> pool(1024);
+  RegionRegistry r;
+  ASSERT_TRUE(r.advertise(1, lo.ep->id(), std::vector<HeldRange>{{pool.data(), 100}}).is_ok());
+  ASSERT_TRUE(r.advertise(2, lo.ep->id(), std::vector<HeldRange>{{pool.data() + 100, 100}}).is_ok());
+  ASSERT_TRUE(r.fail(1).is_ok());
+  EXPECT_FALSE(r.complete(1).is_ok());  // a failed transfer is never completed
+  EXPECT_EQ(r.counts().quarantined, 1u);
+  EXPECT_FALSE(r.advertise(3, lo.ep->id(), std::vector<HeldRange>{{pool.data(), 100}}).is_ok());
+  EXPECT_EQ(r.release_closed(*lo.ep).code(), StatusCode::kUnavailable);  // still open
+  ASSERT_TRUE(lo.ep->close(Deadline::after(std::chrono::seconds(2))).is_ok());
+  ASSERT_TRUE(r.release_closed(*lo.ep).is_ok());
+  RegistryCounts c = r.counts();
+  EXPECT_EQ(c.in_flight + c.quarantined + c.held_ranges, 0u);
+  EXPECT_EQ(c.failed, 2u);  // the one still in flight on the closed endpoint counts as failed
+  EXPECT_EQ(c.released_after_close, 2u);
+  EXPECT_TRUE(r.advertise(3, lo.ep->id(), std::vector<HeldRange>{{pool.data(), 200}}).is_ok());
+  EXPECT_TRUE(r.complete(3).is_ok());
+}
+
+TEST(DisaggRegistry, SharedMemoryPeerThatLivesKeepsItsQuarantine) {
+  Loopback lo("shm");
+  ASSERT_EQ(lo.worker->peer_failure(), PeerFailure::kHeartbeat);
+  std::vector<std::byte> pool(64);
+  RegionRegistry r;
+  ASSERT_TRUE(r.advertise(1, lo.ep->id(), std::vector<HeldRange>{{pool.data(), 64}}).is_ok());
+  ASSERT_TRUE(r.fail(1).is_ok());
+  // The peer (this process) has been heard from: its pid is known and it is running.
+  Deadline d = Deadline::after(std::chrono::seconds(2));
+  while (!lo.worker->pid_of(lo.worker->instance()) && !d.expired()) lo.worker->progress();
+  ASSERT_EQ(lo.worker->pid_of(lo.worker->instance()), static_cast<uint32_t>(getpid()));
+  ASSERT_TRUE(lo.ep->close(Deadline::after(std::chrono::seconds(2))).is_ok());
+  EXPECT_TRUE(lo.ep->peer_may_write());
+  EXPECT_EQ(r.release_closed(*lo.ep).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(r.counts().quarantined, 1u);
+  EXPECT_TRUE(r.held(pool.data(), 1));
+}
+
+TEST(DisaggWorker, PeerFailureModeFollowsTheTransports) {
+  for (auto [tls, mode] : {std::pair{"tcp", PeerFailure::kUcx}, std::pair{"shm", PeerFailure::kHeartbeat},
+                           std::pair{"posix,cma", PeerFailure::kHeartbeat}, std::pair{"shm,tcp", PeerFailure::kUcx},
+                           std::pair{"^tcp", PeerFailure::kUcx}}) {
+    WorkerOptions o;
+    o.transports = tls;
+    auto w = Worker::create(o);
+    ASSERT_TRUE(w) << tls << ": " << w.error().message();
+    EXPECT_EQ((*w)->peer_failure(), mode) << tls;
+  }
+}
+
+}  // namespace
+}  // namespace kestrel::disagg

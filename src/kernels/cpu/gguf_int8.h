@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/aligned_vector.h"
 #include "kernels/cpu/linear.h"
 
 namespace kestrel::kernels {
@@ -30,13 +31,14 @@ namespace kestrel::kernels {
 //   n4, dx4 [T, nc·16]  lane 4k+i of chunk c: −8·comp, and d of block 4c + k (Q4_0 lanes);
 //   n8, dx8 [T, nc·32]  half h, lane l: −128·Σ of q over elements 64h + 4l .. +3 of the chunk, and
 //                       d of block 4c + 2h + l/8 (Q8_0 lanes).
-// Buffers only grow (steady-state decode allocates nothing). Requires in % 32 == 0.
+// Buffers only grow (steady-state decode allocates nothing) and start on a cache line, so the
+// per-token rows of q, qg, comp, n4/dx4 and n8/dx8 (multiples of 64 bytes) are line-aligned zmm loads. Requires in % 32 == 0.
 struct Q8Acts {
   int64_t T = 0, in = 0, nb = 0, nc = 0;
   bool gemm_q4 = false, gemm_q8 = false;
-  std::vector<int8_t> q, qg;
-  std::vector<int32_t> comp, n4, n8;
-  std::vector<float> d, dx4, dx8;
+  AlignedVector<int8_t> q, qg;
+  AlignedVector<int32_t> comp, n4, n8;
+  AlignedVector<float> d, dx4, dx8;
 };
 
 void quantize_q8_0_acts(const float* x, int64_t T, int64_t in, Q8Acts& out);

@@ -41,33 +41,51 @@ constexpr int kR = 4, kU = 4;
 
 // Block scales of the n (≤ 4) blocks at `blk` (the rest 0) as 4 floats.
 KESTREL_AVX512 inline __m128 scales4(const uint8_t* blk, int n, int64_t B) {
-  alignas(16) uint16_t h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  uint16_t h[4] = {0, 0, 0, 0};
   for (int k = 0; k < n; ++k) std::memcpy(&h[k], blk + k * B, 2);
-  return _mm_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+  return _mm_cvtph_ps(_mm_setr_epi16(static_cast<short>(h[0]), static_cast<short>(h[1]), static_cast<short>(h[2]),
+                                     static_cast<short>(h[3]), 0, 0, 0, 0));
+}
+
+// `len` code bytes of each of the n (≤ 4) blocks at `blk` (B bytes apart, codes at +2), block k at
+// byte len·k of a 4·len-byte vector (missing blocks 0).
+template <int64_t B>
+KESTREL_AVX512 inline __m512i codes_q4(const uint8_t* blk, int n) {
+  auto ld = [&](int k) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + k * B + 2)); };
+  if (n == 4) {
+    const __m256i a = _mm256_inserti128_si256(_mm256_castsi128_si256(ld(0)), ld(1), 1);
+    const __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(ld(2)), ld(3), 1);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+  }
+  alignas(64) uint8_t tmp[64] = {};
+  for (int k = 0; k < n; ++k) std::memcpy(tmp + 16 * k, blk + k * B + 2, 16);
+  return _mm512_load_si512(tmp);
+}
+
+KESTREL_AVX512 inline __m256i code_q8(const uint8_t* blk, int k, int n) {
+  return k < n ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + k * 34 + 2)) : _mm256_setzero_si256();
 }
 
 // One (row, chunk) of Q4_0 → lo nibbles, hi nibbles (u8), scales lane-expanded (lanes 4k..4k+3 = block k).
 KESTREL_AVX512 void unpack_q4(const uint8_t* blk, int n, uint8_t* dst) {
-  alignas(64) uint8_t codes[64] = {};
-  for (int k = 0; k < n; ++k) std::memcpy(codes + 16 * k, blk + k * 18 + 2, 16);
-  const __m512i b = _mm512_load_si512(codes), nib = _mm512_set1_epi8(15);
-  _mm512_storeu_si512(dst, _mm512_and_si512(b, nib));
-  _mm512_storeu_si512(dst + 64, _mm512_and_si512(_mm512_srli_epi16(b, 4), nib));
+  const __m512i b = codes_q4<18>(blk, n), nib = _mm512_set1_epi8(15);
+  _mm512_store_si512(dst, _mm512_and_si512(b, nib));
+  _mm512_store_si512(dst + 64, _mm512_and_si512(_mm512_srli_epi16(b, 4), nib));
   const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  _mm512_storeu_ps(dst + 128, _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(scales4(blk, n, 18))));
+  _mm512_store_ps(dst + 128, _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(scales4(blk, n, 18))));
 }
 
 // One (row, chunk) of Q8_0 → codes + 128 (u8; missing blocks 0: they meet zero activations), scales
 // lane-expanded per half (lanes 8j..8j+7 = block 2h + j).
 KESTREL_AVX512 void unpack_q8(const uint8_t* blk, int n, uint8_t* dst) {
-  alignas(64) uint8_t codes[128] = {};
-  for (int k = 0; k < n; ++k) std::memcpy(codes + 32 * k, blk + k * 34 + 2, 32);
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
-  _mm512_storeu_si512(dst, _mm512_xor_si512(_mm512_load_si512(codes), bias));
-  _mm512_storeu_si512(dst + 64, _mm512_xor_si512(_mm512_load_si512(codes + 64), bias));
+  const __m512i w0 = _mm512_inserti64x4(_mm512_castsi256_si512(code_q8(blk, 0, n)), code_q8(blk, 1, n), 1);
+  const __m512i w1 = _mm512_inserti64x4(_mm512_castsi256_si512(code_q8(blk, 2, n)), code_q8(blk, 3, n), 1);
+  _mm512_store_si512(dst, _mm512_xor_si512(w0, bias));
+  _mm512_store_si512(dst + 64, _mm512_xor_si512(w1, bias));
   const __m512 s = _mm512_castps128_ps512(scales4(blk, n, 34));
-  _mm512_storeu_ps(dst + 128, _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), s));
-  _mm512_storeu_ps(dst + 192, _mm512_permutexvar_ps(_mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), s));
+  _mm512_store_ps(dst + 128, _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), s));
+  _mm512_store_ps(dst + 192, _mm512_permutexvar_ps(_mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), s));
 }
 
 // Rows [r0, r0 + n) into `dst`: groups of R rows (then single rows), each group chunk-major
@@ -91,44 +109,46 @@ KESTREL_AVX512 void unpack_stripe(const WeightMatrix& w, int64_t nb, int64_t nc,
   }
 }
 
-// R unpacked rows (group at `wt`) × U tokens from t0; writes y[t0 + u, r0 + r].
+// R unpacked rows (group at `wt`) × U tokens from t0; writes y[t0 + u, r0 + r]. The loops over u and
+// r are unrolled so the R·U accumulators stay in registers.
 template <bool Q8, int R, int U>
 KESTREL_AVX512 void tile(const uint8_t* wt, const Q8Acts& a, int64_t t0, float* y, int64_t ldy, int64_t r0) {
   constexpr int64_t TB = kTileBytes<Q8>, NL = Q8 ? 32 : 16;  // lanes of n / dx per chunk
-  const int64_t nc = a.nc, P = nc * 128;
-  const int8_t* X[U];
-  const int32_t* N[U];
-  const float* D[U];
-  for (int u = 0; u < U; ++u) {
-    X[u] = (Q8 ? a.q.data() : a.qg.data()) + (t0 + u) * P;
-    N[u] = (Q8 ? a.n8.data() : a.n4.data()) + (t0 + u) * nc * NL;
-    D[u] = (Q8 ? a.dx8.data() : a.dx4.data()) + (t0 + u) * nc * NL;
-  }
+  const int64_t nc = a.nc, P = nc * 128, PL = nc * NL;       // token strides
+  const int8_t* X = (Q8 ? a.q.data() : a.qg.data()) + t0 * P;
+  const int32_t* N = (Q8 ? a.n8.data() : a.n4.data()) + t0 * PL;
+  const float* D = (Q8 ? a.dx8.data() : a.dx4.data()) + t0 * PL;
   __m512 acc[R][U];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
     for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < nc; ++c, wt += R * TB) {
+  for (int64_t c = 0; c < nc; ++c, wt += R * TB, X += 128, N += NL, D += NL) {
+#pragma GCC unroll 8
     for (int u = 0; u < U; ++u) {
-      const __m512i x0 = _mm512_loadu_si512(X[u] + c * 128), x1 = _mm512_loadu_si512(X[u] + c * 128 + 64);
+      const __m512i x0 = _mm512_loadu_si512(X + u * P), x1 = _mm512_loadu_si512(X + u * P + 64);
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = wt + r * TB;
         if constexpr (Q8) {
-          const __m512i p0 = _mm512_dpbusd_epi32(_mm512_loadu_si512(N[u] + c * 32), _mm512_loadu_si512(p), x0);
-          const __m512i p1 = _mm512_dpbusd_epi32(_mm512_loadu_si512(N[u] + c * 32 + 16), _mm512_loadu_si512(p + 64), x1);
-          const __m512 s0 = _mm512_mul_ps(_mm512_loadu_ps(p + 128), _mm512_loadu_ps(D[u] + c * 32));
-          const __m512 s1 = _mm512_mul_ps(_mm512_loadu_ps(p + 192), _mm512_loadu_ps(D[u] + c * 32 + 16));
+          const __m512i p0 = _mm512_dpbusd_epi32(_mm512_loadu_si512(N + u * PL), _mm512_loadu_si512(p), x0);
+          const __m512i p1 = _mm512_dpbusd_epi32(_mm512_loadu_si512(N + u * PL + 16), _mm512_loadu_si512(p + 64), x1);
+          const __m512 s0 = _mm512_mul_ps(_mm512_loadu_ps(p + 128), _mm512_loadu_ps(D + u * PL));
+          const __m512 s1 = _mm512_mul_ps(_mm512_loadu_ps(p + 192), _mm512_loadu_ps(D + u * PL + 16));
           acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), s0, acc[r][u]);
           acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), s1, acc[r][u]);
         } else {
           const __m512i lo = _mm512_loadu_si512(p), hi = _mm512_loadu_si512(p + 64);
-          const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_loadu_si512(N[u] + c * 16), lo, x0), hi, x1);
-          const __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(p + 128), _mm512_loadu_ps(D[u] + c * 16));
+          const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_loadu_si512(N + u * PL), lo, x0), hi, x1);
+          const __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(p + 128), _mm512_loadu_ps(D + u * PL));
           acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc[r][u]);
         }
       }
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
     for (int u = 0; u < U; ++u) y[(t0 + u) * ldy + r0 + r] = _mm512_reduce_add_ps(acc[r][u]);
 }
 

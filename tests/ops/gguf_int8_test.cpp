@@ -228,7 +228,7 @@ class GgufInt8Gemm : public ::testing::TestWithParam<Case> {};
 TEST_P(GgufInt8Gemm, SameBitsAsSmallTKernelAtEveryT) {
   if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI path: " << isa_unsupported_reason(Isa::kAvx512Vnni);
   const auto [format, in] = GetParam();
-  const int64_t out = 37, Tmax = 70;
+  const int64_t out = 133, Tmax = 70;  // rows 22..133: one stripe of 64 rows, then 47 (11 groups of 4, 3 single rows)
   std::mt19937 rng(static_cast<unsigned>(in) * 13 + static_cast<unsigned>(format));
   const std::vector<uint8_t> data = random_blocks(format, out, in, rng);
   WeightMatrix w;
@@ -252,7 +252,7 @@ TEST_P(GgufInt8Gemm, SameBitsAsSmallTKernelAtEveryT) {
     q8_acts_prepare(a, T, in, q4, !q4);
     q8_acts_fill(x.data(), 0, T, a);
     std::vector<float> y(static_cast<size_t>(T * out), -1.0f);
-    gguf_int8_gemm_rows(w, a, y.data(), out, 0, 17);  // a full stripe, then a cut that is no multiple of 4
+    gguf_int8_gemm_rows(w, a, y.data(), out, 0, 17);  // row ranges cut where matmul_many never cuts (not ×4)
     gguf_int8_gemm_rows(w, a, y.data(), out, 17, 22);
     gguf_int8_gemm_rows(w, a, y.data(), out, 22, out);
     for (int64_t t = 0; t < T; ++t)

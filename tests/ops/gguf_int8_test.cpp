@@ -270,6 +270,34 @@ TEST_P(GgufInt8Gemm, SameBitsAsSmallTKernelAtEveryT) {
   set_isa_override(std::nullopt);
 }
 
+// One input shared by a Q4_0 and a Q8_0 product in one matmul_many call (as q/k/v or gate/up share
+// theirs): the input is quantized once with both GEMM layouts, and each product keeps the small-T bits.
+TEST(GgufInt8Gemm, SharedInputServesQ4AndQ8Products) {
+  if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI path: " << isa_unsupported_reason(Isa::kAvx512Vnni);
+  const int64_t in = 512, out = 70, T = 40;
+  std::mt19937 rng(11);
+  const std::vector<uint8_t> d4 = random_blocks(WeightFormat::kGgufQ4_0, out, in, rng), d8 = random_blocks(WeightFormat::kGgufQ8_0, out, in, rng);
+  WeightMatrix w4, w8;
+  w4.format = WeightFormat::kGgufQ4_0, w4.out = out, w4.in = in, w4.data = d4.data();
+  w8.format = WeightFormat::kGgufQ8_0, w8.out = out, w8.in = in, w8.data = d8.data();
+  std::uniform_real_distribution<float> dist(-2, 2);
+  std::vector<float> x(static_cast<size_t>(T * in));
+  for (auto& v : x) v = dist(rng);
+  set_isa_override(Isa::kAvx512Vnni);
+  set_gguf_int8(true);
+  std::vector<float> y4(static_cast<size_t>(T * out)), y8(static_cast<size_t>(T * out));
+  const MatmulTask tasks[2] = {{&w4, x.data(), T, y4.data(), 0}, {&w8, x.data(), T, y8.data(), 0}};
+  matmul_many(std::span<const MatmulTask>(tasks, 2));
+  set_isa_override(std::nullopt);
+  Q8Acts a;
+  quantize_q8_0_acts(x.data(), T, in, a);
+  std::vector<float> r4(static_cast<size_t>(T * out)), r8(static_cast<size_t>(T * out));
+  gguf_int8_rows_avx512(w4, a, r4.data(), out, 0, out);
+  gguf_int8_rows_avx512(w8, a, r8.data(), out, 0, out);
+  EXPECT_EQ(y4, r4);
+  EXPECT_EQ(y8, r8);
+}
+
 TEST(GgufInt8Gemm, RefusesUnpreparedActivations) {
   if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI path: " << isa_unsupported_reason(Isa::kAvx512Vnni);
   std::mt19937 rng(5);

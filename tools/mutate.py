@@ -111,6 +111,15 @@ MUTATIONS["gguf_int8_not_dispatched"] = (
     "  if (false && gguf_int8_applies(w)) return ActKind::kQ8Blocks;",
     "GgufInt8",
     "GGUF Q4_0/Q8_0/MXFP4 products stay on the exact fp32 path in the default int8 mode")
+NEEDS_CPU_FLAG["gguf_gemm_halves_swapped"] = "avx512_vnni"
+MUTATIONS["gguf_gemm_halves_swapped"] = (
+    "src/kernels/cpu/gguf_int8_gemm_avx512.cpp",
+    "          acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), s0, acc[r][u]);\n"
+    "          acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), s1, acc[r][u]);",
+    "          acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), s1, acc[r][u]);\n"
+    "          acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), s0, acc[r][u]);",
+    "GgufInt8Gemm",
+    "Q8_0 prefill GEMM adds a chunk's two block pairs in the other order (same sums, other fp32 rounding)")
 
 
 def cpu_flags():

@@ -5,7 +5,8 @@
 //   dequantized activations within fp32 summation error (1e-6 · Σ|w·x|: ≤ 16 block terms);
 // - the AVX-512 VNNI kernel equals the scalar kernel within 1e-5 · Σ|w·x| (same exact int32 block sums,
 //   other fp32 order), gives every token and row the same bits at any batch size and row split, and is
-//   what matmul() runs in the default int8 mode (the exact path when the mode is off).
+//   what matmul() runs in the default int8 mode (the exact path when the mode is off);
+// - the prefill GEMM form (Q4_0 / Q8_0) gives the small-T kernel's bits for every token at every T.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -180,6 +181,146 @@ INSTANTIATE_TEST_SUITE_P(Formats, GgufInt8Kernel,
                                            : info.param.format == WeightFormat::kGgufQ8_0 ? "q8_0"
                                                                                           : "mxfp4";
                            return std::string(f) + "_in" + std::to_string(info.param.in);
+                         });
+
+// The small-T AVX-512 kernel's arithmetic written out lane by lane (what both kernels must equal
+// bitwise): per 128-element chunk, 16 int32 lanes (Q4_0: lanes 4k..4k+3 = block k, u8 nibbles, and
+// the block's whole −8·Σx in lane 4k; Q8_0: two halves, lanes 8j..8j+7 = block 2h+j), each lane
+// acc = fma(float(p), d_w·d_x, acc) in chunk order, then _mm512_reduce_add_ps's pairing.
+float lane_model(const WeightMatrix& w, const Q8Acts& a, int64_t r, int64_t t) {
+  const bool q8 = w.format == WeightFormat::kGgufQ8_0;
+  const int64_t bb = gguf_block_bytes(w.format), P = a.nc * 128;
+  const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * a.nb * bb;
+  const int8_t* q = a.q.data() + t * P;
+  float acc[16] = {};
+  for (int64_t c = 0; c < a.nc; ++c)
+    for (int h = 0; h < (q8 ? 2 : 1); ++h)
+      for (int l = 0; l < 16; ++l) {
+        const int64_t b = q8 ? 4 * c + 2 * h + l / 8 : 4 * c + l / 4;
+        int32_t p = 0;
+        float dw = 0;
+        if (b < a.nb) {
+          const uint8_t* blk = row + b * bb;
+          dw = gguf_load_f16(blk);
+          if (q8) {
+            for (int j = 0; j < 4; ++j) p += static_cast<int8_t>(blk[2 + (l % 8) * 4 + j]) * q[b * 32 + (l % 8) * 4 + j];
+          } else {
+            const int i = l % 4;
+            for (int j = 0; j < 4; ++j)
+              p += (blk[2 + 4 * i + j] & 15) * q[b * 32 + 4 * i + j] + (blk[2 + 4 * i + j] >> 4) * q[b * 32 + 16 + 4 * i + j];
+            if (i == 0)
+              for (int j = 0; j < 32; ++j) p -= 8 * q[b * 32 + j];
+          }
+        }
+        acc[l] = std::fma(static_cast<float>(p), dw * a.d[static_cast<size_t>(t * (P / 32) + b)], acc[l]);
+      }
+  float s8[8], s4[4];
+  for (int i = 0; i < 8; ++i) s8[i] = acc[i + 8] + acc[i];
+  for (int i = 0; i < 4; ++i) s4[i] = s8[i + 4] + s8[i];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+class GgufInt8Gemm : public ::testing::TestWithParam<Case> {};
+
+// The prefill GEMM form (gguf_int8_gemm_rows) gives the small-T kernel's bits for every token at every
+// T = 1..70, rows cut at odd places, and the lane model's bits; matmul() takes it from
+// kGgufGemmMinTokens tokens on, still with the small-T bits.
+TEST_P(GgufInt8Gemm, SameBitsAsSmallTKernelAtEveryT) {
+  if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI path: " << isa_unsupported_reason(Isa::kAvx512Vnni);
+  const auto [format, in] = GetParam();
+  const int64_t out = 133, Tmax = 70;  // rows 22..133: one stripe of 64 rows, then 47 (11 groups of 4, 3 single rows)
+  std::mt19937 rng(static_cast<unsigned>(in) * 13 + static_cast<unsigned>(format));
+  const std::vector<uint8_t> data = random_blocks(format, out, in, rng);
+  WeightMatrix w;
+  w.format = format, w.out = out, w.in = in, w.data = data.data();
+  std::uniform_real_distribution<float> dist(-2, 2);
+  std::vector<float> x(static_cast<size_t>(Tmax * in));
+  for (auto& v : x) v = dist(rng);
+  for (int j = 0; j < 32; ++j) x[static_cast<size_t>(in + j)] = 0;  // token 1, block 0: all zero
+  const bool q4 = format == WeightFormat::kGgufQ4_0;
+  // Per-token reference: each token alone through the small-T kernel.
+  std::vector<float> ref(static_cast<size_t>(Tmax * out));
+  for (int64_t t = 0; t < Tmax; ++t) {
+    Q8Acts one;
+    quantize_q8_0_acts(x.data() + t * in, 1, in, one);
+    gguf_int8_rows_avx512(w, one, ref.data() + t * out, out, 0, out);
+    for (int64_t r = 0; r < out; ++r)
+      ASSERT_EQ(ref[static_cast<size_t>(t * out + r)], lane_model(w, one, r, 0)) << "small-T kernel vs lane model, t " << t << " r " << r;
+  }
+  Q8Acts a;
+  for (int64_t T = 1; T <= Tmax; ++T) {
+    q8_acts_prepare(a, T, in, q4, !q4);
+    q8_acts_fill(x.data(), 0, T, a);
+    std::vector<float> y(static_cast<size_t>(T * out), -1.0f);
+    gguf_int8_gemm_rows(w, a, y.data(), out, 0, 17);  // row ranges cut where matmul_many never cuts (not ×4)
+    gguf_int8_gemm_rows(w, a, y.data(), out, 17, 22);
+    gguf_int8_gemm_rows(w, a, y.data(), out, 22, out);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t r = 0; r < out; ++r)
+        ASSERT_EQ(y[static_cast<size_t>(t * out + r)], ref[static_cast<size_t>(t * out + r)]) << "T " << T << " t " << t << " r " << r;
+  }
+  // matmul() at T ≥ kGgufGemmMinTokens (the GEMM form) and below it: the same bits per token.
+  set_isa_override(Isa::kAvx512Vnni);
+  set_gguf_int8(true);
+  for (const int64_t T : {kGgufGemmMinTokens - 1, kGgufGemmMinTokens, Tmax}) {
+    std::vector<float> ym(static_cast<size_t>(T * out));
+    matmul(w, x.data(), T, ym.data());
+    for (size_t i = 0; i < ym.size(); ++i) ASSERT_EQ(ym[i], ref[i]) << "matmul T " << T << " i " << i;
+  }
+  set_isa_override(std::nullopt);
+}
+
+// One input shared by a Q4_0 and a Q8_0 product in one matmul_many call (as q/k/v or gate/up share
+// theirs): the input is quantized once with both GEMM layouts, and each product keeps the small-T bits.
+TEST(GgufInt8Gemm, SharedInputServesQ4AndQ8Products) {
+  if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI path: " << isa_unsupported_reason(Isa::kAvx512Vnni);
+  const int64_t in = 512, out = 70, T = 40;
+  std::mt19937 rng(11);
+  const std::vector<uint8_t> d4 = random_blocks(WeightFormat::kGgufQ4_0, out, in, rng), d8 = random_blocks(WeightFormat::kGgufQ8_0, out, in, rng);
+  WeightMatrix w4, w8;
+  w4.format = WeightFormat::kGgufQ4_0, w4.out = out, w4.in = in, w4.data = d4.data();
+  w8.format = WeightFormat::kGgufQ8_0, w8.out = out, w8.in = in, w8.data = d8.data();
+  std::uniform_real_distribution<float> dist(-2, 2);
+  std::vector<float> x(static_cast<size_t>(T * in));
+  for (auto& v : x) v = dist(rng);
+  set_isa_override(Isa::kAvx512Vnni);
+  set_gguf_int8(true);
+  std::vector<float> y4(static_cast<size_t>(T * out)), y8(static_cast<size_t>(T * out));
+  const MatmulTask tasks[2] = {{&w4, x.data(), T, y4.data(), 0}, {&w8, x.data(), T, y8.data(), 0}};
+  matmul_many(std::span<const MatmulTask>(tasks, 2));
+  set_isa_override(std::nullopt);
+  Q8Acts a;
+  quantize_q8_0_acts(x.data(), T, in, a);
+  std::vector<float> r4(static_cast<size_t>(T * out)), r8(static_cast<size_t>(T * out));
+  gguf_int8_rows_avx512(w4, a, r4.data(), out, 0, out);
+  gguf_int8_rows_avx512(w8, a, r8.data(), out, 0, out);
+  EXPECT_EQ(y4, r4);
+  EXPECT_EQ(y8, r8);
+}
+
+TEST(GgufInt8Gemm, RefusesUnpreparedActivations) {
+  if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI path: " << isa_unsupported_reason(Isa::kAvx512Vnni);
+  std::mt19937 rng(5);
+  const std::vector<uint8_t> data = random_blocks(WeightFormat::kGgufQ4_0, 4, 128, rng);
+  WeightMatrix w;
+  w.format = WeightFormat::kGgufQ4_0, w.out = 4, w.in = 128, w.data = data.data();
+  const std::vector<float> x(128, 1.0f);
+  Q8Acts a;
+  quantize_q8_0_acts(x.data(), 1, 128, a);
+  std::vector<float> y(4);
+  EXPECT_DEATH(gguf_int8_gemm_rows(w, a, y.data(), 4, 0, 4), "Q4_0 GEMM layout");
+  w.format = WeightFormat::kGgufMxfp4;
+  EXPECT_DEATH(gguf_int8_gemm_rows(w, a, y.data(), 4, 0, 4), "Q4_0 / Q8_0 only");
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, GgufInt8Gemm,
+                         ::testing::Values(Case{WeightFormat::kGgufQ4_0, 32}, Case{WeightFormat::kGgufQ4_0, 288},
+                                           Case{WeightFormat::kGgufQ4_0, 512}, Case{WeightFormat::kGgufQ4_0, 2304},
+                                           Case{WeightFormat::kGgufQ8_0, 32}, Case{WeightFormat::kGgufQ8_0, 96},
+                                           Case{WeightFormat::kGgufQ8_0, 512}, Case{WeightFormat::kGgufQ8_0, 2304}),
+                         [](const auto& info) {
+                           return std::string(info.param.format == WeightFormat::kGgufQ4_0 ? "q4_0" : "q8_0") + "_in" +
+                                  std::to_string(info.param.in);
                          });
 
 TEST(GgufInt8, ModeFollowsSwitchAndIsa) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/aligned_vector.h"
 #include "kernels/cpu/linear.h"
 
 namespace kestrel::kernels {
@@ -26,18 +27,24 @@ namespace kestrel::kernels {
 //   comp [T, nc·16]   int32 lane i of chunk c: Σ q over block 4c + i/4 when i % 4 == 0, else 0
 //                     (the u8-offset compensation, multiplied by −8 (Q4_0) or −12 (MXFP4));
 //   d    [T, nc·4]    fp32 value of each block's fp16 scale (0 for padding).
-// Buffers only grow (steady-state decode allocates nothing). Requires in % 32 == 0.
+// With gemm_q4 / gemm_q8 (the prefill GEMM's inputs, gguf_int8_gemm_rows), derived once per token:
+//   n4, dx4 [T, nc·16]  lane 4k+i of chunk c: −8·comp, and d of block 4c + k (Q4_0 lanes);
+//   n8, dx8 [T, nc·32]  half h, lane l: −128·Σ of q over elements 64h + 4l .. +3 of the chunk, and
+//                       d of block 4c + 2h + l/8 (Q8_0 lanes).
+// Buffers only grow (steady-state decode allocates nothing) and start on a cache line, so the
+// per-token rows of q, qg, comp, n4/dx4 and n8/dx8 (multiples of 64 bytes) are line-aligned zmm loads. Requires in % 32 == 0.
 struct Q8Acts {
   int64_t T = 0, in = 0, nb = 0, nc = 0;
-  std::vector<int8_t> q, qg;
-  std::vector<int32_t> comp;
-  std::vector<float> d;
+  bool gemm_q4 = false, gemm_q8 = false;
+  AlignedVector<int8_t> q, qg;
+  AlignedVector<int32_t> comp, n4, n8;
+  AlignedVector<float> d, dx4, dx8;
 };
 
 void quantize_q8_0_acts(const float* x, int64_t T, int64_t in, Q8Acts& out);
 // The same in two steps, so tokens can be quantized in parallel: prepare sizes the buffers (serial),
 // fill quantizes tokens [t0, t1) of x [T, in] (disjoint ranges may run concurrently).
-void q8_acts_prepare(Q8Acts& a, int64_t T, int64_t in);
+void q8_acts_prepare(Q8Acts& a, int64_t T, int64_t in, bool gemm_q4 = false, bool gemm_q8 = false);
 void q8_acts_fill(const float* x, int64_t t0, int64_t t1, Q8Acts& a);
 
 // Formats this path handles.
@@ -54,6 +61,12 @@ void set_gguf_int8(bool on);
 void gguf_int8_rows_avx512(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1,
                            bool vbmi = true);
 bool gguf_int8_vbmi_applies(const WeightMatrix& w);
+// Prefill (convert-then-GEMM) form for Q4_0 / Q8_0, gguf_int8_gemm_avx512.cpp: the same bits as
+// gguf_int8_rows_avx512 for every token (same lane integers, products and fma order); needs `a`
+// prepared with gemm_q4 (Q4_0) / gemm_q8 (Q8_0). matmul takes it from kGgufGemmMinTokens tokens.
+bool gguf_int8_gemm_format(WeightFormat f);
+void gguf_int8_gemm_rows(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+inline constexpr int64_t kGgufGemmMinTokens = 16;
 // Scalar reference: the same integer block sums, blocks summed in order in fp32.
 void gguf_int8_rows_scalar(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 

@@ -476,14 +476,23 @@ struct QuantInputs {
   size_t n_q8 = 0, n_tok = 0, n_bf = 0;
 
   void clear() { inputs.clear(), task_input.clear(), n_q8 = n_tok = n_bf = 0; }
-  int32_t add(const float* x, int64_t T, int64_t in, ActKind kind) {
+  // `w`: the product's weights (a Q4_0 / Q8_0 prefill product adds its GEMM layout to a Q8 input).
+  int32_t add(const float* x, int64_t T, int64_t in, ActKind kind, const WeightMatrix& w) {
+    const bool gemm = kind == ActKind::kQ8Blocks && T >= kGgufGemmMinTokens && gguf_int8_gemm_format(w.format);
+    const bool q4 = gemm && w.format == WeightFormat::kGgufQ4_0, q8f = gemm && w.format == WeightFormat::kGgufQ8_0;
     for (size_t i = 0; i < inputs.size(); ++i)
-      if (inputs[i].x == x && inputs[i].T == T && inputs[i].in == in && inputs[i].kind == kind) return static_cast<int32_t>(i);
+      if (inputs[i].x == x && inputs[i].T == T && inputs[i].in == in && inputs[i].kind == kind) {
+        if (kind == ActKind::kQ8Blocks) {
+          Q8Acts& a = q8[inputs[i].slot];
+          if ((q4 && !a.gemm_q4) || (q8f && !a.gemm_q8)) q8_acts_prepare(a, T, in, a.gemm_q4 || q4, a.gemm_q8 || q8f);
+        }
+        return static_cast<int32_t>(i);
+      }
     size_t slot;
     if (kind == ActKind::kQ8Blocks) {
       if (q8.size() <= n_q8) q8.emplace_back();
       slot = n_q8++;
-      q8_acts_prepare(q8[slot], T, in);
+      q8_acts_prepare(q8[slot], T, in, q4, q8f);
     } else if (kind == ActKind::kBf16) {
       if (bf.size() <= n_bf) bf.emplace_back();
       slot = n_bf++;
@@ -531,7 +540,11 @@ void run_chunk(const MatmulTask& t, const QuantInputs& in8, int32_t input, int64
   const int64_t ldy = t.ldy ? t.ldy : t.w->out;
   if (input < 0) return matmul_rows(*t.w, t.x, t.T, t.y, ldy, r0, r1);
   const QuantInputs::Input& q = in8.inputs[static_cast<size_t>(input)];
-  if (q.kind == ActKind::kQ8Blocks) return gguf_int8_rows_avx512(*t.w, in8.q8[q.slot], t.y, ldy, r0, r1);
+  if (q.kind == ActKind::kQ8Blocks) {
+    const Q8Acts& a = in8.q8[q.slot];
+    if (a.T >= kGgufGemmMinTokens && gguf_int8_gemm_format(t.w->format)) return gguf_int8_gemm_rows(*t.w, a, t.y, ldy, r0, r1);
+    return gguf_int8_rows_avx512(*t.w, a, t.y, ldy, r0, r1);
+  }
   if (q.kind == ActKind::kBf16) return bf16_dot_rows(*t.w, in8.bf[q.slot], t.y, ldy, r0, r1);
   int8_matmul_rows(*t.w, in8.tok[q.slot], t.y, ldy, r0, r1);
 }
@@ -549,7 +562,7 @@ void matmul_many(std::span<const MatmulTask> tasks) {
     KCHECK(t.w != nullptr && t.T >= 0 && (t.ldy == 0 || t.ldy >= t.w->out), "bad matmul task");
     KCHECK(t.w->format != WeightFormat::kMxfp4 || (t.w->in % 32 == 0 && t.w->scales != nullptr), "bad MXFP4 matrix");
     const ActKind kind = t.T > 0 ? act_kind(*t.w) : ActKind::kNone;
-    in8.task_input.push_back(kind == ActKind::kNone ? -1 : in8.add(t.x, t.T, t.w->in, kind));
+    in8.task_input.push_back(kind == ActKind::kNone ? -1 : in8.add(t.x, t.T, t.w->in, kind, *t.w));
     total += row_cost(t, kind != ActKind::kNone) * static_cast<double>(t.w->out);
   }
   thread_local std::vector<QuantPiece> pieces;

@@ -19,6 +19,18 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::create(CachePools& pools, cons
   pc->snaps_ = std::move(*sp);
   pc->grid_blocks_ = std::max<int64_t>(1, grid_blocks);
   pc->model_ = model_digest(fingerprint);
+  if (c.host_store || c.host_budget_bytes > 0) {
+    pc->host_store_ = c.host_store;
+    if (!pc->host_store_) {
+      auto h = HostStore::create(HostStoreOptions{c.host_budget_bytes});
+      if (!h) return h.error();
+      pc->host_store_ = std::move(*h);
+    }
+    LowerTierOptions lo;
+    lo.synchronous = true;
+    pc->host_ = std::make_unique<LowerTier>(pc->host_store_, lo);
+    pc->tiers_.push_back(pc->host_.get());
+  }
   if (!c.disk_dir.empty()) {
     DiskStoreOptions o;
     o.dir = c.disk_dir;
@@ -90,6 +102,11 @@ PrefixCache::Lookup PrefixCache::attach(std::span<const Digest> keys, int64_t ma
   }
   if (m.blocks == 0) return r;
   pools_.adopt_prefix(s, blocks, m.pages);
+  if (host_store_) {  // the boundary was used: the last the host tier drops (a no-op where it holds no object)
+    const Digest& at = asked[static_cast<size_t>(m.blocks - 1)];
+    host_store_->touch(tier_store_key(at, TierPayloadKind::kPages));
+    if (needs_snapshot()) host_store_->touch(tier_store_key(at, TierPayloadKind::kSnapshot));
+  }
   if (needs_snapshot()) {
     KCHECK(m.snapshot >= 0, "a usable hit of a hybrid model carries a snapshot");
     std::memcpy(pools_.slot_data(slot), snaps_->data(m.snapshot), static_cast<size_t>(pools_.slot_floats()) * 4);
@@ -159,7 +176,8 @@ PrefixCacheStats PrefixCache::stats() const {
   s.snapshots = radix_.snapshots();
   s.snapshot_bytes = s.snapshots * snaps_->floats() * 4;
   s.snapshot_capacity = snaps_->capacity();
-  if (disk_) s.disk = disk_->counters();  // the lookups' counts; the writer's and the store's below
+  if (host_) s.host = host_->counters();  // the lookups' counts; the writer's and the store's below
+  if (disk_) s.disk = disk_->counters();
   if (redis_) s.redis = redis_->counters();
   tier_stats(s);
   return s;

@@ -87,8 +87,9 @@ int main(int argc, char** argv) {
         bytes = serialize_tier_object(o);
         return true;
       }), mc);
-  row("verify", best_gbs(reps, n, [&] { return static_cast<bool>(parse_tier_object_view(bytes, o.key, o.model, o.kind)); }),
-      mc);
+  row("verify", best_gbs(reps, n, [&] {
+        return static_cast<bool>(parse_tier_object_view(bytes, o.key, o.model, o.kind));
+      }), mc);
 
   auto host = HostStore::create(HostStoreOptions{static_cast<int64_t>(2 * bytes.size())});
   if (!host || !(*host)->put(name, bytes).is_ok()) return 1;

@@ -102,7 +102,7 @@ PrefixCache::Lookup PrefixCache::attach(std::span<const Digest> keys, int64_t ma
   }
   if (m.blocks == 0) return r;
   pools_.adopt_prefix(s, blocks, m.pages);
-  if (host_store_) {  // the boundary was used: the last the host tier drops (a no-op where it holds no object)
+  if (host_store_) {  // a use of the boundary: host memory's LRU order follows it (no-op where it holds none)
     const Digest& at = asked[static_cast<size_t>(m.blocks - 1)];
     host_store_->touch(tier_store_key(at, TierPayloadKind::kPages));
     if (needs_snapshot()) host_store_->touch(tier_store_key(at, TierPayloadKind::kSnapshot));

@@ -1,5 +1,5 @@
-// The prefix cache's lower tiers (host memory L2, disk L3, Redis L4): finding and restoring a deeper boundary at admission, and
-// writing boundaries down. See prefix_cache.h.
+// The prefix cache's lower tiers (host memory L2, disk L3, Redis L4): finding and restoring a deeper boundary at
+// admission, and writing boundaries down. See prefix_cache.h.
 #include <algorithm>
 #include <chrono>
 #include <cstring>

@@ -206,7 +206,9 @@ TEST_P(PrefixHost, HostMemoryBeforeDiskAndDiskHitsMoveUp) {
     auto s = make(host_config(both, true));
     ASSERT_TRUE(s);
     const Conversation c = conversation(*s);
-    for (int t = 0; t < kTurns; ++t) expect_same(c.out[static_cast<size_t>(t)], off.out[static_cast<size_t>(t)], "first");
+    for (int t = 0; t < kTurns; ++t) {
+      expect_same(c.out[static_cast<size_t>(t)], off.out[static_cast<size_t>(t)], "first, turn " + std::to_string(t));
+    }
     s->flush_prefix_tier();
     const ServiceStats st = settled(*s);
     EXPECT_GT(st.prefix.disk.objects, 0);

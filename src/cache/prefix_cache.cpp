@@ -102,10 +102,19 @@ PrefixCache::Lookup PrefixCache::attach(std::span<const Digest> keys, int64_t ma
   }
   if (m.blocks == 0) return r;
   pools_.adopt_prefix(s, blocks, m.pages);
-  if (host_store_) {  // a use of the boundary: host memory's LRU order follows it (no-op where it holds none)
-    const Digest& at = asked[static_cast<size_t>(m.blocks - 1)];
-    host_store_->touch(tier_store_key(at, TierPayloadKind::kPages));
-    if (needs_snapshot()) host_store_->touch(tier_store_key(at, TierPayloadKind::kSnapshot));
+  if (host_) {
+    // A live hit is a use of its boundary: host memory's LRU order follows it. A pure-MLA model's hit may end at a
+    // branch point inside a stored prefix, which has no object yet: it is written on this, its second sighting (a
+    // hybrid model snapshots such a point, and the snapshot is written). The pages are the index's, which hold a
+    // cold prefill's bits (whole-chunk rule), so host memory never holds what the live pools could not serve.
+    const auto hit = asked.subspan(0, static_cast<size_t>(m.blocks));
+    const Digest pages_name = tier_store_key(hit.back(), TierPayloadKind::kPages);
+    if (!needs_snapshot() && !host_->known(pages_name)) {
+      write_down(hit, m.pages, nullptr, host_.get());
+    } else {
+      host_store_->touch(pages_name);
+      if (needs_snapshot()) host_store_->touch(tier_store_key(hit.back(), TierPayloadKind::kSnapshot));
+    }
   }
   if (needs_snapshot()) {
     KCHECK(m.snapshot >= 0, "a usable hit of a hybrid model carries a snapshot");

@@ -144,8 +144,9 @@ class PrefixCache {
       : pools_(pools), cfg_(c), radix_(rc) {}
   bool free_a_snapshot();
   // Queues the pages of blocks [0, keys.size()) and, for a hybrid model, `state` as that boundary's objects, to
-  // every tier that does not hold them yet.
-  void write_down(std::span<const Digest> keys, std::span<const int32_t> blocks, const float* state);
+  // every tier that does not hold them yet (to `only`, when given).
+  void write_down(std::span<const Digest> keys, std::span<const int32_t> blocks, const float* state,
+                  LowerTier* only = nullptr);
   // A verified boundary of one tier: its block count, its objects, and their bytes as stored.
   struct Found {
     int64_t blocks = 0;

@@ -150,7 +150,8 @@ int64_t PrefixCache::restore(std::span<const Digest> keys, int64_t have, int64_t
   return g;
 }
 
-void PrefixCache::write_down(std::span<const Digest> keys, std::span<const int32_t> blocks, const float* state) {
+void PrefixCache::write_down(std::span<const Digest> keys, std::span<const int32_t> blocks, const float* state,
+                             LowerTier* only) {
   if (tiers_.empty() || keys.empty()) return;
   const Digest& at = keys.back();
   const Digest pages_name = tier_store_key(at, TierPayloadKind::kPages);
@@ -158,13 +159,13 @@ void PrefixCache::write_down(std::span<const Digest> keys, std::span<const int32
   const bool want_snap = state != nullptr && needs_snapshot();
   // Each object is serialised once, on first need, copied to each tier and handed over to the last.
   std::vector<uint8_t> pages_bytes, snap_bytes;
-  auto give = [&](LowerTier* tier, std::vector<uint8_t>& bytes) {
-    return tier == tiers_.back() ? std::move(bytes) : bytes;
-  };
+  LowerTier* const last = only != nullptr ? only : tiers_.back();
+  auto give = [&](LowerTier* tier, std::vector<uint8_t>& bytes) { return tier == last ? std::move(bytes) : bytes; };
   TierObject o;
   o.key = at;
   o.model = model_;
   for (LowerTier* tier : tiers_) {
+    if (only != nullptr && tier != only) continue;
     const bool have_pages = tier->known(pages_name);
     if (have_pages && (!want_snap || tier->known(snap_name))) continue;
     if (!have_pages) {

@@ -2,8 +2,8 @@
 // DeepSeek V3 pure MLA). The live pools are so small that an unrelated long request between the turns of a
 // conversation evicts everything they cached; with host memory on, each turn restores the previous turn's boundary
 // from it, and the answers (tokens, log-probabilities, top-5) equal a cache-off run bit for bit. A flipped byte in a
-// host object is no hit from it (counted, erased, a shallower boundary serves) and the same bits; a budget smaller
-// than one object stores nothing; with the disk tier too, a boundary both hold is served from host memory and the
+// host object is no hit from it (counted, erased, a shallower boundary serves) and the same bits; a branch point
+// seen twice reaches host memory; a budget smaller than one object stores nothing; with the disk tier too, a boundary both hold is served from host memory and the
 // disk is not asked, and a disk hit is written up into host memory.
 #include <gtest/gtest.h>
 
@@ -156,6 +156,39 @@ TEST_P(PrefixHost, FlippedByteIsNoHit) {
   EXPECT_EQ(st.prefix.host.corrupt, 1);
   EXPECT_EQ(st.prefix.host.hits, kTurns - 1);
   EXPECT_FALSE(*store->contains(name)) << "the corrupt object was erased";
+  expect_no_leaks(*s);
+}
+
+// Two prompts that share 64 tokens and then part: the second sighting of the shared part makes it a boundary in host
+// memory (a hybrid model snapshots the branch point; a pure-MLA model writes its live hit there), so a third prompt
+// over the same 64 tokens restores them from host memory after the pools lost them.
+TEST_P(PrefixHost, BranchPointReachesHostMemory) {
+  const auto shared = tokens(64, 5);
+  const std::vector<std::vector<int32_t>> prompts = {cat(shared, tokens(40, 6)), cat(shared, tokens(40, 7)),
+                                                     cat(shared, tokens(40, 8))};
+  auto go = [&](Scheduler& s) {
+    std::vector<Collected> out;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      if (i == 2) filler(s)(1);
+      out.push_back(run(s, prompts[i], 4));
+    }
+    return out;
+  };
+  std::vector<Collected> off;
+  {
+    auto s = make(config(false));
+    off = go(*s);
+  }
+  auto s = make(small_pools(256ll << 20));
+  ASSERT_TRUE(s);
+  const auto on = go(*s);
+  for (size_t i = 0; i < prompts.size(); ++i) expect_same(on[i], off[i], "prompt " + std::to_string(i));
+  EXPECT_EQ(on[0].cached_tokens, 0);
+  EXPECT_EQ(on[1].cached_tokens, hybrid() ? 0 : 64) << "a live hit needs a snapshot at 64 on a hybrid model";
+  EXPECT_EQ(on[2].cached_tokens, 64) << "restored from host memory";
+  const ServiceStats st = settled(*s);
+  EXPECT_EQ(st.prefix.host.hits, 1);
+  EXPECT_EQ(st.prefix.host.hit_tokens, 64);
   expect_no_leaks(*s);
 }
 

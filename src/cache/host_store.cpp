@@ -19,8 +19,8 @@ Result<std::unique_ptr<HostStore>> HostStore::create(HostStoreOptions opts) {
   return std::unique_ptr<HostStore>(new HostStore(opts));
 }
 
-// `make` builds the stored buffer; it runs outside the lock only where it copies (put), so a large copy never
-// holds up readers. Whether the key is new is decided under the lock, after the buffer exists.
+// `make` builds the stored buffer (a copy for put(), a move for put_owned()) outside the lock, so a large copy never
+// holds up readers. Whether the key is new is decided again under the lock once the buffer exists.
 Status HostStore::insert(const Digest& key, size_t size_u, const std::function<Shared()>& make) {
   const int64_t t0 = now_ns();
   const auto size = static_cast<int64_t>(size_u);

@@ -40,6 +40,8 @@ const std::vector<CommandSpec>& command_specs() {
         {"prefix-cache-snapshot-mib", "N", "256", "memory for the prefix cache's KDA state snapshots, MiB"},
         {"prefix-cache-generation-snapshots", "", "",
          "also keep the state at each generation end: deeper hits, not bit-equal to a cold run"},
+        {"prefix-cache-host-mib", "N", "0",
+         "host memory for cached prefixes beyond --cache-mib, MiB (L2 tier; 0: off)"},
         {"prefix-cache-disk", "DIR", "", "also keep cached prefixes in this directory (L3 disk tier; persists across restarts)"},
         {"prefix-cache-disk-mib", "N", "4096", "disk space for --prefix-cache-disk, MiB"},
         {"prefix-cache-redis", "HOST:PORT", "",

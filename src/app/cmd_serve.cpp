@@ -72,8 +72,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   long long port = 0, cache_mib = 0, max_running = 0, max_waiting = 0, batch = 0, chunk = 0, ctx = 0, page = 0,
-            timeout = 0, drain = 0, http_threads = 0, body_mib = 0, snapshot_mib = 0, disk_mib = 0,
-            redis_timeout_ms = 0;
+            timeout = 0, drain = 0, http_threads = 0, body_mib = 0, snapshot_mib = 0, host_mib = 0,
+            disk_mib = 0, redis_timeout_ms = 0;
   for (auto [flag, dst, lo, hi] : std::initializer_list<std::tuple<const char*, long long*, long long, long long>>{
            {"port", &port, 0, 65535}, {"cache-mib", &cache_mib, 16, 1 << 22},
            {"max-running", &max_running, 1, 4096}, {"max-waiting", &max_waiting, 0, 1 << 20},
@@ -81,7 +81,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
            {"max-context", &ctx, 16, 1 << 24}, {"page-tokens", &page, 1, 1 << 16},
            {"timeout-seconds", &timeout, 1, 1 << 24}, {"drain-seconds", &drain, 0, 3600},
            {"http-threads", &http_threads, 1, 256}, {"max-body-mib", &body_mib, 1, 1024},
-           {"prefix-cache-snapshot-mib", &snapshot_mib, 0, 1 << 22}, {"prefix-cache-disk-mib", &disk_mib, 1, 1 << 26},
+           {"prefix-cache-snapshot-mib", &snapshot_mib, 0, 1 << 22}, {"prefix-cache-host-mib", &host_mib, 0, 1 << 24},
+           {"prefix-cache-disk-mib", &disk_mib, 1, 1 << 26},
            {"prefix-cache-redis-timeout-ms", &redis_timeout_ms, 1, 60000}}) {
     auto v = a->integer(flag);
     if (!v) return usage_error("serve", v.error());
@@ -115,6 +116,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   sc.prefix_cache = !a->has("no-prefix-cache");
   sc.prefix.snapshot_budget_bytes = snapshot_mib << 20;
   sc.prefix.generation_snapshots = a->has("prefix-cache-generation-snapshots");
+  sc.prefix.host_budget_bytes = host_mib << 20;
   sc.prefix.disk_dir = a->str("prefix-cache-disk");
   sc.prefix.disk_budget_bytes = disk_mib << 20;
   sc.prefix.redis_host = redis.host;
@@ -160,6 +162,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "kestrel serve: prefix cache %s\n",
                  sc.prefix_cache ? ("on (grid " + std::to_string(sc.prefill_chunk) + " tokens, snapshots " +
                                     std::to_string(snapshot_mib) + " MiB" +
+                                    (host_mib == 0 ? std::string() : ", host " + std::to_string(host_mib) + " MiB") +
                                     (sc.prefix.disk_dir.empty() ? std::string()
                                                                 : ", disk " + sc.prefix.disk_dir + " " +
                                                                       std::to_string(disk_mib) + " MiB") +

@@ -2,12 +2,16 @@
 
 namespace kestrel {
 
-LowerTier::LowerTier(std::unique_ptr<TierStore> store, LowerTierOptions opts)
-    : store_(std::move(store)), opts_(opts), writer_(std::make_unique<TierWriter>(*store_, opts.writer)) {
+LowerTier::LowerTier(std::shared_ptr<TierStore> store, LowerTierOptions opts)
+    : store_(std::move(store)),
+      opts_(opts),
+      writer_(opts.synchronous ? nullptr : std::make_unique<TierWriter>(*store_, opts.writer)) {
   c_.on = true;
 }
 
-LowerTier::~LowerTier() { writer_->shutdown(TierWriter::Shutdown::kDrain); }
+LowerTier::~LowerTier() {
+  if (writer_) writer_->shutdown(TierWriter::Shutdown::kDrain);
+}
 
 bool LowerTier::readable() {
   if (opts_.read_backoff.count() == 0 || std::chrono::steady_clock::now() >= retry_at_) return true;
@@ -29,12 +33,12 @@ std::optional<bool> LowerTier::contains(const Digest& name) {
   return *r;
 }
 
-std::optional<std::vector<uint8_t>> LowerTier::get(const Digest& name, bool& failed) {
-  auto r = store_->get(name);
+TierStore::Shared LowerTier::get(const Digest& name, bool& failed) {
+  auto r = store_->get_shared(name);
   failed = !r;
   if (!r) {
     failed_read();
-    return std::nullopt;
+    return nullptr;
   }
   return std::move(*r);
 }
@@ -46,6 +50,12 @@ bool LowerTier::known(const Digest& name) {
 }
 
 bool LowerTier::submit(const Digest& name, std::vector<uint8_t> bytes) {
+  if (!writer_) {
+    sync_submitted_++;
+    if (store_->put_owned(name, std::move(bytes)).is_ok()) return true;
+    sync_failed_++;
+    return false;
+  }
   if (!writer_->submit(name, std::move(bytes))) return false;
   if (opts_.remote && names_.insert(name).second) {
     name_order_.push_back(name);
@@ -58,13 +68,20 @@ bool LowerTier::submit(const Digest& name, std::vector<uint8_t> bytes) {
 }
 
 void LowerTier::fill(TierCounters& c) const {
-  const TierWriterStats w = writer_->stats();
   const TierStoreStats s = store_->stats();
   c.on = true;
-  c.submitted = w.submitted;
-  c.written = w.written;
-  c.write_errors = w.failed;
-  c.dropped = w.dropped_full + w.dropped_shutdown;
+  if (writer_) {
+    const TierWriterStats w = writer_->stats();
+    c.submitted = w.submitted;
+    c.written = w.written;
+    c.write_errors = w.failed;
+    c.dropped = w.dropped_full + w.dropped_shutdown;
+  } else {
+    c.submitted = sync_submitted_.load();
+    c.write_errors = sync_failed_.load();
+    c.written = c.submitted - c.write_errors;
+    c.dropped = 0;
+  }
   c.objects = s.objects;
   c.bytes = s.bytes;
   c.evictions = s.evictions;

@@ -1,5 +1,6 @@
 // One lower tier of the prefix cache as the prefix cache uses it (docs/architecture.md §3, "Lower tiers"): a store
-// (the disk directory of L3 or the shared Redis of L4), the asynchronous writer that puts into it, and the counts of
+// (the host memory of L2, the disk directory of L3 or the shared Redis of L4), the asynchronous writer that puts into
+// it (none for a synchronous tier: host memory, where a put is a copy the caller makes anyway), and the counts of
 // what lookups found there. The prefix cache decides what to look up and what to write; this holds the per-tier
 // policy: how a read error is handled (the tier is left alone for a back-off period, so a dead or stalled server
 // costs one bounded wait, not one per boundary and admission) and how a writer knows an object is already stored
@@ -9,6 +10,7 @@
 // Lookups and writes are called from the scheduler thread only; flush() and fill() from any thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -47,6 +49,8 @@ struct LowerTierOptions {
   TierWriterOptions writer;
   // A remote store: whether an object is stored is not asked before writing (see above).
   bool remote = false;
+  // Puts run on the caller's thread, never dropped (host memory): no writer, no queue.
+  bool synchronous = false;
   // After a read error, lookups skip the tier for this long (0: never skip).
   std::chrono::milliseconds read_backoff{0};
   size_t remembered_names = 1 << 16;  // remote: names remembered as written
@@ -54,7 +58,7 @@ struct LowerTierOptions {
 
 class LowerTier {
  public:
-  LowerTier(std::unique_ptr<TierStore> store, LowerTierOptions opts);
+  LowerTier(std::shared_ptr<TierStore> store, LowerTierOptions opts);
   // Drains the writer: an orderly stop keeps what was computed (each put bounded by the store's own timeouts).
   ~LowerTier();
   LowerTier(const LowerTier&) = delete;
@@ -64,26 +68,31 @@ class LowerTier {
   bool readable();
   // Whether `name` is stored; nullopt on a store error (counted; starts the back-off).
   std::optional<bool> contains(const Digest& name);
-  // The object's bytes; nullopt when absent; an error is counted, starts the back-off and leaves `failed` set.
-  std::optional<std::vector<uint8_t>> get(const Digest& name, bool& failed);
+  // The object's bytes (shared, not copied, by a store in memory); null when absent; an error is counted, starts
+  // the back-off and leaves `failed` set.
+  TierStore::Shared get(const Digest& name, bool& failed);
   void erase(const Digest& name) { (void)store_->erase(name); }
   TierCounters& counters() { return c_; }
 
   // Writes. Whether `name` is stored or already handed to the writer.
   bool known(const Digest& name);
-  // Hands the object to the writer (never waits); false when it was dropped.
+  // Hands the object to the writer (never waits; a synchronous tier puts it now); false when it was dropped (or,
+  // synchronous, refused).
   bool submit(const Digest& name, std::vector<uint8_t> bytes);
 
   // Any thread: waits until every queued object is written; fills the writer's and the store's counts into `c`.
-  void flush() { writer_->flush(); }
+  void flush() {
+    if (writer_) writer_->flush();
+  }
   void fill(TierCounters& c) const;
 
  private:
   void failed_read();
 
-  std::unique_ptr<TierStore> store_;
+  std::shared_ptr<TierStore> store_;
   LowerTierOptions opts_;
-  std::unique_ptr<TierWriter> writer_;  // after the store: it puts into it
+  std::unique_ptr<TierWriter> writer_;  // after the store: it puts into it; null for a synchronous tier
+  std::atomic<int64_t> sync_submitted_{0}, sync_failed_{0};  // a synchronous tier's puts
   TierCounters c_;
   std::chrono::steady_clock::time_point retry_at_{};
   std::unordered_set<Digest, TierKeyHash> names_;

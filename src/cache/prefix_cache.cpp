@@ -19,6 +19,18 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::create(CachePools& pools, cons
   pc->snaps_ = std::move(*sp);
   pc->grid_blocks_ = std::max<int64_t>(1, grid_blocks);
   pc->model_ = model_digest(fingerprint);
+  if (c.host_store || c.host_budget_bytes > 0) {
+    pc->host_store_ = c.host_store;
+    if (!pc->host_store_) {
+      auto h = HostStore::create(HostStoreOptions{c.host_budget_bytes});
+      if (!h) return h.error();
+      pc->host_store_ = std::move(*h);
+    }
+    LowerTierOptions lo;
+    lo.synchronous = true;
+    pc->host_ = std::make_unique<LowerTier>(pc->host_store_, lo);
+    pc->tiers_.push_back(pc->host_.get());
+  }
   if (!c.disk_dir.empty()) {
     DiskStoreOptions o;
     o.dir = c.disk_dir;
@@ -90,6 +102,20 @@ PrefixCache::Lookup PrefixCache::attach(std::span<const Digest> keys, int64_t ma
   }
   if (m.blocks == 0) return r;
   pools_.adopt_prefix(s, blocks, m.pages);
+  if (host_) {
+    // A live hit is a use of its boundary: host memory's LRU order follows it. A pure-MLA model's hit may end at a
+    // branch point inside a stored prefix, which has no object yet: it is written on this, its second sighting (a
+    // hybrid model snapshots such a point, and the snapshot is written). The pages are the index's, which hold a
+    // cold prefill's bits (whole-chunk rule), so host memory never holds what the live pools could not serve.
+    const auto hit = asked.subspan(0, static_cast<size_t>(m.blocks));
+    const Digest pages_name = tier_store_key(hit.back(), TierPayloadKind::kPages);
+    if (!needs_snapshot() && !host_->known(pages_name)) {
+      write_down(hit, m.pages, nullptr, host_.get());
+    } else {
+      host_store_->touch(pages_name);
+      if (needs_snapshot()) host_store_->touch(tier_store_key(hit.back(), TierPayloadKind::kSnapshot));
+    }
+  }
   if (needs_snapshot()) {
     KCHECK(m.snapshot >= 0, "a usable hit of a hybrid model carries a snapshot");
     std::memcpy(pools_.slot_data(slot), snaps_->data(m.snapshot), static_cast<size_t>(pools_.slot_floats()) * 4);
@@ -159,7 +185,8 @@ PrefixCacheStats PrefixCache::stats() const {
   s.snapshots = radix_.snapshots();
   s.snapshot_bytes = s.snapshots * snaps_->floats() * 4;
   s.snapshot_capacity = snaps_->capacity();
-  if (disk_) s.disk = disk_->counters();  // the lookups' counts; the writer's and the store's below
+  if (host_) s.host = host_->counters();  // the lookups' counts; the writer's and the store's below
+  if (disk_) s.disk = disk_->counters();
   if (redis_) s.redis = redis_->counters();
   tier_stats(s);
   return s;

@@ -14,16 +14,20 @@
 // block boundary: a deeper hit, but that state was computed token by token in decode, which rounds
 // differently from the chunked prefill a cold run uses (within the recurrent-vs-chunked KDA tolerance).
 //
-// Lower tiers (optional): the disk tier (L3, a local directory) and the Redis tier (L4, a server several Kestrel
-// servers share), either or both (cache/lower_tier.h). Every snapshot stored at a grid boundary (a pure-MLA model:
-// the deepest grid boundary of each retired prefix computed in whole grid chunks) is also written down to every
-// configured tier, through one asynchronous writer per tier that drops when its queue is full, as two objects of
-// cache/tier_object.h: the pages of ALL blocks from the start to the boundary, and the snapshot.
-// At admission, when the live hit is shorter, the disk and then Redis are asked for a deeper grid boundary whose
-// objects both exist and verify (checksum, key, model digest, shape); the deepest one found is read back into fresh
-// blocks (all of them: the sequence uses the object's bits only) and the slot, and the blocks of keys the radix
-// index lacks are inserted into it. A Redis hit is also queued to the disk tier. Anything missing, corrupt, late
-// (a store error or timeout) or short of room means no hit from that tier (counted), never a partial one.
+// Lower tiers (optional): the host-memory tier (L2, this process's memory beyond the pools), the disk tier (L3, a
+// local directory) and the Redis tier (L4, a server several Kestrel servers share), any of them (cache/lower_tier.h).
+// Every snapshot stored at a grid boundary (a pure-MLA model: the deepest grid boundary of each retired prefix
+// computed in whole grid chunks) is also written down to every configured tier as two objects of
+// cache/tier_object.h: the pages of ALL blocks from the start to the boundary, and the snapshot. Host memory takes
+// them at once, on this thread (so it holds every boundary the live pools hold, and an eviction from the pools needs
+// no copy: the boundary is already there); the disk and Redis through one asynchronous writer each that drops when
+// its queue is full. A hit in the live pools refreshes the boundary's recency in host memory.
+// At admission, when the live hit is shorter, host memory, the disk and then Redis are asked for a deeper grid
+// boundary whose objects both exist and verify (checksum, key, model digest, shape); the deepest one found is read
+// back into fresh blocks (all of them: the sequence uses the object's bits only) and the slot, and the blocks of keys
+// the radix index lacks are inserted into it. A hit from a tier is also written to the tiers before it. Anything
+// missing, corrupt, late (a store error or timeout) or short of room means no hit from that tier (counted), never a
+// partial one.
 //
 // Plain data structure, owned by the scheduler thread (not thread-safe), except flush_tier() and tier_stats().
 #pragma once
@@ -40,6 +44,7 @@
 #include "cache/block_hash.h"
 #include "cache/cache_pools.h"
 #include "cache/disk_store.h"
+#include "cache/host_store.h"
 #include "cache/lower_tier.h"
 #include "cache/radix_cache.h"
 #include "cache/snapshot_pool.h"
@@ -56,6 +61,10 @@ struct PrefixCacheConfig {
   int64_t snapshot_budget_bytes = 256ll << 20;  // the KDA snapshot pool
   bool generation_snapshots = false;            // also keep the state at each request's generation end
   SnapshotFault fault = SnapshotFault::kNone;
+  // The host-memory tier (L2): objects kept in this process's memory within this byte budget (0: no host tier),
+  // least recently used first out. `host_store`, when set, is used instead of a new store (tests reach into it).
+  int64_t host_budget_bytes = 0;
+  std::shared_ptr<HostStore> host_store;
   // The disk tier (L3): a directory the objects persist in across restarts (empty: no disk tier), within a
   // byte budget (least recently used objects go first).
   std::string disk_dir;
@@ -77,7 +86,7 @@ struct PrefixCacheStats {
   int64_t evicted_blocks = 0, evicted_snapshots = 0;  // by pool pressure
   int64_t flushes = 0;
   // The lower tiers (all zero where not configured). hit_tokens above includes their hit_tokens.
-  TierCounters disk, redis;
+  TierCounters host, disk, redis;
 };
 
 class PrefixCache {
@@ -135,17 +144,19 @@ class PrefixCache {
       : pools_(pools), cfg_(c), radix_(rc) {}
   bool free_a_snapshot();
   // Queues the pages of blocks [0, keys.size()) and, for a hybrid model, `state` as that boundary's objects, to
-  // every tier that does not hold them yet.
-  void write_down(std::span<const Digest> keys, std::span<const int32_t> blocks, const float* state);
+  // every tier that does not hold them yet (to `only`, when given).
+  void write_down(std::span<const Digest> keys, std::span<const int32_t> blocks, const float* state,
+                  LowerTier* only = nullptr);
   // A verified boundary of one tier: its block count, its objects, and their bytes as stored.
   struct Found {
     int64_t blocks = 0;
-    TierObject pages, snap;
-    std::vector<uint8_t> pages_raw, snap_raw;
+    TierObjectView pages, snap;            // verified, in place: into the buffers below
+    TierStore::Shared pages_raw, snap_raw;
   };
   // The deepest boundary on the grid in (have, keys.size()] that `tier` holds whole and verified; 0 blocks for none.
   Found find(LowerTier& tier, std::span<const Digest> keys, int64_t have, int64_t grid_blocks);
-  bool load(LowerTier& tier, const Digest& boundary, TierPayloadKind kind, TierObject& out, std::vector<uint8_t>& raw);
+  bool load(LowerTier& tier, const Digest& boundary, TierPayloadKind kind, TierObjectView& out,
+            TierStore::Shared& raw);
   // Restores the deepest verified boundary of any tier deeper than `have` into the radix index (and its snapshot
   // into `slot`); returns its block count, 0 for none. Sets `evicted` when it made room.
   // `ids` gets the restored blocks (one allocation reference each, the index's for those it adopted, listed
@@ -159,8 +170,9 @@ class PrefixCache {
   std::unique_ptr<SnapshotPool> snaps_;
   std::vector<int32_t> adopted_;
   PrefixCacheStats st_;
-  // Lower tiers, in lookup order (disk, then Redis).
-  std::unique_ptr<LowerTier> disk_, redis_;
+  // Lower tiers, in lookup order (host memory, disk, Redis).
+  std::shared_ptr<HostStore> host_store_;
+  std::unique_ptr<LowerTier> host_, disk_, redis_;
   std::vector<LowerTier*> tiers_;
   Digest model_{};
   int64_t grid_blocks_ = 1;

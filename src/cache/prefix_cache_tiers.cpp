@@ -1,5 +1,5 @@
-// The prefix cache's lower tiers (disk L3, Redis L4): finding and restoring a deeper boundary at admission, and
-// writing boundaries down. See prefix_cache.h.
+// The prefix cache's lower tiers (host memory L2, disk L3, Redis L4): finding and restoring a deeper boundary at
+// admission, and writing boundaries down. See prefix_cache.h.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -9,17 +9,18 @@
 
 namespace kestrel {
 
-bool PrefixCache::load(LowerTier& tier, const Digest& boundary, TierPayloadKind kind, TierObject& out,
-                       std::vector<uint8_t>& raw) {
+bool PrefixCache::load(LowerTier& tier, const Digest& boundary, TierPayloadKind kind, TierObjectView& out,
+                       TierStore::Shared& raw) {
   const Digest name = tier_store_key(boundary, kind);
   bool failed = false;
-  auto got = tier.get(name, failed);
+  TierStore::Shared got = tier.get(name, failed);
   if (failed) return false;  // counted by the tier
   if (!got) {  // evicted since it was looked up
     tier.counters().incomplete++;
     return false;
   }
-  auto obj = parse_tier_object(*got, boundary, model_, kind);
+  // Verified in place: the payload is copied once, into the pools, by restore().
+  auto obj = parse_tier_object_view(*got, boundary, model_, kind);
   // The shape must be this pool's: the pages of exactly the boundary's blocks, one slot of state.
   const bool shape_ok =
       obj && (kind == TierPayloadKind::kPages
@@ -30,8 +31,8 @@ bool PrefixCache::load(LowerTier& tier, const Digest& boundary, TierPayloadKind 
     tier.erase(name);
     return false;
   }
-  out = std::move(*obj);
-  raw = std::move(*got);
+  out = *obj;
+  raw = std::move(got);
   return true;
 }
 
@@ -84,7 +85,8 @@ PrefixCache::Found PrefixCache::find(LowerTier& tier, std::span<const Digest> ke
 
 int64_t PrefixCache::restore(std::span<const Digest> keys, int64_t have, int64_t grid_blocks, int slot,
                              bool& evicted, std::vector<int32_t>& ids, std::vector<int32_t>& own) {
-  // Lookup order: the disk, then Redis, each asked only for boundaries deeper than the best found so far.
+  // Lookup order: host memory, the disk, then Redis, each asked only for boundaries deeper than the best found so
+  // far.
   Found best;
   size_t from = 0;
   for (size_t i = 0; i < tiers_.size(); ++i) {
@@ -135,30 +137,35 @@ int64_t PrefixCache::restore(std::span<const Digest> keys, int64_t have, int64_t
   }
   tier.counters().hits++;
   tier.counters().hit_tokens += g * block_tokens();
-  // A hit from a later tier (Redis) is queued to the earlier ones (the disk): the verified bytes as they were read.
+  // A hit from a later tier (the disk, Redis) is written to the earlier ones (host memory, the disk): the verified
+  // bytes as they were read.
   const Digest& at = keys[static_cast<size_t>(g - 1)];
   for (size_t i = 0; i < from; ++i) {
     LowerTier& up = *tiers_[i];
     const Digest pages_name = tier_store_key(at, TierPayloadKind::kPages);
-    if (!up.known(pages_name) && !up.submit(pages_name, best.pages_raw)) continue;
+    if (!up.known(pages_name) && !up.submit(pages_name, *best.pages_raw)) continue;
     const Digest snap_name = tier_store_key(at, TierPayloadKind::kSnapshot);
-    if (needs_snapshot() && !up.known(snap_name)) up.submit(snap_name, best.snap_raw);
+    if (needs_snapshot() && !up.known(snap_name)) up.submit(snap_name, *best.snap_raw);
   }
   return g;
 }
 
-void PrefixCache::write_down(std::span<const Digest> keys, std::span<const int32_t> blocks, const float* state) {
+void PrefixCache::write_down(std::span<const Digest> keys, std::span<const int32_t> blocks, const float* state,
+                             LowerTier* only) {
   if (tiers_.empty() || keys.empty()) return;
   const Digest& at = keys.back();
   const Digest pages_name = tier_store_key(at, TierPayloadKind::kPages);
   const Digest snap_name = tier_store_key(at, TierPayloadKind::kSnapshot);
   const bool want_snap = state != nullptr && needs_snapshot();
-  // Each object is serialised once, on first need, and copied to each tier's writer.
+  // Each object is serialised once, on first need, copied to each tier and handed over to the last.
   std::vector<uint8_t> pages_bytes, snap_bytes;
+  LowerTier* const last = only != nullptr ? only : tiers_.back();
+  auto give = [&](LowerTier* tier, std::vector<uint8_t>& bytes) { return tier == last ? std::move(bytes) : bytes; };
   TierObject o;
   o.key = at;
   o.model = model_;
   for (LowerTier* tier : tiers_) {
+    if (only != nullptr && tier != only) continue;
     const bool have_pages = tier->known(pages_name);
     if (have_pages && (!want_snap || tier->known(snap_name))) continue;
     if (!have_pages) {
@@ -171,7 +178,7 @@ void PrefixCache::write_down(std::span<const Digest> keys, std::span<const int32
         pages_bytes = serialize_tier_object(o);
       }
       // Pages first: a snapshot without its pages is useless, so it is queued only if they were.
-      if (!tier->submit(pages_name, pages_bytes)) continue;
+      if (!tier->submit(pages_name, give(tier, pages_bytes))) continue;
     }
     if (!want_snap) continue;
     if (snap_bytes.empty()) {
@@ -181,7 +188,7 @@ void PrefixCache::write_down(std::span<const Digest> keys, std::span<const int32
       std::memcpy(o.payload.data(), state, o.payload.size());
       snap_bytes = serialize_tier_object(o);
     }
-    tier->submit(snap_name, snap_bytes);
+    tier->submit(snap_name, give(tier, snap_bytes));
   }
 }
 
@@ -194,6 +201,7 @@ void PrefixCache::flush_tier() {
 }
 
 void PrefixCache::tier_stats(PrefixCacheStats& s) const {
+  if (host_) host_->fill(s.host);
   if (disk_) disk_->fill(s.disk);
   if (redis_) redis_->fill(s.redis);
 }

@@ -83,8 +83,8 @@ std::vector<uint8_t> serialize_tier_object(const TierObject& obj) {
   return out;
 }
 
-Result<TierObject> parse_tier_object(std::span<const uint8_t> bytes, const Digest& expected_key,
-                                     const Digest& expected_model, TierPayloadKind expected_kind) {
+Result<TierObjectView> parse_tier_object_view(std::span<const uint8_t> bytes, const Digest& expected_key,
+                                              const Digest& expected_model, TierPayloadKind expected_kind) {
   constexpr size_t kFrame = kTierObjectHeaderBytes + kTierObjectTrailerBytes;
   if (bytes.size() < kFrame)
     return bad("truncated: " + std::to_string(bytes.size()) + " bytes, the frame alone is " + std::to_string(kFrame));
@@ -109,12 +109,23 @@ Result<TierObject> parse_tier_object(std::span<const uint8_t> bytes, const Diges
   if (std::memcmp(h + kOffKey, expected_key.data(), 32) != 0) return bad("holds another boundary key");
   if (std::memcmp(h + kOffModel, expected_model.data(), 32) != 0) return bad("written for another model");
   if (h[kOffKind] != static_cast<uint8_t>(expected_kind)) return bad("holds another payload kind");
+  TierObjectView v;
+  v.kind = static_cast<TierPayloadKind>(h[kOffKind]);
+  v.blocks = static_cast<uint32_t>(blocks);
+  v.payload = bytes.subspan(kTierObjectHeaderBytes, static_cast<size_t>(payload_len));
+  return v;
+}
+
+Result<TierObject> parse_tier_object(std::span<const uint8_t> bytes, const Digest& expected_key,
+                                     const Digest& expected_model, TierPayloadKind expected_kind) {
+  auto v = parse_tier_object_view(bytes, expected_key, expected_model, expected_kind);
+  if (!v) return v.error();
   TierObject obj;
-  std::memcpy(obj.key.data(), h + kOffKey, 32);
-  std::memcpy(obj.model.data(), h + kOffModel, 32);
-  obj.kind = static_cast<TierPayloadKind>(h[kOffKind]);
-  obj.blocks = static_cast<uint32_t>(blocks);
-  obj.payload.assign(h + kTierObjectHeaderBytes, h + body);
+  obj.key = expected_key;  // verified equal
+  obj.model = expected_model;
+  obj.kind = v->kind;
+  obj.blocks = v->blocks;
+  obj.payload.assign(v->payload.begin(), v->payload.end());
   return obj;
 }
 

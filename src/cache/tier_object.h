@@ -55,10 +55,21 @@ Digest tier_store_key(const Digest& boundary, TierPayloadKind kind);
 // Requires a valid object (kind known, blocks/payload consistent with the kind); KCHECK otherwise.
 std::vector<uint8_t> serialize_tier_object(const TierObject& obj);
 
+// A verified object read in place: `payload` points into the bytes given to parse_tier_object_view (valid while
+// they are); the key, model and kind are the ones the caller asked for.
+struct TierObjectView {
+  TierPayloadKind kind = TierPayloadKind::kPages;
+  uint32_t blocks = 0;
+  std::span<const uint8_t> payload;
+};
+
 // Parses bytes read back from a store. Every field and length is checked, the checksum verified and the identity
 // compared with what the caller asked for; any mismatch is a kCorrupt error (kUnsupported for another format
 // version) and no object is returned.
 Result<TierObject> parse_tier_object(std::span<const uint8_t> bytes, const Digest& expected_key,
                                      const Digest& expected_model, TierPayloadKind expected_kind);
+// The same checks, without copying the payload out.
+Result<TierObjectView> parse_tier_object_view(std::span<const uint8_t> bytes, const Digest& expected_key,
+                                              const Digest& expected_model, TierPayloadKind expected_kind);
 
 }  // namespace kestrel

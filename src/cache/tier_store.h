@@ -1,5 +1,6 @@
 // A lower tier of the prefix cache: a store of immutable, content-addressed objects (cache/tier_object.h), named by
-// a Digest (tier_store_key()). Backends: cache/disk_store.h (local directory), cache/redis_store.h (shared Redis).
+// a Digest (tier_store_key()). Backends: cache/host_store.h (process memory), cache/disk_store.h (local directory),
+// cache/redis_store.h (shared Redis).
 //
 // Objects never change once written: put() of a key that is already stored does nothing, so a second writer of the
 // same boundary (another request, another server sharing the store) costs one round trip and no data. Stores may
@@ -9,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <random>
 #include <span>
@@ -58,6 +60,17 @@ class TierStore {
   virtual Status put(const Digest& key, std::span<const uint8_t> bytes) = 0;
   // The object, nullopt when absent, or an error (I/O, connection, timeout).
   virtual Result<std::optional<std::vector<uint8_t>>> get(const Digest& key) = 0;
+  // The same, for a store that keeps its objects in memory: shares the stored buffer instead of copying it (null
+  // when absent). The default wraps get().
+  using Shared = std::shared_ptr<const std::vector<uint8_t>>;
+  virtual Result<Shared> get_shared(const Digest& key) {
+    auto r = get(key);
+    if (!r) return r.error();
+    if (!*r) return Shared();
+    return Shared(std::make_shared<const std::vector<uint8_t>>(std::move(**r)));
+  }
+  // put() of a buffer the caller gives up: a store in memory keeps it instead of copying. The default puts a view.
+  virtual Status put_owned(const Digest& key, std::vector<uint8_t> bytes) { return put(key, bytes); }
   virtual Result<bool> contains(const Digest& key) = 0;
   // Removes the object (absent is fine); a reader that finds an object corrupt erases it.
   virtual Status erase(const Digest& key) = 0;

@@ -25,7 +25,7 @@ void histogram(std::string& out, const char* name, const char* help, const std::
   out += std::string(name) + "_sum " + buf + "\n" + name + "_count " + std::to_string(n) + "\n";
 }
 
-// kestrel_prefix_cache_<tier>_*: one lower tier of the prefix cache (disk L3, Redis L4).
+// kestrel_prefix_cache_<tier>_*: one lower tier of the prefix cache (host memory L2, disk L3, Redis L4).
 void tier_metrics(std::string& o, const std::string& tier, const TierCounters& t) {
   const std::string base = "kestrel_prefix_cache_" + tier + "_";
   auto m = [&](const char* name, const char* type, const std::string& help, double v) {
@@ -95,6 +95,7 @@ std::string prometheus_text(const ServiceStats& s, bool ready) {
     metric(o, "kestrel_prefix_cache_evicted_snapshots_total", "counter", "Snapshots evicted (pool pressure or with their block).",
            double(p.evicted_snapshots));
     metric(o, "kestrel_prefix_cache_flushes_total", "counter", "Admin flushes.", double(p.flushes));
+    if (p.host.on) tier_metrics(o, "host", p.host);
     if (p.disk.on) tier_metrics(o, "disk", p.disk);
     if (p.redis.on) tier_metrics(o, "redis", p.redis);
   }

@@ -1,4 +1,4 @@
-// The prefix cache's lower tiers on /metrics: each configured tier (disk L3, Redis L4) publishes the same counter
+// The prefix cache's lower tiers on /metrics: each configured tier (host memory L2, disk L3, Redis L4) publishes the same counter
 // set under its own name; a shared Redis has no object or byte gauges (it cannot know them); an absent tier
 // publishes nothing.
 #include "server/metrics_text.h"
@@ -49,6 +49,7 @@ TEST(MetricsText, LowerTierCountersPerTier) {
   EXPECT_EQ(t.find("kestrel_prefix_cache_redis_objects "), std::string::npos) << "a shared store has no object gauge";
   EXPECT_EQ(t.find("kestrel_prefix_cache_redis_bytes "), std::string::npos);
   EXPECT_EQ(t.find("kestrel_prefix_cache_disk_"), std::string::npos) << "no disk tier configured";
+  EXPECT_EQ(t.find("kestrel_prefix_cache_host_"), std::string::npos) << "no host tier configured";
 
   s.prefix.disk.on = true;
   s.prefix.disk.hits = 2;
@@ -59,6 +60,29 @@ TEST(MetricsText, LowerTierCountersPerTier) {
   for (const char* line : {"kestrel_prefix_cache_disk_hits_total 2", "kestrel_prefix_cache_disk_objects 11",
                            "kestrel_prefix_cache_disk_bytes 4096", "kestrel_prefix_cache_disk_evictions_total 3",
                            "# TYPE kestrel_prefix_cache_disk_objects gauge", "kestrel_prefix_cache_redis_hits_total 3"})
+    EXPECT_TRUE(has_line(t, line)) << line;
+
+  s.prefix.host.on = true;
+  s.prefix.host.queries = 12;
+  s.prefix.host.hits = 10;
+  s.prefix.host.hit_tokens = 640;
+  s.prefix.host.corrupt = 1;
+  s.prefix.host.written = 20;
+  s.prefix.host.write_errors = 2;
+  s.prefix.host.read_bytes = 5000;
+  s.prefix.host.read_ns = 2000000;
+  s.prefix.host.objects = 18;
+  s.prefix.host.bytes = 1 << 20;
+  s.prefix.host.evictions = 4;
+  t = prometheus_text(s, true);
+  for (const char* line :
+       {"kestrel_prefix_cache_host_queries_total 12", "kestrel_prefix_cache_host_hits_total 10",
+        "kestrel_prefix_cache_host_hit_tokens_total 640", "kestrel_prefix_cache_host_corrupt_total 1",
+        "kestrel_prefix_cache_host_objects_written_total 20", "kestrel_prefix_cache_host_write_errors_total 2",
+        "kestrel_prefix_cache_host_read_bytes_total 5000", "kestrel_prefix_cache_host_read_seconds_total 0.002",
+        "kestrel_prefix_cache_host_objects 18", "kestrel_prefix_cache_host_bytes 1048576",
+        "kestrel_prefix_cache_host_evictions_total 4", "# TYPE kestrel_prefix_cache_host_bytes gauge",
+        "kestrel_prefix_cache_disk_hits_total 2", "kestrel_prefix_cache_redis_hits_total 3"})
     EXPECT_TRUE(has_line(t, line)) << line;
 
   s.prefix_cache = false;

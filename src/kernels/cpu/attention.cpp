@@ -1,6 +1,7 @@
 #include "kernels/cpu/attention.h"
 
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/scratch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -40,11 +41,14 @@ void attend_one(const AttentionArgs& a, int64_t t, int64_t h) {
   float* o = a.out + (t * a.H + h) * a.Dv;
   std::fill(o, o + a.Dv, 0.0f);
   const int64_t n = offset + t + 1;
+  const int64_t row_bytes = a.pages ? a.row.bytes() : 0, row_n = std::max(a.Dk, a.Dv);
+  float* buf = a.pages && a.row.dtype != KvCacheDtype::kF32 ? thread_scratch(kScratchKvRow, static_cast<size_t>(row_n))
+                                                            : nullptr;
   float m = -INFINITY, l = 0.0f;
   for (int64_t j = 0; j < n; ++j) {
-    const float* k = a.pages ? a.pages[j / a.page_tokens] + a.k_offset + (j % a.page_tokens) * a.k_token_stride +
-                                   h * a.k_head_stride
-                             : a.k + j * a.k_token_stride + h * a.k_head_stride;
+    const float* row =
+        a.pages ? kv_row_floats(a.row, a.pages[j / a.page_tokens] + (j % a.page_tokens) * row_bytes, row_n, buf) : nullptr;
+    const float* k = row ? row : a.k + j * a.k_token_stride + h * a.k_head_stride;
     const float s = dot(q, k, a.Dk) * a.scale;
     if (s > m) {
       const float r = std::exp(m - s);  // 0 on the first key
@@ -54,9 +58,7 @@ void attend_one(const AttentionArgs& a, int64_t t, int64_t h) {
     }
     const float w = std::exp(s - m);
     l += w;
-    const float* v = a.pages ? a.pages[j / a.page_tokens] + a.v_offset + (j % a.page_tokens) * a.v_token_stride +
-                                   h * a.v_head_stride
-                             : a.v + j * a.v_token_stride + h * a.v_head_stride;
+    const float* v = row ? row : a.v + j * a.v_token_stride + h * a.v_head_stride;
     for (int64_t d = 0; d < a.Dv; ++d) o[d] += w * v[d];
   }
   const float inv = 1.0f / l;

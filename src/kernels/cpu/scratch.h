@@ -7,7 +7,7 @@
 
 namespace kestrel::kernels {
 
-enum ScratchSlot { kScratchLinear = 0, kScratchKdaP, kScratchKdaDecay, kScratchMla, kScratchSlots };
+enum ScratchSlot { kScratchLinear = 0, kScratchKdaP, kScratchKdaDecay, kScratchMla, kScratchKvRow, kScratchSlots };
 
 inline float* thread_scratch(ScratchSlot slot, size_t n) {
   thread_local std::vector<float> bufs[kScratchSlots];

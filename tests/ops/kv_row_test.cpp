@@ -172,6 +172,32 @@ TEST_P(KvRowKernels, CausalAttentionDecodesOnLoadExactly) {
   EXPECT_EQ(out, ref);
 }
 
+// Several attentions in one region (the decode segments of a batch), one in this dtype and one over fp32
+// pages, equal the calls one by one: the head grouping of decoded rows changes no bit.
+TEST_P(KvRowKernels, ManyEqualsOneByOne) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> nd;
+  const int64_t lora = 96, rope = 32, page_tokens = 4, H = 16;
+  const Paged p = make_pages(GetParam(), 30, page_tokens, lora, rope, rng);
+  std::vector<float> q(static_cast<size_t>(2 * H * (lora + rope)));
+  for (auto& v : q) v = nd(rng);
+  std::vector<float> out(static_cast<size_t>(3 * H * lora)), ref(out.size());
+  std::vector<kernels::AttentionArgs> args(2);
+  for (size_t i = 0; i < 2; ++i) {
+    kernels::AttentionArgs& a = args[i];
+    a.T = i == 0 ? 1 : 2, a.L = i == 0 ? 30 : 21, a.H = H, a.Dk = lora + rope, a.Dv = lora, a.scale = 0.05f;
+    a.page_tokens = page_tokens;
+    a.pages = i == 0 ? p.pages.data() : p.pages32.data();
+    a.row = {i == 0 ? GetParam() : KvCacheDtype::kF32, lora, rope};
+  }
+  args[0].q = q.data(), args[1].q = q.data();  // both read the first queries
+  args[0].out = out.data(), args[1].out = out.data() + H * lora;
+  kernels::causal_attention_many(args);
+  for (kernels::AttentionArgs& a : args) a.out = ref.data() + (a.out - out.data());
+  for (const kernels::AttentionArgs& a : args) kernels::causal_attention(a);
+  EXPECT_EQ(out, ref);
+}
+
 TEST_P(KvRowKernels, SparseMlaDecodesOnLoadExactly) {
   std::mt19937 rng(12);
   std::normal_distribution<float> nd;

@@ -24,7 +24,8 @@ struct AttentionArgs {
   // Paged latent rows (optional, the absorbed form): when set, k, v and their strides are unused; token
   // j's row is at pages[j / page_tokens] + (j % page_tokens) · row.bytes(), stored in row.dtype; every
   // head's key is the row's first Dk elements and its value the first Dv (MQA). Rows that are not fp32
-  // are decoded on load, one at a time (kv_row.h).
+  // are decoded on load (kv_row.h), each once per group of heads of a query (up to 8, fewer when the
+  // groups would leave threads idle); fp32 rows are read in place.
   const uint8_t* const* pages = nullptr;
   int64_t page_tokens = 0;
   KvRowFormat row;

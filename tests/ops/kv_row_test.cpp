@@ -3,6 +3,7 @@
 // all-zero row, round-trip error bounds, and decode-on-load in the kernels giving exactly the result of
 // the same kernels over the decoded rows stored as fp32.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <bit>
 #include <cmath>
@@ -152,6 +153,13 @@ Paged make_pages(KvCacheDtype d, int64_t L, int64_t page_tokens, int64_t lora, i
   return p;
 }
 
+// The head grouping of decoded rows depends on the thread count: the kernels run under several.
+struct ThreadCount {
+  explicit ThreadCount(int n) : saved(omp_get_max_threads()) { omp_set_num_threads(n); }
+  ~ThreadCount() { omp_set_num_threads(saved); }
+  int saved;
+};
+
 class KvRowKernels : public ::testing::TestWithParam<KvCacheDtype> {};
 
 TEST_P(KvRowKernels, CausalAttentionDecodesOnLoadExactly) {
@@ -165,11 +173,15 @@ TEST_P(KvRowKernels, CausalAttentionDecodesOnLoadExactly) {
   kernels::AttentionArgs a;
   a.T = T, a.L = L, a.H = H, a.Dk = lora + rope, a.Dv = lora, a.q = q.data(), a.scale = 0.07f;
   a.page_tokens = page_tokens;
-  a.pages = p.pages.data(), a.row = {GetParam(), lora, rope}, a.out = out.data();
-  kernels::causal_attention(a);
   a.pages = p.pages32.data(), a.row = {KvCacheDtype::kF32, lora, rope}, a.out = ref.data();
   kernels::causal_attention(a);
-  EXPECT_EQ(out, ref);
+  for (int threads : {1, 2, 5}) {  // head groups of 4, 3 (one partial) and 1
+    ThreadCount tc(threads);
+    std::fill(out.begin(), out.end(), -1.0f);
+    a.pages = p.pages.data(), a.row = {GetParam(), lora, rope}, a.out = out.data();
+    kernels::causal_attention(a);
+    EXPECT_EQ(out, ref) << threads << " threads";
+  }
 }
 
 // Several attentions in one region (the decode segments of a batch), one in this dtype and one over fp32
@@ -201,7 +213,7 @@ TEST_P(KvRowKernels, ManyEqualsOneByOne) {
 TEST_P(KvRowKernels, SparseMlaDecodesOnLoadExactly) {
   std::mt19937 rng(12);
   std::normal_distribution<float> nd;
-  const int64_t T = 2, L = 40, H = 3, lora = 128, rope = 16, page_tokens = 16, K = 6;
+  const int64_t T = 2, L = 40, H = 11, lora = 128, rope = 16, page_tokens = 16, K = 6;
   const Paged p = make_pages(GetParam(), L, page_tokens, lora, rope, rng);
   std::vector<float> q(static_cast<size_t>(T * H * (lora + rope)));
   for (auto& v : q) v = nd(rng);
@@ -210,11 +222,15 @@ TEST_P(KvRowKernels, SparseMlaDecodesOnLoadExactly) {
   kernels::SparseMlaArgs a;
   a.T = T, a.H = H, a.Dk = lora + rope, a.Dv = lora, a.topk = K, a.q = q.data(), a.idx = idx.data(), a.scale = 0.1f;
   a.page_tokens = page_tokens;
-  a.pages = p.pages.data(), a.row = {GetParam(), lora, rope}, a.out = out.data();
-  kernels::sparse_mla_attention(a);
   a.pages = p.pages32.data(), a.row = {KvCacheDtype::kF32, lora, rope}, a.out = ref.data();
   kernels::sparse_mla_attention(a);
-  EXPECT_EQ(out, ref);
+  for (int threads : {1, 2, 3}) {  // head groups of 8 (one partial), 5 (one partial) and 3 (one partial)
+    ThreadCount tc(threads);
+    std::fill(out.begin(), out.end(), -1.0f);
+    a.pages = p.pages.data(), a.row = {GetParam(), lora, rope}, a.out = out.data();
+    kernels::sparse_mla_attention(a);
+    EXPECT_EQ(out, ref) << threads << " threads";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, KvRowKernels, ::testing::Values(KvCacheDtype::kBF16, KvCacheDtype::kFP8),

@@ -46,8 +46,8 @@ void indexer_scores_reference(const IndexerTopkArgs& a, int64_t t, int64_t n, fl
 
 // Sparse MLA in MQA form (absorbed): every head of query t attends only to the latent rows listed in
 // idx[t, :] (−1 entries skipped). Latent rows in pages (token j at page j / page_tokens, row
-// j % page_tokens, each row.bytes() bytes in row.dtype, decoded on load when not fp32, kv_row.h); keys
-// are the first Dk elements of each row, values the first Dv.
+// j % page_tokens, each row.bytes() bytes in row.dtype, decoded on load when not fp32, once per group of
+// heads of a query, kv_row.h); keys are the first Dk elements of each row, values the first Dv.
 struct SparseMlaArgs {
   int64_t T = 0, H = 0, Dk = 0, Dv = 0, topk = 0;
   const float* q = nullptr;  // [T, H, Dk]

@@ -201,6 +201,12 @@ Result<double> Args::number_or(const std::string& k, double dflt) const {
   return has(k) ? to_number(k, values_.at(k)) : Result<double>(dflt);
 }
 
+Result<KvCacheDtype> kv_cache_dtype_flag(const Args& a) {
+  const std::string v = a.str("kv-cache-dtype");
+  if (auto d = parse_kv_cache_dtype(v)) return *d;
+  return invalid_argument("--kv-cache-dtype must be fp32, bf16 or fp8 (got '" + v + "')");
+}
+
 Result<std::vector<int32_t>> parse_id_list(const std::string& s) {
   std::vector<int32_t> ids;
   size_t i = 0;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/result.h"
+#include "tensor/kv_cache_dtype.h"
 
 namespace kestrel::app {
 
@@ -81,5 +82,8 @@ Status first_error(const R&... r) {
 int usage_error(const std::string& command, const Status& s);
 
 Result<std::vector<int32_t>> parse_id_list(const std::string& s);
+
+// --kv-cache-dtype of the commands that run a model (fp32|bf16|fp8; the declared default when not given).
+Result<KvCacheDtype> kv_cache_dtype_flag(const Args& a);
 
 }  // namespace kestrel::app

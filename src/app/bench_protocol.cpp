@@ -43,8 +43,8 @@ nlohmann::json summarize(int64_t n_tokens, const std::vector<Timed>& runs) {
 }
 
 // pp: one prefill of the whole prompt as a single chunk on a fresh sequence.
-Result<Timed> time_pp(Engine& e, const std::vector<int32_t>& ids) {
-  SequenceState seq = e.new_sequence();
+Result<Timed> time_pp(Engine& e, const std::vector<int32_t>& ids, KvCacheDtype kv) {
+  SequenceState seq = e.new_sequence(kv);
   const double c0 = cpu_seconds();
   const auto t0 = Clock::now();
   auto l = e.prefill(seq, ids, static_cast<int64_t>(ids.size()));
@@ -54,8 +54,8 @@ Result<Timed> time_pp(Engine& e, const std::vector<int32_t>& ids) {
 
 // tg: n single-token steps from an empty sequence (the first is a one-token prefill: nothing is cached
 // yet), each fed the previous greedy token, like llama-bench's tg (one llama_decode per token).
-Result<Timed> time_tg(Engine& e, int64_t n, int32_t first, std::vector<float>& logits) {
-  SequenceState seq = e.new_sequence();
+Result<Timed> time_tg(Engine& e, int64_t n, int32_t first, std::vector<float>& logits, KvCacheDtype kv) {
+  SequenceState seq = e.new_sequence(kv);
   e.reserve(seq, n);
   const double c0 = cpu_seconds();
   const auto t0 = Clock::now();
@@ -82,15 +82,15 @@ Result<nlohmann::json> run_pp_tg(Engine& e, const PpTgOptions& o) {
   const int vocab = e.config().text.vocab_size;
   std::vector<float> logits;
   for (int64_t w = 0; w < o.warmup; ++w) {  // faults the mmapped weights in, grows scratch buffers
-    if (auto s = time_pp(e, bench_prompt_ids(std::max<int64_t>(o.pp, 32), vocab)); !s) return s.error();
-    if (auto s = time_tg(e, 1, 13, logits); !s) return s.error();
+    if (auto s = time_pp(e, bench_prompt_ids(std::max<int64_t>(o.pp, 32), vocab), o.kv); !s) return s.error();
+    if (auto s = time_tg(e, 1, 13, logits, o.kv); !s) return s.error();
   }
   nlohmann::json j = nlohmann::json::object();
   if (o.pp > 0) {
     const auto ids = bench_prompt_ids(o.pp, vocab);
     std::vector<Timed> secs;
     for (int64_t r = 0; r < o.reps; ++r) {
-      auto s = time_pp(e, ids);
+      auto s = time_pp(e, ids, o.kv);
       if (!s) return s.error();
       secs.push_back(*s);
     }
@@ -99,7 +99,7 @@ Result<nlohmann::json> run_pp_tg(Engine& e, const PpTgOptions& o) {
   if (o.tg > 0) {
     std::vector<Timed> secs;
     for (int64_t r = 0; r < o.reps; ++r) {
-      auto s = time_tg(e, o.tg, 13, logits);
+      auto s = time_tg(e, o.tg, 13, logits, o.kv);
       if (!s) return s.error();
       secs.push_back(*s);
     }
@@ -108,14 +108,15 @@ Result<nlohmann::json> run_pp_tg(Engine& e, const PpTgOptions& o) {
   return j;
 }
 
-Result<nlohmann::json> run_gate(Engine& e, const std::vector<int32_t>& prompt, int64_t gen, const std::string& logits_path) {
+Result<nlohmann::json> run_gate(Engine& e, const std::vector<int32_t>& prompt, int64_t gen, const std::string& logits_path,
+                                KvCacheDtype kv) {
   const int vocab = e.config().text.vocab_size;
   if (gen < 1) return invalid_argument("--gate-gen must be ≥ 1");
   for (int32_t id : prompt)
     if (id < 0 || id >= vocab) return invalid_argument("gate prompt id " + std::to_string(id) + " outside the vocabulary");
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(logits_path.c_str(), "wb"), &std::fclose);
   if (!f) return io_error("cannot write " + logits_path);
-  SequenceState seq = e.new_sequence();
+  SequenceState seq = e.new_sequence(kv);
   auto l = e.prefill(seq, prompt, static_cast<int64_t>(prompt.size()));
   if (!l) return l.error();
   std::vector<float> cur = std::move(*l);

@@ -20,6 +20,7 @@ struct PpTgOptions {
   int64_t reps = 3;   // ≥ 1
   int64_t warmup = 1; // untimed runs on a throwaway sequence before timing: a pp-sized prefill + tg-1
                      // (llama-bench's warm-up: the timed prefill finds its buffers grown)
+  KvCacheDtype kv = KvCacheDtype::kF32;  // MLA latent cache dtype of the timed sequences
 };
 
 // Token ids of the timed prompts: (i·7919 + 13) mod vocab, as the plain bench uses.
@@ -32,6 +33,7 @@ Result<nlohmann::json> run_pp_tg(Engine& e, const PpTgOptions& o);
 // Greedy gate: prefill `prompt` in one chunk, then `gen` greedy decodes. Row i of the logits written to
 // `logits_path` (raw little-endian fp32 [gen, vocab]) is the distribution that chose generated token i.
 // Returns {"prompt_tokens", "generated": [...], "vocab", "logits_file"}.
-Result<nlohmann::json> run_gate(Engine& e, const std::vector<int32_t>& prompt, int64_t gen, const std::string& logits_path);
+Result<nlohmann::json> run_gate(Engine& e, const std::vector<int32_t>& prompt, int64_t gen, const std::string& logits_path,
+                                KvCacheDtype kv = KvCacheDtype::kF32);
 
 }  // namespace kestrel::app

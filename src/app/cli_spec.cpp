@@ -7,6 +7,8 @@ namespace kestrel::app {
 namespace {
 const FlagSpec kModel{"model", "DIR", "", "checkpoint directory or GGUF file (none: the shipped default, or --preset)"};
 const FlagSpec kQuiet{"quiet", "", "", "no notes on stderr (default model, load notes)"};
+const FlagSpec kKvCacheDtype{"kv-cache-dtype", "fp32|bf16|fp8", "fp32",
+                             "element type of the MLA latent cache pages (bf16, fp8: smaller, logits not bit-equal to fp32)"};
 }  // namespace
 
 const std::vector<FlagSpec>& common_flags() {
@@ -36,6 +38,7 @@ const std::vector<CommandSpec>& command_specs() {
         {"prefill-chunk", "N", "256", "prompt tokens prefilled per step and sequence"},
         {"max-context", "N", "8192", "longest prompt + completion, tokens"},
         {"page-tokens", "N", "64", "tokens per MLA cache page"},
+        kKvCacheDtype,
         {"no-prefix-cache", "", "", "recompute every prompt (by default cached prompt prefixes are reused)"},
         {"prefix-cache-snapshot-mib", "N", "256", "memory for the prefix cache's KDA state snapshots, MiB"},
         {"prefix-cache-generation-snapshots", "", "",
@@ -86,6 +89,7 @@ const std::vector<CommandSpec>& command_specs() {
         {"top-logits", "K", "0", "with --json: the K largest logits of every step"},
         {"json", "", "", "print one JSON object (tokens, text, timings)"},
         {"ignore-eos", "", "", "keep generating past the end-of-sequence token"},
+        kKvCacheDtype,
         kQuiet}},
       {"bench",
        "Prefill/decode throughput and peak memory; llama-bench's pp/tg protocol; greedy logits for the gate.",
@@ -98,6 +102,7 @@ const std::vector<CommandSpec>& command_specs() {
         {"chunk", "N", "512", "prefill chunk, tokens"},
         {"batch", "B", "1", "also decode B sequences in lockstep (batched throughput, B ≤ 256)"},
         {"context", "N", "0", "time prefill/decode on top of N synthetic cached tokens"},
+        kKvCacheDtype,
         {"threads", "T", "", "OpenMP threads (default: OMP_NUM_THREADS, else every core)"},
         {"pp", "N", "0", "llama-bench protocol: prompt-processing test of N tokens"},
         {"tg", "N", "0", "llama-bench protocol: text-generation test of N tokens"},
@@ -146,7 +151,7 @@ const std::vector<CommandSpec>& command_specs() {
         {"bw-efficiency", "F", "", "achieved / peak HBM bandwidth (default: from --cluster)"},
         {"memory-utilization", "F", "", "fraction of HBM the engine may use (default: from --cluster)"},
         {"reserve-gib", "G", "", "activations, graphs, buffers per device, GiB (default: from --cluster)"},
-        {"kv-dtype", "bf16|fp8", "", "MLA cache dtype (default: from --cluster)"},
+        {"kv-cache-dtype", "fp32|bf16|fp8", "", "MLA latent cache dtype, Kestrel's row layouts (default: from --cluster)"},
         {"expert-format", "checkpoint|mxfp4|bf16|w4a8", "", "routed-expert weight format (default: from --cluster)"},
         {"w4a8-group-size", "N", "", "int4 group size of w4a8 (default: from --cluster)"},
         {"expert-math", "bf16|fp8", "", "routed-expert matmul peak (default: from --cluster)"},

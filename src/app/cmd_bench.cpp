@@ -44,6 +44,9 @@ int bench_pp_tg(const Args& a, const std::string& dir) {
   auto pp = a.integer("pp"), tg = a.integer("tg"), reps = a.integer("reps"), warm = a.integer("warmup");
   if (!pp || !tg || !reps || !warm) return usage_error("bench", invalid_argument("--pp, --tg, --reps, --warmup take integers"));
   o.pp = *pp, o.tg = *tg, o.reps = *reps, o.warmup = *warm;
+  auto kv = kv_cache_dtype_flag(a);
+  if (!kv) return usage_error("bench", kv.error());
+  o.kv = *kv;
   auto eng = Engine::load(dir);
   if (!eng) return fail_msg(eng.error());
   auto r = run_pp_tg(**eng, o);
@@ -70,9 +73,11 @@ int bench_gate(const Args& a, const std::string& dir) {
   if (!ids) return usage_error("bench", ids.error());
   auto gen = a.integer("gate-gen");
   if (!gen || *gen < 1 || *gen > 4096) return usage_error("bench", invalid_argument("--gate-gen must be an integer in 1..4096"));
+  auto kv = kv_cache_dtype_flag(a);
+  if (!kv) return usage_error("bench", kv.error());
   auto eng = Engine::load(dir);
   if (!eng) return fail_msg(eng.error());
-  auto r = run_gate(**eng, *ids, *gen, a.str("gate-out"));
+  auto r = run_gate(**eng, *ids, *gen, a.str("gate-out"), *kv);
   if (!r) return fail_msg(r.error());
   std::printf("%s\n", r->dump().c_str());
   return 0;
@@ -109,6 +114,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
     return usage_error("bench", invalid_argument("--prompt, --gen, --chunk, --batch must be positive integers (batch ≤ 256)"));
   if (!context || *context < 0 || *context > (int64_t{1} << 24))
     return usage_error("bench", invalid_argument("--context must be an integer in 0..16777216"));
+  auto kv = kv_cache_dtype_flag(*a);
+  if (!kv) return usage_error("bench", kv.error());
   const double rss0 = peak_rss_mib();
   auto eng = Engine::load(dir);
   if (!eng) return fail(eng.error());
@@ -116,14 +123,14 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const int vocab = e.config().text.vocab_size;
   std::vector<int32_t> ids(static_cast<size_t>(*prompt));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13) % static_cast<size_t>(vocab));
-  SequenceState seq = e.new_sequence();
+  SequenceState seq = e.new_sequence(*kv);
   // --context N: N synthetic cached tokens first (see KimiModel::fill_synthetic_context), so the
   // timed prefill/decode below run at depth N without an O(N²) warm-up.
   if (*context > 0) {
     // Warm-up on a throwaway sequence: faults the mmapped weights in and grows scratch buffers, so
     // the timings below are steady state (the depth comparison needs that; plain runs keep the
     // historical cold-start behaviour).
-    SequenceState warm = e.new_sequence();
+    SequenceState warm = e.new_sequence(*kv);
     if (auto w = e.prefill(warm, ids, *chunk); !w) return fail(w.error());
     e.model().fill_synthetic_context(seq, *context, 1);
     e.reserve(seq, *context + *prompt + *gen);
@@ -156,7 +163,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
     std::vector<int32_t> toks(static_cast<size_t>(*batch));
     std::vector<float> logits_b;
     for (long long b = 0; b < *batch; ++b) {
-      seqs.push_back(e.new_sequence());
+      seqs.push_back(e.new_sequence(*kv));
       std::vector<int32_t> p(16);
       for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int32_t>((b * 131 + static_cast<long long>(i) * 7 + 1) % vocab);
       auto l = e.prefill(seqs.back(), p, 0);
@@ -180,7 +187,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
                       {"prompt_tokens", *prompt}, {"gen_tokens", *gen}, {"prefill_tok_s", pp}, {"decode_tok_s", tg},
                       {"peak_rss_mib", peak_rss_mib()}, {"rss_before_load_mib", rss0}, {"batch", *batch},
                       {"batched_decode_tok_s", tg_batch}, {"context", *context},
-                      {"mla_bytes_per_token", g.mla_bytes_per_token()},
+                      {"kv_cache_dtype", std::string(kv_cache_dtype_name(*kv))},
+                      {"mla_bytes_per_token", g.mla_bytes_per_token(*kv)},
                       {"indexer_bytes_per_token", g.index_bytes_per_token()},
                       {"kda_slot_bytes_per_request", g.slot_floats() * 4},
                       {"prefix_snapshot_bytes", g.slot_floats() * 4},  // one slot's state, kept at rest as is
@@ -198,9 +206,10 @@ int cmd_bench(const std::vector<std::string>& argv) {
     std::printf("cpu time     %.1f ms/token prefill, %.1f ms/token decode (all threads)\n",
                 1e3 * (c1 - c0) / static_cast<double>(*prompt), 1e3 * (c2 - c1) / static_cast<double>(*gen));
     std::printf("context      %lld cached tokens before the timed prefill\n"
-                "cache        MLA pages %lld B/token, indexer pages %lld B/token, KDA slot %.1f KiB/request (and per "
-                "prefix-cache snapshot)\n",
-                *context, static_cast<long long>(g.mla_bytes_per_token()), static_cast<long long>(g.index_bytes_per_token()),
+                "cache        MLA pages %lld B/token (%s), indexer pages %lld B/token, KDA slot %.1f KiB/request (and "
+                "per prefix-cache snapshot)\n",
+                *context, static_cast<long long>(g.mla_bytes_per_token(*kv)), std::string(kv_cache_dtype_name(*kv)).c_str(),
+                static_cast<long long>(g.index_bytes_per_token()),
                 static_cast<double>(g.slot_floats() * 4) / 1024.0);
     if (g.index_bytes_per_token() > 0)
       std::printf("indexer      %.3f CPU ms/token in prefill, %.3f CPU ms/token in decode\n", 1e3 * idx_prefill / static_cast<double>(*prompt),

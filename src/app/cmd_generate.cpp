@@ -76,7 +76,8 @@ int cmd_generate(const std::vector<std::string>& argv) {
   auto seed = a->integer("seed");
   auto chunk = a->integer("chunk");
   auto top_logits = a->integer("top-logits");
-  if (Status bad = first_error(max_tokens, temp, top_k, top_p, min_p, seed, chunk, top_logits); !bad.is_ok())
+  auto kv = kv_cache_dtype_flag(*a);
+  if (Status bad = first_error(max_tokens, temp, top_k, top_p, min_p, seed, chunk, top_logits, kv); !bad.is_ok())
     return usage_error("generate", bad);
   if (*max_tokens < 0 || *temp < 0 || *top_k < 0 || *top_p <= 0 || *top_p > 1 || *min_p < 0 || *min_p > 1 ||
       *chunk < 1 || *top_logits < 0)
@@ -107,7 +108,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   SamplingParams sp{static_cast<float>(*temp), static_cast<int>(*top_k), static_cast<float>(*top_p),
                     static_cast<float>(*min_p), static_cast<uint64_t>(*seed)};
   Sampler sampler(sp);
-  SequenceState seq = e.new_sequence();
+  SequenceState seq = e.new_sequence(*kv);
   const auto t0 = std::chrono::steady_clock::now();
   auto logits = e.prefill(seq, *ids, *chunk);
   if (!logits) return fail(logits.error());

@@ -83,10 +83,10 @@ Status apply_overrides(const Args& a, plan::ClusterSpec& c) {
   double gib = c.a.reserve_bytes / (1ull << 30);
   KESTREL_RETURN_IF_ERROR(set_num("reserve-gib", gib, 0, 1e4));
   c.a.reserve_bytes = gib * (1ull << 30);
-  if (a.has("kv-dtype")) {
-    const std::string v = a.str("kv-dtype");
-    if (v != "bf16" && v != "fp8") return invalid_argument("--kv-dtype must be bf16 or fp8");
-    c.a.state.kv = v == "fp8" ? plan::CacheDType::kFP8 : plan::CacheDType::kBF16;
+  if (a.has("kv-cache-dtype")) {
+    auto kv = kv_cache_dtype_flag(a);
+    if (!kv) return kv.error();
+    c.a.state.kv = *kv;
   }
   if (a.has("expert-format")) {
     auto f = plan::parse_expert_format(a.str("expert-format"));

@@ -91,6 +91,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
                                                    ".." + std::to_string(hi)));
     *dst = *v;
   }
+  auto kv = kv_cache_dtype_flag(*a);
+  if (!kv) return usage_error("serve", kv.error());
   HostPort redis;
   if (a->has("prefix-cache-redis")) {
     auto hp = parse_host_port(a->str("prefix-cache-redis"));
@@ -113,6 +115,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   sc.cache.budget_bytes = cache_mib << 20;
   sc.cache.max_slots = static_cast<int>(max_running);
   sc.cache.page_tokens = page;
+  sc.cache.kv_dtype = *kv;
   sc.prefix_cache = !a->has("no-prefix-cache");
   sc.prefix.snapshot_budget_bytes = snapshot_mib << 20;
   sc.prefix.generation_snapshots = a->has("prefix-cache-generation-snapshots");

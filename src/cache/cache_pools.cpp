@@ -11,7 +11,7 @@ Result<std::unique_ptr<CachePools>> CachePools::create(const CacheGeometry& g, c
   if (c.page_tokens <= 0 || c.max_slots <= 0) return invalid_argument("cache: page size and slots must be positive");
   auto p = std::unique_ptr<CachePools>(new CachePools(g, c));
   const int64_t slot_bytes = g.slot_floats() * 4;
-  p->block_floats_ = std::max<int64_t>(1, static_cast<int64_t>(g.mla_layers.size()) * c.page_tokens * g.mla_row_floats);
+  p->mla_block_bytes_ = std::max<int64_t>(4, c.page_tokens * g.mla_bytes_per_token(c.kv_dtype));
   p->index_block_bytes_ = static_cast<int64_t>(g.sparse_layers.size()) * c.page_tokens * g.index_row_bytes;
   const int64_t slots_bytes = slot_bytes * c.max_slots;
   if (slots_bytes >= c.budget_bytes)
@@ -23,7 +23,7 @@ Result<std::unique_ptr<CachePools>> CachePools::create(const CacheGeometry& g, c
   // Default-initialised (new float[n], not make_unique): pages are touched only when used, so the
   // resident size follows the load, not the budget. Slots are zeroed on acquire.
   p->slot_mem_.reset(new float[static_cast<size_t>(std::max<int64_t>(1, g.slot_floats() * c.max_slots))]);
-  p->block_mem_.reset(new float[static_cast<size_t>(blocks * p->block_floats_)]);
+  p->block_mem_.reset(new uint8_t[static_cast<size_t>(blocks * p->mla_block_bytes_)]);
   if (p->index_block_bytes_ > 0) p->index_mem_.reset(new uint8_t[static_cast<size_t>(blocks * p->index_block_bytes_)]);
   p->slot_used_.assign(static_cast<size_t>(c.max_slots), false);
   for (int i = c.max_slots - 1; i >= 0; --i) p->free_slots_.push_back(i);
@@ -55,6 +55,7 @@ std::optional<int> CachePools::acquire_slot(SequenceState& s) {
   std::fill(slot_mem_.get() + static_cast<int64_t>(slot) * geom_.slot_floats(), p, 0.0f);
   for (int l : geom_.mla_layers) {
     s.mla[static_cast<size_t>(l)].page_tokens = cfg_.page_tokens;
+    s.mla[static_cast<size_t>(l)].row = geom_.mla_row(cfg_.kv_dtype);
     s.mla[static_cast<size_t>(l)].pages.reserve(static_cast<size_t>(blocks_for(cfg_.max_seq_tokens)));
   }
   for (int l : geom_.sparse_layers) {
@@ -81,10 +82,10 @@ bool CachePools::grow(SequenceState& s, std::vector<int32_t>& blocks, int64_t n_
 
 // Appends block b's page of every MLA layer and every indexer to the sequence's page tables.
 void CachePools::append_views(SequenceState& s, int32_t b) {
-  float* base = block_mem_.get() + static_cast<int64_t>(b) * block_floats_;
+  uint8_t* base = block_mem_.get() + static_cast<int64_t>(b) * mla_block_bytes_;
+  const int64_t page_bytes = cfg_.page_tokens * geom_.mla_row(cfg_.kv_dtype).bytes();
   for (size_t m = 0; m < geom_.mla_layers.size(); ++m)
-    s.mla[static_cast<size_t>(geom_.mla_layers[m])].pages.push_back(
-        base + static_cast<int64_t>(m) * cfg_.page_tokens * geom_.mla_row_floats);
+    s.mla[static_cast<size_t>(geom_.mla_layers[m])].pages.push_back(base + static_cast<int64_t>(m) * page_bytes);
   uint8_t* ibase = index_mem_.get() + static_cast<int64_t>(b) * index_block_bytes_;
   for (size_t m = 0; m < geom_.sparse_layers.size(); ++m)
     s.mla[static_cast<size_t>(geom_.sparse_layers[m])].indexer.pages.push_back(
@@ -116,17 +117,17 @@ void CachePools::adopt_prefix(SequenceState& s, std::vector<int32_t>& blocks, st
 
 void CachePools::read_block(int32_t b, uint8_t* dst) const {
   KCHECK(b >= 0 && b < num_blocks() && refs_[static_cast<size_t>(b)] > 0, "read of a free MLA block");
-  std::memcpy(dst, block_mem_.get() + static_cast<int64_t>(b) * block_floats_, static_cast<size_t>(block_floats_) * 4);
+  std::memcpy(dst, block_mem_.get() + static_cast<int64_t>(b) * mla_block_bytes_, static_cast<size_t>(mla_block_bytes_));
   if (index_block_bytes_ > 0)
-    std::memcpy(dst + block_floats_ * 4, index_mem_.get() + static_cast<int64_t>(b) * index_block_bytes_,
+    std::memcpy(dst + mla_block_bytes_, index_mem_.get() + static_cast<int64_t>(b) * index_block_bytes_,
                 static_cast<size_t>(index_block_bytes_));
 }
 
 void CachePools::write_block(int32_t b, const uint8_t* src) {
   KCHECK(b >= 0 && b < num_blocks() && refs_[static_cast<size_t>(b)] > 0, "write of a free MLA block");
-  std::memcpy(block_mem_.get() + static_cast<int64_t>(b) * block_floats_, src, static_cast<size_t>(block_floats_) * 4);
+  std::memcpy(block_mem_.get() + static_cast<int64_t>(b) * mla_block_bytes_, src, static_cast<size_t>(mla_block_bytes_));
   if (index_block_bytes_ > 0)
-    std::memcpy(index_mem_.get() + static_cast<int64_t>(b) * index_block_bytes_, src + block_floats_ * 4,
+    std::memcpy(index_mem_.get() + static_cast<int64_t>(b) * index_block_bytes_, src + mla_block_bytes_,
                 static_cast<size_t>(index_block_bytes_));
 }
 

@@ -2,7 +2,8 @@
 //   - KDA state slots: one slot per running sequence = conv history + fp32 recurrent state for
 //     every KDA layer (constant size);
 //   - MLA latent pages: blocks of `page_tokens` tokens; one block holds that many latent rows for
-//     EVERY MLA layer, so a sequence's page table is one list of block ids.
+//     EVERY MLA layer, so a sequence's page table is one list of block ids. Rows are stored in the
+//     configured cache dtype (`kv_dtype`, kernels/cpu/kv_row.h): a block is bytes, whatever the dtype.
 //   - DSA indexer key pages (only when the model has sparse layers): their own arena of byte pages,
 //     `page_tokens` key rows [e4m3 codes | fp32 scale] per sparse layer, addressed by the SAME block
 //     id as the MLA pages (every cached token needs both), so one page table serves both pools.
@@ -30,6 +31,7 @@ struct CachePoolConfig {
   int64_t page_tokens = 64;
   int max_slots = 16;                // concurrent sequences (KDA slots)
   int64_t max_seq_tokens = 32768;    // page tables are reserved for this many tokens
+  KvCacheDtype kv_dtype = KvCacheDtype::kF32;  // MLA latent rows (--kv-cache-dtype)
 };
 
 class CachePools {
@@ -43,9 +45,10 @@ class CachePools {
   int64_t num_blocks() const { return static_cast<int64_t>(refs_.size()); }
   int64_t free_blocks() const { return static_cast<int64_t>(free_blocks_.size()); }
   int64_t page_tokens() const { return cfg_.page_tokens; }
+  KvCacheDtype kv_dtype() const { return cfg_.kv_dtype; }
   int64_t slot_bytes() const { return geom_.slot_floats() * 4; }
-  int64_t block_bytes() const { return block_floats_ * 4 + index_block_bytes_; }  // both pools
-  int64_t mla_block_bytes() const { return block_floats_ * 4; }
+  int64_t block_bytes() const { return mla_block_bytes_ + index_block_bytes_; }  // both pools
+  int64_t mla_block_bytes() const { return mla_block_bytes_; }
   int64_t index_block_bytes() const { return index_block_bytes_; }
   // Blocks needed to hold n tokens.
   int64_t blocks_for(int64_t n_tokens) const { return (n_tokens + cfg_.page_tokens - 1) / cfg_.page_tokens; }
@@ -80,10 +83,10 @@ class CachePools {
   void append_views(SequenceState& s, int32_t block);
   CacheGeometry geom_;
   CachePoolConfig cfg_;
-  int64_t block_floats_ = 0;
+  int64_t mla_block_bytes_ = 0;
   int64_t index_block_bytes_ = 0;
-  std::unique_ptr<float[]> slot_mem_, block_mem_;
-  std::unique_ptr<uint8_t[]> index_mem_;
+  std::unique_ptr<float[]> slot_mem_;
+  std::unique_ptr<uint8_t[]> block_mem_, index_mem_;
   std::vector<int> free_slots_;
   std::vector<bool> slot_used_;
   std::vector<int32_t> free_blocks_;

@@ -130,9 +130,10 @@ void MlaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCac
   for (const auto& sg : segs) {
     MlaCache& cache = *sg.state;
     KCHECK(cache.n_tokens + sg.T <= cache.capacity(), "MLA cache pages do not cover the new tokens");
+    KCHECK(cache.row.lora == lora_ && cache.row.rope == dr_, "MLA cache rows do not match the layer's latent shape");
     if (has_rope_) apply_rope(sg.offset, sg.T, cache.n_tokens, row);
     for (int64_t t = 0; t < sg.T; ++t)
-      std::copy_n(ckv_.data() + (sg.offset + t) * row, row, cache.row_ptr(cache.n_tokens + t, row));
+      kernels::kv_store_row(cache.row, ckv_.data() + (sg.offset + t) * row, cache.row_ptr(cache.n_tokens + t));
     cache.n_tokens += sg.T;
     if (indexer_) {  // sparse MLA runs in the absorbed (MQA) form only, gathering the selected rows
       absorbed_.push_back(sg);
@@ -167,22 +168,26 @@ void MlaLayer::apply_rope(int64_t off, int64_t T, int64_t pos0, int64_t row) {
 // Up-projects every cached latent to per-head keys [k_nope | k_r] and values, then MHA.
 void MlaLayer::attend_expanded(int64_t off, int64_t T, const MlaCache& cache) {
   const int64_t L = cache.n_tokens, row = lora_ + dr_;
-  // kv_b on the cached latents: needs them contiguous without the k_r tail.
+  // kv_b on the cached latents: needs them contiguous without the k_r tail (rows decoded from the
+  // page dtype; k_r read back per token below).
   std::vector<float>& lat = olat_;
   lat.resize(static_cast<size_t>(L * lora_));
-  for (int64_t j = 0; j < L; ++j) std::copy_n(cache.row_ptr(j, row), lora_, lat.data() + j * lora_);
+  for (int64_t j = 0; j < L; ++j) kernels::kv_load_row(cache.row, cache.row_ptr(j), lora_, lat.data() + j * lora_);
   kv_.resize(static_cast<size_t>(L * nh_ * (dn_ + dv_)));
   matmul(wkvb_, lat.data(), L, kv_.data());
   k_.resize(static_cast<size_t>(L * nh_ * qk_));
   v_.resize(static_cast<size_t>(L * nh_ * dv_));
-  for (int64_t j = 0; j < L; ++j)
+  row_buf_.resize(static_cast<size_t>(row));
+  for (int64_t j = 0; j < L; ++j) {
+    const float* cached = kernels::kv_row_floats(cache.row, cache.row_ptr(j), row, row_buf_.data());
     for (int64_t h = 0; h < nh_; ++h) {
       const float* src = kv_.data() + (j * nh_ + h) * (dn_ + dv_);
       float* kd = k_.data() + (j * nh_ + h) * qk_;
       std::copy_n(src, dn_, kd);
-      std::copy_n(cache.row_ptr(j, row) + lora_, dr_, kd + dn_);
+      std::copy_n(cached + lora_, dr_, kd + dn_);
       std::copy_n(src + dn_, dv_, v_.data() + (j * nh_ + h) * dv_);
     }
+  }
   kernels::AttentionArgs a;
   a.T = T, a.L = L, a.H = nh_, a.Dk = qk_, a.Dv = dv_;
   a.q = q_.data() + off * nh_ * qk_;
@@ -238,7 +243,7 @@ void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> seg
       kernels::SparseMlaArgs a;
       a.T = sg.T, a.H = nh_, a.Dk = row, a.Dv = lora_, a.topk = indexer_->dims().topk;
       a.q = qlat_.data() + sg.offset * nh_ * row;
-      a.pages = cache.pages.data(), a.page_tokens = cache.page_tokens, a.row = row;
+      a.pages = cache.pages.data(), a.page_tokens = cache.page_tokens, a.row = cache.row;
       a.idx = idx_.data() + sg.offset * indexer_->dims().topk;
       a.scale = scale_;
       a.out = olat_.data() + sg.offset * nh_ * lora_;
@@ -253,9 +258,7 @@ void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> seg
     kernels::AttentionArgs a;
     a.T = sg.T, a.L = cache.n_tokens, a.H = nh_, a.Dk = row, a.Dv = lora_;
     a.q = qlat_.data() + sg.offset * nh_ * row;
-    a.pages = cache.pages.data(), a.page_tokens = cache.page_tokens;
-    a.k_offset = 0, a.k_token_stride = row, a.k_head_stride = 0;
-    a.v_offset = 0, a.v_token_stride = row, a.v_head_stride = 0;
+    a.pages = cache.pages.data(), a.page_tokens = cache.page_tokens, a.row = cache.row;
     a.scale = scale_;
     a.out = olat_.data() + sg.offset * nh_ * lora_;
     args.push_back(a);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/kv_row.h"
 #include "layers/binder.h"
 #include "layers/dsa_indexer.h"
 #include "layers/kda_layer.h"
@@ -19,16 +20,18 @@
 
 namespace kestrel {
 
-// Per-sequence latent cache for one MLA layer: a VIEW of fixed-size pages owned by a SequenceState
-// or the paged pool (cache/). Token j's row [c_kv normed | k_r] is at pages[j / page_tokens] +
-// (j % page_tokens) * row. The owner guarantees pages cover every token before forward() appends.
+// Per-sequence latent cache for one MLA layer: a VIEW of fixed-size byte pages owned by a
+// SequenceState or the paged pool (cache/). Token j's row [c_kv normed | k_r], stored in row.dtype
+// (--kv-cache-dtype; kernels/cpu/kv_row.h), is at pages[j / page_tokens] + (j % page_tokens) · row.bytes().
+// The owner sets `row` and guarantees pages cover every token before forward() appends.
 // Sparse (DSA) layers also carry their indexer key cache view (empty for dense layers).
 struct MlaCache {
-  std::vector<float*> pages;
+  std::vector<uint8_t*> pages;
   IndexerCache indexer;
+  kernels::KvRowFormat row;
   int64_t page_tokens = 0;
   int64_t n_tokens = 0;
-  float* row_ptr(int64_t j, int64_t row) const { return pages[static_cast<size_t>(j / page_tokens)] + (j % page_tokens) * row; }
+  uint8_t* row_ptr(int64_t j) const { return pages[static_cast<size_t>(j / page_tokens)] + (j % page_tokens) * row.bytes(); }
   int64_t capacity() const { return static_cast<int64_t>(pages.size()) * page_tokens; }
 };
 
@@ -77,7 +80,7 @@ class MlaLayer {
   std::vector<Segment<IndexerCache>> idx_segs_;
   std::vector<int32_t> idx_;
   // Scratch (not reentrant).
-  std::vector<float> qa_, q_, ckv_, kv_, k_, v_, attn_, qlat_, olat_, wblk_, gate_, cos_, sin_, hin_, hout_;
+  std::vector<float> qa_, q_, ckv_, kv_, k_, v_, attn_, qlat_, olat_, wblk_, gate_, cos_, sin_, hin_, hout_, row_buf_;
   std::vector<kernels::MatmulTask> head_tasks_;
   std::vector<Segment<MlaCache>> absorbed_;
   std::vector<kernels::AttentionArgs> attn_args_;

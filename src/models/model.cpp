@@ -27,9 +27,10 @@ void Model::set_geometry(const std::vector<bool>& is_kda) {
     g.kda_recurrent_floats = KdaState::recurrent_floats(c);
   }
   g.mla_row_floats = c.kv_lora_rank + c.qk_rope_head_dim;
+  g.mla_rope = c.qk_rope_head_dim;
 }
 
-SequenceState Model::new_sequence() const {
+SequenceState Model::new_sequence(KvCacheDtype kv) const {
   const CacheGeometry& g = geom_;
   SequenceState s;
   s.owns_storage = true;
@@ -43,7 +44,10 @@ SequenceState Model::new_sequence() const {
     s.kda[static_cast<size_t>(l)].recurrent = p;
     p += g.kda_recurrent_floats;
   }
-  for (int l : g.mla_layers) s.mla[static_cast<size_t>(l)].page_tokens = kOwnPageTokens;
+  for (int l : g.mla_layers) {
+    s.mla[static_cast<size_t>(l)].page_tokens = kOwnPageTokens;
+    s.mla[static_cast<size_t>(l)].row = g.mla_row(kv);
+  }
   for (int l : g.sparse_layers) s.mla[static_cast<size_t>(l)].indexer.page_tokens = kOwnPageTokens;
   return s;
 }
@@ -51,11 +55,10 @@ SequenceState Model::new_sequence() const {
 void Model::reserve(SequenceState& st, int64_t n_tokens) const {
   KCHECK(st.owns_storage, "reserve() is for standalone sequences; pool-backed ones get pages from cache/");
   const CacheGeometry& g = geom_;
-  const int64_t page_floats = kOwnPageTokens * g.mla_row_floats;
   for (int l : g.mla_layers) {
     MlaCache& m = st.mla[static_cast<size_t>(l)];
     while (m.capacity() < n_tokens) {
-      st.own_pages.push_back(std::make_unique<float[]>(static_cast<size_t>(page_floats)));
+      st.own_pages.push_back(std::make_unique<uint8_t[]>(static_cast<size_t>(kOwnPageTokens * m.row.bytes())));
       m.pages.push_back(st.own_pages.back().get());
     }
   }
@@ -77,11 +80,12 @@ void Model::fill_synthetic_context(SequenceState& st, int64_t n, uint64_t seed) 
     return static_cast<float>(static_cast<double>((x * 0x2545f4914f6cdd1dull) >> 11) * 0x1p-52 - 1.0);
   };
   const CacheGeometry& g = geom_;
+  std::vector<float> row(static_cast<size_t>(g.mla_row_floats));
   for (int l : g.mla_layers) {
     MlaCache& m = st.mla[static_cast<size_t>(l)];
     for (int64_t j = 0; j < n; ++j) {
-      float* r = m.row_ptr(j, g.mla_row_floats);
-      for (int64_t i = 0; i < g.mla_row_floats; ++i) r[i] = uni();
+      for (auto& v : row) v = uni();
+      kernels::kv_store_row(m.row, row.data(), m.row_ptr(j));
     }
     m.n_tokens = n;
   }

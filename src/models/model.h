@@ -25,7 +25,7 @@ struct SequenceState {
   int64_t n_tokens = 0;
   // Owned storage (standalone sequences only).
   std::vector<float> own_state;
-  std::vector<std::unique_ptr<float[]>> own_pages;
+  std::vector<std::unique_ptr<uint8_t[]>> own_pages;  // MLA latent pages (in the sequence's cache dtype)
   std::vector<std::unique_ptr<uint8_t[]>> own_index_pages;  // DSA indexer key pages
   bool owns_storage = false;
 
@@ -48,11 +48,16 @@ struct SeqRun {
 struct CacheGeometry {
   std::vector<int> kda_layers, mla_layers;
   int64_t kda_conv_floats = 0, kda_recurrent_floats = 0;  // per KDA layer
-  int64_t mla_row_floats = 0;                            // per token per MLA layer
+  int64_t mla_row_floats = 0;                            // elements per token per MLA layer (lora + rope)
+  int64_t mla_rope = 0;                                  // of which positional (k_r)
   std::vector<int> sparse_layers;                        // MLA layers with a DSA indexer (subset)
   int64_t index_row_bytes = 0;                           // per token per sparse layer
-  // Paged-cache bytes per token of context: MLA latents (fp32) and indexer keys (e4m3 + scale).
-  int64_t mla_bytes_per_token() const { return static_cast<int64_t>(mla_layers.size()) * mla_row_floats * 4; }
+  // One MLA layer's cached row in dtype d.
+  kernels::KvRowFormat mla_row(KvCacheDtype d) const { return {d, mla_row_floats - mla_rope, mla_rope}; }
+  // Paged-cache bytes per token of context: MLA latents (in the cache dtype) and indexer keys (e4m3 + scale).
+  int64_t mla_bytes_per_token(KvCacheDtype d = KvCacheDtype::kF32) const {
+    return static_cast<int64_t>(mla_layers.size()) * mla_row(d).bytes();
+  }
   int64_t index_bytes_per_token() const { return static_cast<int64_t>(sparse_layers.size()) * index_row_bytes; }
   int64_t slot_floats() const {
     return static_cast<int64_t>(kda_layers.size()) * (kda_conv_floats + kda_recurrent_floats);
@@ -73,8 +78,9 @@ class Model {
   // One line each about what loading found and left aside (e.g. a vision tower not loaded); the commands
   // print them unless --quiet.
   const std::vector<std::string>& load_notes() const { return load_notes_; }
-  // A standalone sequence that owns its storage (pages of kOwnPageTokens tokens, grown on demand).
-  SequenceState new_sequence() const;
+  // A standalone sequence that owns its storage (pages of kOwnPageTokens tokens, grown on demand), its
+  // MLA latent rows stored in `kv` (--kv-cache-dtype).
+  SequenceState new_sequence(KvCacheDtype kv = KvCacheDtype::kF32) const;
   static constexpr int64_t kOwnPageTokens = 256;
   // Owned sequences: grows pages to hold n_tokens in total (so decode up to there never allocates).
   void reserve(SequenceState& st, int64_t n_tokens) const;

@@ -166,8 +166,8 @@ Status parse_assumptions(const json& j, const std::string& label, Assumptions& a
   KESTREL_RETURN_IF_ERROR(o.choice("expert_math", {"bf16", "fp8"}, s));
   if (!s.empty()) a.expert_math_fp8 = s == "fp8";
   s.clear();
-  KESTREL_RETURN_IF_ERROR(o.choice("kv_cache_dtype", {"bf16", "fp8"}, s));
-  if (!s.empty()) a.state.kv = s == "fp8" ? CacheDType::kFP8 : CacheDType::kBF16;
+  KESTREL_RETURN_IF_ERROR(o.choice("kv_cache_dtype", {"fp32", "bf16", "fp8"}, s));
+  if (!s.empty()) a.state.kv = *parse_kv_cache_dtype(s);
   s.clear();
   KESTREL_RETURN_IF_ERROR(o.choice("conv_state_dtype", {"bf16", "fp32"}, s));
   if (!s.empty()) a.state.conv = s == "fp32" ? StateDType::kF32 : StateDType::kBF16;

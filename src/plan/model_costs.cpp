@@ -92,7 +92,7 @@ ModelCosts compute_costs(const ModelConfig& cfg, const Inventory& inv, const Sta
 
   // Cache per token: MLA latent rows [c_kv | k_r] (docs/model-math.md §2.7); indexer keys in fp8 with
   // one fp32 scale per 128 elements (docs/model-math.md §6.4: 128 + 4 = 132 B for DeepSeek-V3.2).
-  m.mla_bytes_per_token_per_layer = static_cast<int64_t>(m.latent) * (st.kv == CacheDType::kBF16 ? 2 : 1);
+  m.mla_bytes_per_token_per_layer = kv_row_bytes(st.kv, t.kv_lora_rank, t.qk_rope_head_dim);
   if (m.sparse_layers > 0)
     m.indexer_bytes_per_token_per_layer = m.index_dim + 4 * ((static_cast<int64_t>(m.index_dim) + 127) / 128);
 

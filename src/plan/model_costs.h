@@ -7,14 +7,14 @@
 #include <cstdint>
 
 #include "plan/inventory.h"
+#include "tensor/kv_cache_dtype.h"
 
 namespace kestrel::plan {
 
-enum class CacheDType { kBF16, kFP8 };  // MLA latent cache element type (fp8: vLLM --kv-cache-dtype fp8)
 enum class StateDType { kF32, kBF16 };  // KDA recurrent / conv state element type
 
 struct StateOptions {
-  CacheDType kv = CacheDType::kBF16;
+  KvCacheDtype kv = KvCacheDtype::kBF16;  // MLA latent cache rows, Kestrel's layouts (tensor/kv_cache_dtype.h)
   StateDType conv = StateDType::kBF16;  // vLLM keeps the conv state in the model dtype (docs/model-math.md §2.7)
   StateDType ssm = StateDType::kF32;    // recurrent state fp32 (vLLM, ours); sglang can use bf16
 };
@@ -51,7 +51,7 @@ struct ModelCosts {
   int attn_heads = 0, kda_heads = 0;
 
   // Cache, per token, all layers together.
-  int64_t mla_bytes_per_token_per_layer = 0;   // (kv_lora + rope) × element bytes
+  int64_t mla_bytes_per_token_per_layer = 0;   // one cached latent row in the cache dtype (kv_row_bytes)
   int64_t indexer_bytes_per_token_per_layer = 0;  // fp8 key + one fp32 scale per 128 elements
   int64_t cache_bytes_per_token() const {
     return mla_bytes_per_token_per_layer * mla_layers + indexer_bytes_per_token_per_layer * sparse_layers;

@@ -127,7 +127,7 @@ std::string plan_json(const Plan& p) {
       {"assumptions", {{"memory_utilization", s.memory_utilization}, {"reserve_bytes", s.reserve_bytes},
                        {"mfu", s.mfu}, {"bandwidth_efficiency", s.bw_efficiency},
                        {"comm_efficiency", s.comm_efficiency}, {"expert_math", s.expert_math_fp8 ? "fp8" : "bf16"},
-                       {"kv_cache_dtype", s.state.kv == CacheDType::kFP8 ? "fp8" : "bf16"},
+                       {"kv_cache_dtype", std::string(kv_cache_dtype_name(s.state.kv))},
                        {"conv_state_dtype", dtype_str(s.state.conv)}, {"ssm_state_dtype", dtype_str(s.state.ssm)},
                        {"expert_format", expert_format_name(p.inventory.expert_format)},
                        {"w4a8_group_size", s.weights.w4a8_group_size}}}};
@@ -152,8 +152,10 @@ std::string plan_table(const Plan& p) {
     o += fmt("  %-16s %14.4g %12.3f\n", component_name(static_cast<Component>(i)), static_cast<double>(t.params),
              static_cast<double>(t.bytes) / kGiB);
   }
-  o += fmt("layers: %d KDA, %d MLA (%d sparse); cache %lld B/token; KDA state %.1f MiB/request (and per prefix-cache "
-           "snapshot)\n", m.kda_layers, m.mla_layers, m.sparse_layers, static_cast<long long>(m.cache_bytes_per_token()),
+  o += fmt("layers: %d KDA, %d MLA (%d sparse); cache %lld B/token (%s MLA rows); KDA state %.1f MiB/request (and per "
+           "prefix-cache snapshot)\n",
+           m.kda_layers, m.mla_layers, m.sparse_layers, static_cast<long long>(m.cache_bytes_per_token()),
+           std::string(kv_cache_dtype_name(c.a.state.kv)).c_str(),
            static_cast<double>(m.state_bytes_per_request()) / (1 << 20));
   o += fmt("cluster: %s, %d GPUs/node, context %lld; MFU %.2f, HBM eff %.2f, mem util %.2f, reserve %.1f GiB\n",
            c.accel.name.c_str(), c.gpus_per_node, static_cast<long long>(c.context), c.a.mfu, c.a.bw_efficiency,

@@ -15,7 +15,7 @@ class Engine {
  public:
   static Result<std::unique_ptr<Engine>> load(const std::string& dir);
   const ModelConfig& config() const { return model_->config(); }
-  SequenceState new_sequence() const { return model_->new_sequence(); }
+  SequenceState new_sequence(KvCacheDtype kv = KvCacheDtype::kF32) const { return model_->new_sequence(kv); }
 
   // Feeds ids in chunks of `chunk` tokens (0 = one chunk). Returns the last token's logits, or all
   // tokens' logits when `all_logits` ([n, vocab]).

@@ -24,7 +24,8 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(Engine& engine, const Sched
                               ") must be a multiple of the page size (" + std::to_string(s->pools_->page_tokens()) + ")");
     // The cache layout is part of the identity: another page size or cache dtype never shares a hit. The
     // fingerprint seeds every key chain and is the disk objects' model digest.
-    s->cfg_.cache_fingerprint += "|page=" + std::to_string(s->pools_->page_tokens()) + "|kv=fp32";
+    s->cfg_.cache_fingerprint += "|page=" + std::to_string(s->pools_->page_tokens()) + "|kv=" +
+                                std::string(kv_cache_dtype_name(s->pools_->kv_dtype()));
     auto pc = PrefixCache::create(*s->pools_, cfg.prefix, s->cfg_.cache_fingerprint,
                                   cfg.prefill_chunk / s->pools_->page_tokens());
     if (!pc) return pc.error();

@@ -93,3 +93,32 @@ def test_kernels_flag_selects_the_same_paths_as_the_environment_switches():
     for bad in (["--kernels", "turbo"], ["--kernels"]):
         p = subprocess.run([BIN, "generate", *bad], capture_output=True, env=plain, timeout=60)
         assert p.returncode == 2 and p.stderr.count(b"\n") == 1 and b"--kernels" in p.stderr, p.stderr
+
+
+def test_kv_cache_dtype_flag():
+    # The shipped model's greedy continuation is the same in every cache dtype (its distributions are peaked;
+    # docs/architecture.md §3 has the logit drift); fp32 is the default; a bad value is a one-line usage error.
+    args = ["generate", "--prompt", "Once upon a time", "--max-tokens", "12", "--json", "--quiet", "--ignore-eos"]
+    outs = {}
+    for d in [None, "fp32", "bf16", "fp8"]:
+        p = run(args + ([] if d is None else ["--kv-cache-dtype", d]))
+        assert p.returncode == 0, p.stderr
+        outs[d] = json.loads(p.stdout)["tokens"]
+    assert outs[None] == outs["fp32"] == outs["bf16"] == outs["fp8"], outs
+    p = run(args + ["--kv-cache-dtype", "fp16"])
+    assert p.returncode == 2 and p.stderr.count(b"\n") == 1 and b"--kv-cache-dtype" in p.stderr, p.stderr
+    # bench reports the dtype and its page bytes per token, from the config's latent shape.
+    model = os.path.join(os.path.dirname(__file__), "..", "..", "models", "default")
+    cfg = json.load(open(os.path.join(model, "config.json")))
+    text = cfg.get("text_config", cfg)
+    lora, rope = text["kv_lora_rank"], text["qk_rope_head_dim"]
+    row = {"fp32": 4 * (lora + rope), "bf16": 2 * (lora + rope), "fp8": lora + 4 * -(-lora // 128) + 2 * rope}
+    per = {}
+    for d in row:
+        p = run(["bench", "--model", model, "--prompt", "8", "--gen", "2", "--json", "--kv-cache-dtype", d])
+        assert p.returncode == 0, p.stderr
+        j = json.loads(p.stdout)
+        assert j["kv_cache_dtype"] == d
+        per[d] = j["mla_bytes_per_token"]
+    layers = per["fp32"] // row["fp32"]
+    assert layers > 0 and per == {d: layers * row[d] for d in row}, (per, row)

@@ -103,3 +103,21 @@ def test_reset_prefix_cache_releases_everything(servers):
     assert m["kestrel_prefix_cache_flushes_total"] == 1
     after = conversation(on, turns=1, salt="reset")
     assert after[0]["cached"] == 0
+
+
+def test_fp8_cache_dtype_through_the_server():
+    # --kv-cache-dtype fp8 on serve: warm turns equal a cache-off fp8 server bit for bit (the same decode of the same
+    # rows), the prefix cache hits within the dtype, and the logprobs are not the fp32 server's (the flag took effect).
+    on = Server(GRID + ["--kv-cache-dtype", "fp8"])
+    off = Server(GRID + ["--kv-cache-dtype", "fp8", "--no-prefix-cache"])
+    fp32 = Server(GRID + ["--no-prefix-cache"])
+    try:
+        a, b, c = conversation(on, turns=4), conversation(off, turns=4), conversation(fp32, turns=4)
+    finally:
+        on.stop()
+        off.stop()
+        fp32.stop()
+    for t, (x, y) in enumerate(zip(a, b)):
+        assert x["content"] == y["content"] and x["logprobs"] == y["logprobs"], f"turn {t}"
+    assert a[0]["cached"] == 0 and a[-1]["cached"] > 0, [x["cached"] for x in a]
+    assert any(x["logprobs"] != z["logprobs"] for x, z in zip(b, c)), "fp8 pages change the arithmetic"

@@ -249,9 +249,12 @@ TEST_P(DsaGolden, SparseAttentionMatchesReference) {
     for (int32_t j : golden_set(g, t)) idx[static_cast<size_t>(t * K + n++)] = j;
   }
   std::vector<float> out(static_cast<size_t>(T * Ha * Dv));
+  std::vector<const uint8_t*> byte_pages;  // fp32 latent rows [Dv latent | Dk − Dv rope]
+  for (const float* p : pages) byte_pages.push_back(reinterpret_cast<const uint8_t*>(p));
+  const kernels::KvRowFormat row{KvCacheDtype::kF32, Dv, Dk - Dv};
   kernels::SparseMlaArgs a;
   a.T = T, a.H = Ha, a.Dk = Dk, a.Dv = Dv, a.topk = K, a.q = g.f.at("q_lat").data();
-  a.pages = pages.data(), a.page_tokens = page_tokens, a.row = Dk, a.idx = idx.data(), a.scale = scale;
+  a.pages = byte_pages.data(), a.page_tokens = page_tokens, a.row = row, a.idx = idx.data(), a.scale = scale;
   a.out = out.data();
   kernels::sparse_mla_attention(a);
   const auto& ref = g.f.at("out_sparse");
@@ -267,7 +270,7 @@ TEST_P(DsaGolden, SparseAttentionMatchesReference) {
     std::vector<float> ours(out.size());
     kernels::AttentionArgs c;
     c.T = T, c.L = T, c.H = Ha, c.Dk = Dk, c.Dv = Dv, c.q = g.f.at("q_lat").data();
-    c.pages = pages.data(), c.page_tokens = page_tokens, c.k_token_stride = Dk, c.v_token_stride = Dk;
+    c.pages = byte_pages.data(), c.page_tokens = page_tokens, c.row = row;
     c.scale = scale, c.out = ours.data();
     kernels::causal_attention(c);
     EXPECT_LE(max_diff(out.data(), ours.data(), ours.size()), 1e-5 * max_abs(ours.data(), ours.size()));

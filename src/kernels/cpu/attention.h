@@ -1,4 +1,4 @@
-// Causal softmax attention, fp32, one sequence. One kernel serves both MLA forms:
+// Causal softmax attention, fp32 arithmetic, one sequence. One kernel serves both MLA forms:
 //   expanded (prefill): per-head keys/values [L, H, D]        → k_head_stride = D
 //   absorbed (decode):  one shared 576-wide latent key row; values are its first 512 entries
 //                       → k_head_stride = v_head_stride = 0 (MQA)
@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <span>
+
+#include "kernels/cpu/kv_row.h"
 
 namespace kestrel::kernels {
 
@@ -19,11 +21,14 @@ struct AttentionArgs {
   int64_t v_token_stride = 0, v_head_stride = 0;
   float scale = 1.0f;
   float* out = nullptr;  // [T, H, Dv]
-  // Paged keys/values (optional): when set, k and v are unused; token j lives in page j / page_tokens at
-  // row j % page_tokens, keys start k_offset floats into the row and values v_offset floats.
-  const float* const* pages = nullptr;
+  // Paged latent rows (optional, the absorbed form): when set, k, v and their strides are unused; token
+  // j's row is at pages[j / page_tokens] + (j % page_tokens) · row.bytes(), stored in row.dtype; every
+  // head's key is the row's first Dk elements and its value the first Dv (MQA). Rows that are not fp32
+  // are decoded on load (kv_row.h), each once per group of heads of a query (up to 8, fewer when the
+  // groups would leave threads idle); fp32 rows are read in place.
+  const uint8_t* const* pages = nullptr;
   int64_t page_tokens = 0;
-  int64_t k_offset = 0, v_offset = 0;
+  KvRowFormat row;
 };
 
 void causal_attention(const AttentionArgs& a);

@@ -12,6 +12,7 @@
 
 #include "base/check.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/scratch.h"
 #include "tensor/dtype.h"
 
 namespace kestrel::kernels {
@@ -39,48 +40,6 @@ void rope_neox(float* x, int64_t rope, int64_t pos, const float* inv_freq, float
   }
 }
 
-uint8_t f32_to_e4m3(float x) {
-  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
-  float a = std::fabs(x);
-  if (std::isnan(x)) return 0x7f;
-  if (a >= 448.0f) return sign | 0x7e;  // saturate (act_quant clamps before the cast anyway)
-  if (a < 0.015625f) {                  // below 2^-6: subnormal grid of 2^-9 (8 → the first normal)
-    const int m = static_cast<int>(std::nearbyint(a * 512.0f));  // default rounding mode: to nearest even
-    return sign | static_cast<uint8_t>(m);
-  }
-  // Normal: round the fp32 mantissa to 3 bits, nearest-even; a carry bumps the exponent.
-  uint32_t u = std::bit_cast<uint32_t>(a);
-  u += 0x7ffffu + ((u >> 20) & 1u);
-  const int e = static_cast<int>(u >> 23) - 127 + 7;
-  const int m = static_cast<int>((u >> 20) & 7u);
-  if (e > 15 || (e == 15 && m == 7)) return sign | 0x7e;
-  return sign | static_cast<uint8_t>((e << 3) | m);
-}
-
-const float* e4m3_table() {
-  static const std::array<float, 256> t = [] {
-    std::array<float, 256> v{};
-    for (int i = 0; i < 256; ++i) v[static_cast<size_t>(i)] = f8e4m3_to_f32(static_cast<uint8_t>(i));
-    return v;
-  }();
-  return t.data();
-}
-
-float quantize_e4m3_block(const float* x, int64_t n, bool ue8m0, uint8_t* codes) {
-  float amax = 0.0f;
-  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
-  amax = std::max(amax, 1e-4f);
-  float s = amax * (1.0f / 448.0f);  // the reference multiplies by fp8_max_inv
-  if (ue8m0) {
-    // fast_round_scale: 2^(exponent + (mantissa != 0)), from the fp32 bits of amax / 448.
-    const uint32_t b = std::bit_cast<uint32_t>(s);
-    const int e = static_cast<int>((b >> 23) & 0xff) - 127 + ((b & 0x7fffffu) != 0 ? 1 : 0);
-    s = std::ldexp(1.0f, e);
-  }
-  for (int64_t i = 0; i < n; ++i) codes[i] = f32_to_e4m3(std::clamp(x[i] / s, -448.0f, 448.0f));
-  return s;
-}
-
 namespace {
 
 struct Cand {
@@ -97,21 +56,6 @@ inline float key_scale(const IndexerTopkArgs& a, const uint8_t* row) {
   float s;
   std::memcpy(&s, row + a.D, 4);
   return s;
-}
-
-// e4m3fn codes → fp32, branch-free so it vectorizes (NaN codes are never produced by the quantizer
-// and decode as ±480 here; the scalar table keeps them NaN).
-inline void decode_e4m3(const uint8_t* __restrict in, float* __restrict out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t b = in[i];
-    const uint32_t sign = (b & 0x80u) << 24;
-    const uint32_t e = (b >> 3) & 0xfu, m = b & 7u;
-    const uint32_t normal = sign | ((e + 120u) << 23) | (m << 20);
-    // Subnormal m·2^-9 = (1.m' …) built by the FPU: float(m) · 2^-9, sign OR-ed in.
-    const uint32_t sub = std::bit_cast<uint32_t>(static_cast<float>(static_cast<int32_t>(m)) * 0x1p-9f) | sign;
-    const uint32_t keep_normal = 0u - static_cast<uint32_t>(e != 0);  // all ones when normal
-    out[i] = std::bit_cast<float>((normal & keep_normal) | (sub & ~keep_normal));
-  }
 }
 
 // Four dot products q·k0..k3 (keys consecutive, stride D; D a multiple of 16): four independent
@@ -320,36 +264,65 @@ void indexer_topk(const IndexerTopkArgs& a) {
   });
 }
 
-// Online softmax over the gathered rows (running max and sum), like causal_attention.
-void sparse_mla_attention(const SparseMlaArgs& a) {
-  if (a.H <= 0) return;
-  parallel_for(0, a.T * a.H, 1, true, [&](int64_t th) {
-    const int64_t t = th / a.H, h = th % a.H;
-    const float* q = a.q + (t * a.H + h) * a.Dk;
-    float* o = a.out + (t * a.H + h) * a.Dv;
+namespace {
+
+constexpr int64_t kMaxHeadGroup = 8;
+
+// Heads [h0, h0 + nh) of query t: each selected row is read (in place when fp32, else decoded once for the
+// group), then every head runs the one-head online-softmax step on it, so the grouping changes no bit.
+void sparse_heads(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh) {
+  const int32_t* idx = a.idx + t * a.topk;
+  const int64_t row_bytes = a.row.bytes(), row_n = std::max(a.Dk, a.Dv);
+  float* buf = a.row.dtype != KvCacheDtype::kF32 ? thread_scratch(kScratchKvRow, static_cast<size_t>(row_n)) : nullptr;
+  float m[kMaxHeadGroup], l[kMaxHeadGroup];
+  for (int64_t g = 0; g < nh; ++g) {
+    m[g] = -INFINITY, l[g] = 0.0f;
+    float* o = a.out + (t * a.H + h0 + g) * a.Dv;
     std::fill(o, o + a.Dv, 0.0f);
-    const int32_t* idx = a.idx + t * a.topk;
-    float m = -INFINITY, l = 0.0f;
-    for (int64_t i = 0; i < a.topk; ++i) {
-      const int32_t j = idx[i];
-      if (j < 0) continue;
-      const float* row = a.pages[j / a.page_tokens] + (j % a.page_tokens) * a.row;
+  }
+  for (int64_t i = 0; i < a.topk; ++i) {
+    const int32_t j = idx[i];
+    if (j < 0) continue;
+    const float* row = kv_row_floats(a.row, a.pages[j / a.page_tokens] + (j % a.page_tokens) * row_bytes, row_n, buf);
+    for (int64_t g = 0; g < nh; ++g) {
+      const float* q = a.q + (t * a.H + h0 + g) * a.Dk;
+      float* o = a.out + (t * a.H + h0 + g) * a.Dv;
       float s = 0;
 #pragma omp simd reduction(+ : s)
       for (int64_t d = 0; d < a.Dk; ++d) s += q[d] * row[d];
       s *= a.scale;
-      if (s > m) {
-        const float r = std::exp(m - s);  // 0 on the first key
-        l *= r;
+      if (s > m[g]) {
+        const float r = std::exp(m[g] - s);  // 0 on the first key
+        l[g] *= r;
         for (int64_t d = 0; d < a.Dv; ++d) o[d] *= r;
-        m = s;
+        m[g] = s;
       }
-      const float w = std::exp(s - m);
-      l += w;
+      const float w = std::exp(s - m[g]);
+      l[g] += w;
       for (int64_t d = 0; d < a.Dv; ++d) o[d] += w * row[d];
     }
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  }
+  for (int64_t g = 0; g < nh; ++g) {
+    const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
+    float* o = a.out + (t * a.H + h0 + g) * a.Dv;
     for (int64_t d = 0; d < a.Dv; ++d) o[d] *= inv;
+  }
+}
+
+}  // namespace
+
+// Online softmax over the gathered rows (running max and sum), like causal_attention. Work items are
+// (query, group of heads): one head when rows are fp32, else as many (up to 8) as still leave two items per
+// thread, so a decoded row serves the whole group.
+void sparse_mla_attention(const SparseMlaArgs& a) {
+  if (a.H <= 0) return;
+  const int64_t G = a.row.dtype == KvCacheDtype::kF32
+                        ? 1
+                        : std::clamp<int64_t>(a.T * a.H / (2 * omp_get_max_threads()), 1, std::min(kMaxHeadGroup, a.H));
+  const int64_t groups = (a.H + G - 1) / G;
+  parallel_for(0, a.T * groups, 1, true, [&](int64_t i) {
+    const int64_t t = i / groups, h0 = (i % groups) * G;
+    sparse_heads(a, t, h0, std::min(G, a.H - h0));
   });
 }
 

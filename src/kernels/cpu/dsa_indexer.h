@@ -13,6 +13,9 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/fp8_e4m3.h"
+#include "kernels/cpu/kv_row.h"
+
 namespace kestrel::kernels {
 
 inline int64_t indexer_row_bytes(int64_t D) { return D + 4; }
@@ -24,16 +27,6 @@ void hadamard_rotate(float* x, int64_t n);
 // NeoX ("rotate half") RoPE on x[0:rope): pairs (i, i + rope/2) rotated by pos · inv_freq[i], cos and
 // sin scaled by `mag` (YaRN cos/sin magnitude; 1 for plain RoPE).
 void rope_neox(float* x, int64_t rope, int64_t pos, const float* inv_freq, float mag = 1.0f);
-
-// One FP8 block exactly as DeepSeek's act_quant: amax = max(max|x|, 1e-4); scale = amax / 448, or
-// with ue8m0 the power of two 2^ceil(log2(amax / 448)); codes = e4m3fn(clamp(x / scale, ±448)) with
-// round-to-nearest-even. Returns the scale.
-float quantize_e4m3_block(const float* x, int64_t n, bool ue8m0, uint8_t* codes);
-
-// fp32 → OCP e4m3fn code, round-to-nearest-even, |x| saturated at 448.
-uint8_t f32_to_e4m3(float x);
-// The 256 e4m3fn code values as fp32 (NaN codes → NaN).
-const float* e4m3_table();
 
 struct IndexerTopkArgs {
   int64_t T = 0, L = 0, H = 0, D = 0, topk = 0;
@@ -52,13 +45,15 @@ void indexer_topk(const IndexerTopkArgs& a);
 void indexer_scores_reference(const IndexerTopkArgs& a, int64_t t, int64_t n, float* scores);
 
 // Sparse MLA in MQA form (absorbed): every head of query t attends only to the latent rows listed in
-// idx[t, :] (−1 entries skipped). Rows: [Dk floats] in pages (token j at page j / page_tokens, row
-// j % page_tokens, row stride `row` floats); values are the first Dv floats of each row.
+// idx[t, :] (−1 entries skipped). Latent rows in pages (token j at page j / page_tokens, row
+// j % page_tokens, each row.bytes() bytes in row.dtype, decoded on load when not fp32, once per group of
+// heads of a query, kv_row.h); keys are the first Dk elements of each row, values the first Dv.
 struct SparseMlaArgs {
   int64_t T = 0, H = 0, Dk = 0, Dv = 0, topk = 0;
   const float* q = nullptr;  // [T, H, Dk]
-  const float* const* pages = nullptr;
-  int64_t page_tokens = 0, row = 0;
+  const uint8_t* const* pages = nullptr;
+  int64_t page_tokens = 0;
+  KvRowFormat row;
   const int32_t* idx = nullptr;  // [T, topk]
   float scale = 1.0f;
   float* out = nullptr;  // [T, H, Dv]

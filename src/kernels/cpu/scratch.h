@@ -7,7 +7,8 @@
 
 namespace kestrel::kernels {
 
-enum ScratchSlot { kScratchLinear = 0, kScratchKdaP, kScratchKdaDecay, kScratchMla, kScratchGgufGemm, kScratchSlots };
+enum ScratchSlot { kScratchLinear = 0, kScratchKdaP, kScratchKdaDecay, kScratchMla, kScratchGgufGemm, kScratchKvRow,
+                   kScratchSlots };
 
 inline float* thread_scratch(ScratchSlot slot, size_t n) {
   thread_local std::vector<float> bufs[kScratchSlots];

@@ -29,7 +29,7 @@ TEST(PlanClusterSpec, ExampleFileParses) {
   EXPECT_EQ(c->decode.dcp, 16);
   EXPECT_EQ(c->context, 1 << 20);
   EXPECT_DOUBLE_EQ(c->a.reserve_bytes, 4.0 * (1 << 30));
-  EXPECT_EQ(c->a.state.kv, CacheDType::kBF16);
+  EXPECT_EQ(c->a.state.kv, KvCacheDtype::kBF16);
   EXPECT_TRUE(validate(*c, testing::config_of("kimi-k3")).is_ok());
 }
 
@@ -67,7 +67,7 @@ TEST(PlanClusterSpec, BadSpecsAreClearErrors) {
   EXPECT_NE(parse_error(R"({"accelerator": "h200", "assumptions": {"mfu": 1.5}})").find("'assumptions.mfu': 1.5"),
             std::string::npos);
   EXPECT_NE(parse_error(R"({"accelerator": "h200", "assumptions": {"kv_cache_dtype": "int3"}})")
-                .find("'assumptions.kv_cache_dtype': must be one of bf16, fp8"),
+                .find("'assumptions.kv_cache_dtype': must be one of bf16, fp32, fp8"),
             std::string::npos);
   EXPECT_NE(parse_error(R"({"accelerator": "h200", "assumptions": {"expert_format": "nvfp4"}})")
                 .find("'assumptions.expert_format'"),

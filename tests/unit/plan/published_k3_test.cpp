@@ -53,7 +53,8 @@ TEST(PlanPublishedK3, Experts) {
 }
 
 // docs/model-math.md §2.7: MLA cache 576 elements × 24 layers = 27,648 B/token bf16 (27 GiB per 1M-token request),
-// 13,824 B fp8; KDA per request at TP1: 6 MiB fp32 recurrent + 216 KiB bf16 conv per layer →
+// 13,824 B fp8 at one byte per element (vLLM's fp8; Kestrel's fp8 row adds 4 tile scales and keeps the rope part
+// in bf16: 656 B per layer, 15,744 B/token); KDA per request at TP1: 6 MiB fp32 recurrent + 216 KiB bf16 conv per layer →
 // 414 MiB + 14.6 MiB over 69 layers.
 TEST(PlanPublishedK3, CacheAndState) {
   K3 k;
@@ -68,8 +69,8 @@ TEST(PlanPublishedK3, CacheAndState) {
   const double tokens = kda_layer / static_cast<double>(k.m.mla_bytes_per_token_per_layer);
   EXPECT_GT(tokens, 2000);
   EXPECT_LT(tokens, 10000);
-  const ModelCosts fp8 = compute_costs(k.cfg, k.inv, {CacheDType::kFP8, StateDType::kBF16, StateDType::kF32});
-  EXPECT_EQ(fp8.cache_bytes_per_token(), 13824);
+  const ModelCosts fp8 = compute_costs(k.cfg, k.inv, {KvCacheDtype::kFP8, StateDType::kBF16, StateDType::kF32});
+  EXPECT_EQ(fp8.cache_bytes_per_token(), 13824 + 24 * (4 * 4 + 64));
 }
 
 // docs/model-math.md §10.2: "Minimum: one 8×B300 / GB300 node, or 16×B200" — with the default 0.9 utilization and

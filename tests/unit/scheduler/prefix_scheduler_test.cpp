@@ -139,6 +139,26 @@ TEST_P(PrefixScheduler, MultiTurnWarmEqualsCacheOffBitwise) {
   EXPECT_EQ(st.prefix.snapshots > 0, hybrid());
 }
 
+// bf16 pages: a warm request reads blocks an earlier request wrote in the same dtype and runs the same
+// arithmetic on them, so it equals the bf16 cache-off run bit for bit too.
+TEST_P(PrefixScheduler, Bf16PagesWarmEqualsCacheOffBitwise) {
+  auto bf16 = [](SchedulerConfig c) {
+    c.cache.kv_dtype = KvCacheDtype::kBF16;
+    return c;
+  };
+  std::vector<Collected> off;
+  {
+    auto s = make(bf16(config(false)));
+    off = conversation(*s, 4);
+  }
+  auto s = make(bf16(config(true)));
+  const std::vector<Collected> on = conversation(*s, 4);
+  ASSERT_EQ(on.size(), off.size());
+  for (size_t t = 0; t < on.size(); ++t) expect_same(on[t], off[t], "bf16 turn " + std::to_string(t));
+  EXPECT_GT(on.back().cached_tokens, 0);
+  EXPECT_GT(settled(*s).prefix.hit_tokens, 0);
+}
+
 TEST_P(PrefixScheduler, HitCasesEqualCacheOff) {
   // Grid 32, blocks of 16. Cases: the same prompt again (whole prompt cached: the last chunk is
   // recomputed), one token more and one token less than a grid boundary, exactly on the grid, a prompt

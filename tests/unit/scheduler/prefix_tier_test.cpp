@@ -157,6 +157,43 @@ TEST_P(PrefixTier, OtherFingerprintNeverHits) {
   EXPECT_EQ(st.prefix.disk.corrupt, 0);
 }
 
+// The cache dtype is part of the fingerprint: objects written by an fp32 server are never a hit for a bf16 one
+// (whose answers equal its own cache-off run), and a bf16 server's objects restore for the next bf16 server.
+TEST_P(PrefixTier, OtherKvCacheDtypeNeverHits) {
+  const Conversation off32 = cache_off();
+  testing::TempDir disk;
+  populate(disk.path(), off32);
+  auto bf16 = [](SchedulerConfig c) {
+    c.cache.kv_dtype = KvCacheDtype::kBF16;
+    return c;
+  };
+  Conversation off;
+  {
+    auto s = make(bf16(config(false)));
+    off = conversation(*s);
+  }
+  for (int life = 0; life < 2; ++life) {
+    auto s = make(bf16(config(true, disk.path())));
+    ASSERT_TRUE(s);
+    const Conversation on = conversation(*s);
+    for (int t = 0; t < kTurns; ++t)
+      expect_same(on.out[static_cast<size_t>(t)], off.out[static_cast<size_t>(t)], "bf16 life " + std::to_string(life) + ", turn " + std::to_string(t));
+    s->flush_prefix_tier();
+    const ServiceStats st = settled(*s);
+    if (life == 0) {
+      EXPECT_EQ(on.out[0].cached_tokens, 0);
+      EXPECT_EQ(st.prefix.disk.hits, 0) << "the fp32 objects are not this dtype's";
+      EXPECT_GT(st.prefix.disk.queries, 0) << "it looked, under its own keys";
+      EXPECT_GT(st.prefix.disk.written, 0);
+    } else {
+      EXPECT_GT(on.out[0].cached_tokens, 0) << "the first bf16 life's objects restore";
+      EXPECT_GT(st.prefix.disk.hits, 0);
+    }
+    EXPECT_EQ(st.prefix.disk.corrupt, 0);
+  }
+  EXPECT_NE(off.out[0].logprobs, off32.out[0].logprobs) << "bf16 pages really change the arithmetic";
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, PrefixTier,
                          ::testing::Values("k3-tiny", "k3-tiny-dsa", "deepseek-v3-tiny", "deepseek-v32-sparse-tiny"),
                          param_name);

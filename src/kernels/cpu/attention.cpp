@@ -1,5 +1,6 @@
 #include "kernels/cpu/attention.h"
 
+#include "kernels/cpu/online_softmax.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/scratch.h"
 
@@ -51,16 +52,8 @@ void attend_one(const AttentionArgs& a, int64_t t, int64_t h) {
         a.pages ? reinterpret_cast<const float*>(a.pages[j / a.page_tokens] + (j % a.page_tokens) * row_bytes) : nullptr;
     const float* k = row ? row : a.k + j * a.k_token_stride + h * a.k_head_stride;
     const float s = dot(q, k, a.Dk) * a.scale;
-    if (s > m) {
-      const float r = std::exp(m - s);  // 0 on the first key
-      l *= r;
-      for (int64_t d = 0; d < a.Dv; ++d) o[d] *= r;
-      m = s;
-    }
-    const float w = std::exp(s - m);
-    l += w;
     const float* v = row ? row : a.v + j * a.v_token_stride + h * a.v_head_stride;
-    for (int64_t d = 0; d < a.Dv; ++d) o[d] += w * v[d];
+    online_softmax_step(s, m, l, o, v, a.Dv);
   }
   const float inv = 1.0f / l;
   for (int64_t d = 0; d < a.Dv; ++d) o[d] *= inv;
@@ -84,16 +77,7 @@ void attend_heads_decoded(const AttentionArgs& a, int64_t t, int64_t h0, int64_t
     for (int64_t g = 0; g < nh; ++g) {
       const float* q = a.q + (t * a.H + h0 + g) * a.Dk;
       float* o = a.out + (t * a.H + h0 + g) * a.Dv;
-      const float s = dot(q, row, a.Dk) * a.scale;
-      if (s > m[g]) {
-        const float r = std::exp(m[g] - s);  // 0 on the first key
-        l[g] *= r;
-        for (int64_t d = 0; d < a.Dv; ++d) o[d] *= r;
-        m[g] = s;
-      }
-      const float w = std::exp(s - m[g]);
-      l[g] += w;
-      for (int64_t d = 0; d < a.Dv; ++d) o[d] += w * row[d];
+      online_softmax_step(dot(q, row, a.Dk) * a.scale, m[g], l[g], o, row, a.Dv);
     }
   }
   for (int64_t g = 0; g < nh; ++g) {

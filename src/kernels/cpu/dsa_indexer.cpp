@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/cpu/online_softmax.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/scratch.h"
 #include "tensor/dtype.h"
@@ -290,16 +291,7 @@ void sparse_heads(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh) {
       float s = 0;
 #pragma omp simd reduction(+ : s)
       for (int64_t d = 0; d < a.Dk; ++d) s += q[d] * row[d];
-      s *= a.scale;
-      if (s > m[g]) {
-        const float r = std::exp(m[g] - s);  // 0 on the first key
-        l[g] *= r;
-        for (int64_t d = 0; d < a.Dv; ++d) o[d] *= r;
-        m[g] = s;
-      }
-      const float w = std::exp(s - m[g]);
-      l[g] += w;
-      for (int64_t d = 0; d < a.Dv; ++d) o[d] += w * row[d];
+      online_softmax_step(s * a.scale, m[g], l[g], o, row, a.Dv);
     }
   }
   for (int64_t g = 0; g < nh; ++g) {

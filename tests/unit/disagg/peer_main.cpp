@@ -19,29 +19,14 @@
 #include "disagg/listener.h"
 #include "disagg/transfer.h"
 #include "disagg/worker.h"
+#include "hex.h"
 
 using namespace kestrel::disagg;
 using std::chrono::milliseconds;
+using testing::from_hex;
+using testing::to_hex;
 
 namespace {
-
-std::string to_hex(const std::vector<std::byte>& b) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (std::byte x : b) {
-    s += d[static_cast<unsigned>(x) >> 4];
-    s += d[static_cast<unsigned>(x) & 15];
-  }
-  return s;
-}
-
-std::vector<std::byte> from_hex(const std::string& s) {
-  std::vector<std::byte> out;
-  for (size_t i = 0; i + 1 < s.size(); i += 2) {
-    out.push_back(static_cast<std::byte>(std::stoi(s.substr(i, 2), nullptr, 16)));
-  }
-  return out;
-}
 
 int fail(const std::string& what) {
   std::fprintf(stderr, "disagg_peer: %s\n", what.c_str());

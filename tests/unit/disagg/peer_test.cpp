@@ -17,33 +17,18 @@
 
 #include "disagg/region_registry.h"
 #include "disagg/transfer.h"
+#include "hex.h"
 #include "pair.h"
 
 namespace kestrel::disagg {
 namespace {
 
 using std::chrono::milliseconds;
+using testing::from_hex;
+using testing::to_hex;
 
 constexpr uint64_t kTransfer = 0x7e57;
 constexpr milliseconds kSilence(1000);
-
-std::string to_hex(const std::vector<std::byte>& b) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (std::byte x : b) {
-    s += d[static_cast<unsigned>(x) >> 4];
-    s += d[static_cast<unsigned>(x) & 15];
-  }
-  return s;
-}
-
-std::vector<std::byte> from_hex(const std::string& s) {
-  std::vector<std::byte> out;
-  for (size_t i = 0; i + 1 < s.size(); i += 2) {
-    out.push_back(static_cast<std::byte>(std::stoi(s.substr(i, 2), nullptr, 16)));
-  }
-  return out;
-}
 
 bool by_address() {
   std::set<std::string> t = testing::expected_transports();

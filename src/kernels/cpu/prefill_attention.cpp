@@ -1,0 +1,217 @@
+// Tiled causal attention for prefill chunks (prefill_attention.h): the scalar definition and its AVX-512 form.
+// GCC 12 false positive in its AVX-512 headers (GCC PR105593), as in w4a8_avx512.cpp.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include "kernels/cpu/prefill_attention.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+#include "kernels/cpu/parallel.h"
+
+#define KESTREL_AVX512 __attribute__((target("avx512f,avx512dq,fma")))
+
+namespace kestrel::kernels {
+namespace {
+
+// exp(x) = 2^n · e^r, n = round(x · log2 e), r = x − n · ln 2 in two parts (Cody–Waite; n · kLn2Hi is exact),
+// e^r by its degree-7 Taylor polynomial (|r| ≤ ln2/2: truncation < 5e-9 relative, under float rounding).
+// Below −87 the result is 0 (there 2^n would leave the normal range; the weights are < 2e-38 of the largest).
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693145751953125f;
+constexpr float kLn2Lo = 1.42860676533018704e-6f;
+constexpr float kExpMin = -87.0f;
+constexpr float kTaylor[8] = {1.0f, 1.0f, 1.0f / 2, 1.0f / 6, 1.0f / 24, 1.0f / 120, 1.0f / 720, 1.0f / 5040};
+
+constexpr int64_t kQueryBlock = 64;  // queries per work item (their m, l and outputs stay in L1 with a key block)
+constexpr int64_t kQueryTile = 4;    // queries per register tile
+
+void reference_one(const PrefillAttentionArgs& a, int64_t t, int64_t h) {
+  const int64_t pos = a.L - a.T + t;
+  const float* q = a.q + (t * a.H + h) * a.Dk;
+  const float* kt = a.kt + h * a.kt_head_stride;
+  const float* v = a.v + h * a.v_head_stride;
+  float* o = a.out + (t * a.H + h) * a.Dv;
+  std::fill(o, o + a.Dv, 0.0f);
+  float m = -INFINITY, l = 0.0f, s[kKeyBlock];
+  for (int64_t kb = 0; kb <= pos; kb += kKeyBlock) {
+    const int64_t n = std::min(kKeyBlock, pos - kb + 1);
+    const float* blk = kt + kb * a.Dk;
+    float mb = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+      float acc = 0.0f;
+      for (int64_t d = 0; d < a.Dk; ++d) acc = std::fma(q[d], blk[d * kKeyBlock + j], acc);
+      s[j] = acc * a.scale;
+      mb = std::max(mb, s[j]);
+    }
+    if (mb > m) {
+      const float r = prefill_exp(m - mb);
+      l *= r;
+      for (int64_t d = 0; d < a.Dv; ++d) o[d] *= r;
+      m = mb;
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const float p = prefill_exp(s[j] - m);
+      l += p;
+      const float* vj = v + (kb + j) * a.Dv;
+      for (int64_t d = 0; d < a.Dv; ++d) o[d] = std::fma(p, vj[d], o[d]);
+    }
+  }
+  const float inv = 1.0f / l;
+  for (int64_t d = 0; d < a.Dv; ++d) o[d] *= inv;
+}
+
+KESTREL_AVX512 inline __m512 exp16(__m512 x) {
+  const __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpMin), _CMP_GE_OQ);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kTaylor[7]);
+  for (int i = 6; i >= 0; --i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kTaylor[i]));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(ok, p, _mm512_castsi512_ps(e));
+}
+
+// Lanes [16w, 16w + 16) of a row of n floats.
+inline __mmask16 lanes(int64_t n, int64_t w) {
+  const int64_t k = std::clamp<int64_t>(n - 16 * w, 0, 16);
+  return static_cast<__mmask16>((1u << k) - 1u);
+}
+
+KESTREL_AVX512 void scale_row(float* o, int64_t n, float r) {
+  const __m512 rv = _mm512_set1_ps(r);
+  for (int64_t w = 0; 16 * w < n; ++w) {
+    const __mmask16 mk = lanes(n, w);
+    _mm512_mask_storeu_ps(o + 16 * w, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, o + 16 * w), rv));
+  }
+}
+
+// o_u[c, c + 64) = fma(p_u[j], v_j, o_u) for j < n_u, j ascending, for the U queries of a tile that share
+// the key block's values (U = 4: every query sees all 32 keys; U = 1: one query, its own count).
+template <int U>
+KESTREL_AVX512 void accumulate_values(float* const* o, const float (*p)[kKeyBlock], int64_t n, const float* v, int64_t Dv) {
+  for (int64_t c = 0; c < Dv; c += 64) {
+    const __mmask16 mk[4] = {lanes(Dv - c, 0), lanes(Dv - c, 1), lanes(Dv - c, 2), lanes(Dv - c, 3)};
+    __m512 acc[U][4];
+    for (int u = 0; u < U; ++u)
+      for (int w = 0; w < 4; ++w) acc[u][w] = _mm512_maskz_loadu_ps(mk[w], o[u] + c + 16 * w);
+    for (int64_t j = 0; j < n; ++j) {
+      const float* vj = v + j * Dv + c;
+      __m512 vv[4];
+      for (int w = 0; w < 4; ++w) vv[w] = _mm512_maskz_loadu_ps(mk[w], vj + 16 * w);
+      for (int u = 0; u < U; ++u) {
+        const __m512 b = _mm512_set1_ps(p[u][j]);
+        for (int w = 0; w < 4; ++w) acc[u][w] = _mm512_fmadd_ps(b, vv[w], acc[u][w]);
+      }
+    }
+    for (int u = 0; u < U; ++u)
+      for (int w = 0; w < 4; ++w) _mm512_mask_storeu_ps(o[u] + c + 16 * w, mk[w], acc[u][w]);
+  }
+}
+
+// Work item: head h, queries [t0, t1) (at most kQueryBlock).
+KESTREL_AVX512 void item_avx512(const PrefillAttentionArgs& a, int64_t h, int64_t t0, int64_t t1) {
+  const int64_t off = a.L - a.T, nq = t1 - t0, Dk = a.Dk, Dv = a.Dv;
+  const float* kt = a.kt + h * a.kt_head_stride;
+  const float* vh = a.v + h * a.v_head_stride;
+  float m[kQueryBlock], l[kQueryBlock];
+  alignas(64) float p[kQueryTile][kKeyBlock];
+  auto out_row = [&](int64_t i) { return a.out + ((t0 + i) * a.H + h) * Dv; };
+  for (int64_t i = 0; i < nq; ++i) {
+    m[i] = -INFINITY, l[i] = 0.0f;
+    std::fill(out_row(i), out_row(i) + Dv, 0.0f);
+  }
+  const __m512 scale = _mm512_set1_ps(a.scale), neg_inf = _mm512_set1_ps(-INFINITY);
+  for (int64_t kb = 0; kb <= off + t1 - 1; kb += kKeyBlock) {
+    const float* blk = kt + kb * Dk;
+    for (int64_t i = std::max<int64_t>(0, kb - off - t0); i < nq; i += kQueryTile) {
+      const int64_t nt = std::min(kQueryTile, nq - i);
+      const float* qp[kQueryTile];
+      for (int64_t u = 0; u < kQueryTile; ++u) qp[u] = a.q + ((t0 + i + std::min(u, nt - 1)) * a.H + h) * Dk;
+      __m512 acc[kQueryTile][2];
+      for (auto& x : acc) x[0] = x[1] = _mm512_setzero_ps();
+      for (int64_t d = 0; d < Dk; ++d) {
+        const __m512 k0 = _mm512_loadu_ps(blk + d * kKeyBlock), k1 = _mm512_loadu_ps(blk + d * kKeyBlock + 16);
+        for (int64_t u = 0; u < kQueryTile; ++u) {
+          const __m512 b = _mm512_set1_ps(qp[u][d]);
+          acc[u][0] = _mm512_fmadd_ps(b, k0, acc[u][0]);
+          acc[u][1] = _mm512_fmadd_ps(b, k1, acc[u][1]);
+        }
+      }
+      int64_t nv[kQueryTile];
+      for (int64_t u = 0; u < nt; ++u) {
+        nv[u] = std::min(kKeyBlock, off + t0 + i + u - kb + 1);  // ≥ 1: the tile starts at or after the block
+        const __mmask16 lo = lanes(nv[u], 0), hi = lanes(nv[u], 1);
+        const __m512 s0 = _mm512_mask_mov_ps(neg_inf, lo, _mm512_mul_ps(acc[u][0], scale));
+        const __m512 s1 = _mm512_mask_mov_ps(neg_inf, hi, _mm512_mul_ps(acc[u][1], scale));
+        const float mb = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+        float& mu = m[i + u];
+        if (mb > mu) {
+          const float r = prefill_exp(mu - mb);
+          l[i + u] *= r;
+          scale_row(out_row(i + u), Dv, r);
+          mu = mb;
+        }
+        const __m512 mv = _mm512_set1_ps(mu);
+        _mm512_store_ps(p[u], exp16(_mm512_sub_ps(s0, mv)));
+        _mm512_store_ps(p[u] + 16, exp16(_mm512_sub_ps(s1, mv)));
+        float& lu = l[i + u];
+        for (int64_t j = 0; j < nv[u]; ++j) lu += p[u][j];
+      }
+      const float* vb = vh + kb * Dv;
+      if (nt == kQueryTile && nv[0] == kKeyBlock) {  // every query of the tile sees the whole block
+        float* o[kQueryTile] = {out_row(i), out_row(i + 1), out_row(i + 2), out_row(i + 3)};
+        accumulate_values<kQueryTile>(o, p, kKeyBlock, vb, Dv);
+      } else {
+        for (int64_t u = 0; u < nt; ++u) {
+          float* o[1] = {out_row(i + u)};
+          accumulate_values<1>(o, p + u, nv[u], vb, Dv);
+        }
+      }
+    }
+  }
+  for (int64_t i = 0; i < nq; ++i) scale_row(out_row(i), Dv, 1.0f / l[i]);
+}
+
+bool has_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  return yes;
+}
+
+}  // namespace
+
+float prefill_exp(float x) {
+  if (!(x >= kExpMin)) return 0.0f;
+  const float n = std::nearbyint(x * kLog2e);
+  float r = std::fma(n, -kLn2Hi, x);
+  r = std::fma(n, -kLn2Lo, r);
+  float p = kTaylor[7];
+  for (int i = 6; i >= 0; --i) p = std::fma(p, r, kTaylor[i]);
+  return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+}
+
+void prefill_attention_reference(const PrefillAttentionArgs& a) {
+  for (int64_t t = 0; t < a.T; ++t)
+    for (int64_t h = 0; h < a.H; ++h) reference_one(a, t, h);
+}
+
+void prefill_attention(const PrefillAttentionArgs& a) {
+  if (a.T <= 0 || a.H <= 0) return;
+  const int64_t blocks = (a.T + kQueryBlock - 1) / kQueryBlock;
+  if (!has_avx512()) {
+    parallel_for_dynamic(a.T * a.H, 4, [&](int64_t i) { reference_one(a, i / a.H, i % a.H); });
+    return;
+  }
+  // Latest query blocks first: they see the most keys.
+  parallel_for_dynamic(blocks * a.H, 1, [&](int64_t i) {
+    const int64_t b = blocks - 1 - i / a.H, t0 = b * kQueryBlock;
+    item_avx512(a, i % a.H, t0, std::min(a.T, t0 + kQueryBlock));
+  });
+}
+
+}  // namespace kestrel::kernels

@@ -1,0 +1,50 @@
+// Causal softmax attention for long prefill chunks (the expanded MLA form: per-head keys and values),
+// tiled as FlashAttention-2 tiles it: a work item is one head and a block of up to 64 queries; it walks the
+// keys in blocks of kKeyBlock, and every key block meets every query of the item while it is in L1, in
+// register tiles of 4 queries × 32 keys (scores) and 4 queries × 64 value lanes (output).
+//
+// The arithmetic of one (query, head) is defined by its absolute positions alone, never by the tiling:
+//   keys in blocks [32b, 32b + 32), the query's last block cut at its own position p;
+//   s_j   = (fma over d = 0..Dk−1 of q[d]·k_j[d], in order, from 0) · scale
+//   m'    = max(m, max_j s_j); when m' > m: r = exp(m − m'), l ·= r, o ·= r (elementwise), m = m'
+//   p_j   = exp(s_j − m), l += p_j (j ascending), o = fma(p_j, v_j, o) (j ascending, elementwise)
+//   out   = o · (1 / l)
+// with exp the one polynomial below (Cody–Waite range reduction, degree-7 Taylor, 0 under −87). So a
+// query's bits do not depend on the chunk it arrives in, the batch, the thread count or the ISA path:
+// prefill_attention (AVX-512 where the CPU has it) equals prefill_attention_reference bit for bit (tested).
+#pragma once
+
+#include <cstdint>
+
+namespace kestrel::kernels {
+
+inline constexpr int64_t kKeyBlock = 32;
+
+// Floats of one head's packed keys: ceil(L / 32) blocks of [Dk][32] (key index fastest).
+inline int64_t packed_key_floats(int64_t L, int64_t Dk) { return (L + kKeyBlock - 1) / kKeyBlock * kKeyBlock * Dk; }
+
+// Writes elements [d0, d0 + n) of key j into one head's packed keys.
+inline void pack_key_part(float* kt_head, int64_t Dk, int64_t j, int64_t d0, const float* src, int64_t n) {
+  float* dst = kt_head + (j / kKeyBlock) * kKeyBlock * Dk + j % kKeyBlock;
+  for (int64_t d = 0; d < n; ++d) dst[(d0 + d) * kKeyBlock] = src[d];
+}
+
+struct PrefillAttentionArgs {
+  int64_t T = 0, L = 0, H = 0, Dk = 0, Dv = 0;  // queries are the last T of L positions
+  const float* q = nullptr;                     // [T, H, Dk]
+  const float* kt = nullptr;                    // head h at kt + h · kt_head_stride, packed (pack_key_part);
+  int64_t kt_head_stride = 0;                   //   what lies past L in the last block is never used
+  const float* v = nullptr;                     // head h at v + h · v_head_stride: [L, Dv]
+  int64_t v_head_stride = 0;
+  float scale = 1.0f;
+  float* out = nullptr;  // [T, H, Dv]
+};
+
+void prefill_attention(const PrefillAttentionArgs& a);
+// The definition above in scalar code, one (query, head) at a time: the test oracle and the path on CPUs
+// without AVX-512.
+void prefill_attention_reference(const PrefillAttentionArgs& a);
+// The exp of the definition (x ≤ 0 in use), scalar; the AVX-512 lanes compute the same bits.
+float prefill_exp(float x);
+
+}  // namespace kestrel::kernels

@@ -1,0 +1,155 @@
+// The tiled prefill attention (kernels/cpu/prefill_attention.h): its exp against libm, the kernel against its
+// scalar definition bit for bit (shapes around every tile edge, 1 and 2 threads), a query's bits independent of
+// the chunk it arrives in, nothing past a query's position read, and the result against softmax attention in
+// double precision.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/prefill_attention.h"
+
+namespace kestrel {
+namespace {
+
+using kernels::PrefillAttentionArgs;
+
+// Queries [T, H, Dk], keys [L, H, Dk], values [L, H, Dv]; packed copies for the kernel. Packed keys past L and
+// values are filled with NaN where the kernel must not look.
+struct Problem {
+  int64_t T, L, H, Dk, Dv;
+  std::vector<float> q, k, v, kt, vh;
+  Problem(int64_t T_, int64_t L_, int64_t H_, int64_t Dk_, int64_t Dv_, uint32_t seed) : T(T_), L(L_), H(H_), Dk(Dk_), Dv(Dv_) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    q.resize(T * H * Dk), k.resize(L * H * Dk), v.resize(L * H * Dv);
+    for (float& x : q) x = 2.0f * n(rng);  // scores spread over tens of units: real rescaling of o
+    for (float& x : k) x = n(rng);
+    for (float& x : v) x = n(rng);
+    const int64_t ks = kernels::packed_key_floats(L, Dk);
+    kt.assign(H * ks, std::numeric_limits<float>::quiet_NaN());
+    vh.resize(H * L * Dv);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t j = 0; j < L; ++j) {
+        kernels::pack_key_part(kt.data() + h * ks, Dk, j, 0, k.data() + (j * H + h) * Dk, Dk);
+        std::memcpy(vh.data() + (h * L + j) * Dv, v.data() + (j * H + h) * Dv, Dv * 4);
+      }
+  }
+  // Queries [t0, t1) of the full problem as a chunk of their own: keys up to the last of them.
+  PrefillAttentionArgs args(float* out, int64_t t0 = 0, int64_t t1 = -1) const {
+    if (t1 < 0) t1 = T;
+    PrefillAttentionArgs a;
+    a.T = t1 - t0, a.L = L - T + t1, a.H = H, a.Dk = Dk, a.Dv = Dv;
+    a.q = q.data() + t0 * H * Dk;
+    a.kt = kt.data(), a.kt_head_stride = kernels::packed_key_floats(L, Dk);
+    a.v = vh.data(), a.v_head_stride = L * Dv;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(Dk));
+    a.out = out;
+    return a;
+  }
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+TEST(PrefillAttention, ExpWithinTwoUlpOfLibm) {
+  int64_t worst = 0;
+  for (float x = -87.0f; x <= 0.0f; x += 0.00173f) {
+    const float got = kernels::prefill_exp(x), want = static_cast<float>(std::exp(static_cast<double>(x)));
+    worst = std::max<int64_t>(worst, std::abs(std::bit_cast<int32_t>(got) - std::bit_cast<int32_t>(want)));
+  }
+  EXPECT_LE(worst, 2);
+  EXPECT_EQ(kernels::prefill_exp(0.0f), 1.0f);
+  EXPECT_EQ(kernels::prefill_exp(-INFINITY), 0.0f);
+  EXPECT_EQ(kernels::prefill_exp(-87.5f), 0.0f);
+}
+
+TEST(PrefillAttention, KernelEqualsItsDefinitionBitForBit) {
+  struct Shape { int64_t T, ctx, H, Dk, Dv; };
+  const Shape shapes[] = {{1, 0, 1, 8, 16},    {3, 5, 2, 24, 20},   {17, 0, 3, 40, 16},  {31, 33, 2, 24, 8},
+                          {64, 0, 1, 192, 128}, {65, 31, 2, 192, 128}, {70, 32, 3, 56, 72}, {200, 100, 2, 24, 130},
+                          {5, 64, 4, 16, 64},   {129, 1, 1, 17, 3}};
+  uint32_t seed = 1;
+  for (const Shape& s : shapes)
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      const Problem p(s.T, s.T + s.ctx, s.H, s.Dk, s.Dv, seed++);
+      std::vector<float> got(s.T * s.H * s.Dv, -1.0f), want(got.size(), -2.0f);
+      kernels::prefill_attention(p.args(got.data()));
+      kernels::prefill_attention_reference(p.args(want.data()));
+      EXPECT_TRUE(same_bits(got, want)) << "T " << s.T << " ctx " << s.ctx << " H " << s.H << " Dk " << s.Dk << " Dv " << s.Dv
+                                        << " threads " << threads;
+      for (float x : got) ASSERT_TRUE(std::isfinite(x));
+    }
+  omp_set_num_threads(omp_get_num_procs());
+}
+
+// A query gives the same bits whether it arrives in one chunk of 300 or in chunks of 1, 17, 64 or 100.
+TEST(PrefillAttention, AQueryHasTheSameBitsInEveryChunking) {
+  const Problem p(300, 340, 2, 48, 32, 7);
+  std::vector<float> whole(p.T * p.H * p.Dv);
+  kernels::prefill_attention(p.args(whole.data()));
+  for (int64_t chunk : {1, 17, 64, 100}) {
+    std::vector<float> pieces(whole.size());
+    for (int64_t t0 = 0; t0 < p.T; t0 += chunk) {
+      const int64_t t1 = std::min(p.T, t0 + chunk);
+      kernels::prefill_attention(p.args(pieces.data() + t0 * p.H * p.Dv, t0, t1));
+    }
+    EXPECT_TRUE(same_bits(whole, pieces)) << "chunk " << chunk;
+  }
+}
+
+// Softmax attention in double precision over keys 0..pos: the float kernel is within 1e-5 of each output's scale.
+TEST(PrefillAttention, MatchesSoftmaxAttentionInDouble) {
+  const Problem p(96, 160, 3, 192, 128, 11);
+  std::vector<float> got(p.T * p.H * p.Dv);
+  const PrefillAttentionArgs a = p.args(got.data());
+  kernels::prefill_attention(a);
+  double worst = 0;
+  for (int64_t t = 0; t < p.T; ++t)
+    for (int64_t h = 0; h < p.H; ++h) {
+      const int64_t n = p.L - p.T + t + 1;
+      std::vector<double> s(n);
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int64_t d = 0; d < p.Dk; ++d) acc += double(p.q[(t * p.H + h) * p.Dk + d]) * p.k[(j * p.H + h) * p.Dk + d];
+        s[j] = acc * a.scale, mx = std::max(mx, s[j]);
+      }
+      double sum = 0;
+      for (double& x : s) sum += (x = std::exp(x - mx));
+      for (int64_t d = 0; d < p.Dv; ++d) {
+        double o = 0, mag = 0;
+        for (int64_t j = 0; j < n; ++j) o += s[j] / sum * p.v[(j * p.H + h) * p.Dv + d], mag += s[j] / sum * std::abs(p.v[(j * p.H + h) * p.Dv + d]);
+        worst = std::max(worst, std::abs(got[(t * p.H + h) * p.Dv + d] - o) / std::max(mag, 1e-3));
+      }
+    }
+  EXPECT_LT(worst, 1e-5);
+}
+
+// Keys and values past a query's own position never reach it: changing them leaves earlier queries' bits alone.
+TEST(PrefillAttention, LaterKeysNeverReachEarlierQueries) {
+  Problem p(80, 80, 2, 24, 16, 3);
+  std::vector<float> before(p.T * p.H * p.Dv), after(before.size());
+  kernels::prefill_attention(p.args(before.data()));
+  const int64_t ks = kernels::packed_key_floats(p.L, p.Dk);
+  for (int64_t h = 0; h < p.H; ++h)
+    for (int64_t j = 50; j < p.L; ++j) {
+      const std::vector<float> junk(p.Dk, 1e6f);
+      kernels::pack_key_part(p.kt.data() + h * ks, p.Dk, j, 0, junk.data(), p.Dk);
+      std::fill_n(p.vh.data() + (h * p.L + j) * p.Dv, p.Dv, -1e6f);
+    }
+  kernels::prefill_attention(p.args(after.data()));
+  const size_t cut = 50 * p.H * p.Dv;
+  EXPECT_EQ(std::memcmp(before.data(), after.data(), cut * 4), 0);
+  EXPECT_NE(std::memcmp(before.data() + cut, after.data() + cut, (before.size() - cut) * 4), 0);
+}
+
+}  // namespace
+}  // namespace kestrel

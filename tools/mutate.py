@@ -121,6 +121,20 @@ MUTATIONS["gguf_gemm_halves_swapped"] = (
     "GgufInt8Gemm",
     "Q8_0 prefill GEMM adds a chunk's two block pairs in the other order (same sums, other fp32 rounding)")
 
+NEEDS_CPU_FLAG["prefill_attention_values_unfused"] = "avx512f"
+MUTATIONS["prefill_attention_values_unfused"] = (
+    "src/kernels/cpu/prefill_attention.cpp",
+    "        for (int w = 0; w < 4; ++w) acc[u][w] = _mm512_fmadd_ps(b, vv[w], acc[u][w]);",
+    "        for (int w = 0; w < 4; ++w) acc[u][w] = _mm512_add_ps(_mm512_mul_ps(b, vv[w]), acc[u][w]);",
+    "PrefillAttention",
+    "the AVX-512 prefill attention rounds p·v before adding it (two roundings where its definition fuses)")
+MUTATIONS["expanded_mla_reuse_unchecked"] = (
+    "src/layers/mla_layer.cpp",
+    "  while (reuse < known && std::memcmp(",
+    "  while (reuse < known && 0 * std::memcmp(",
+    "ExpandedMlaReusesKeysOnlyFromIdenticalRows",
+    "the expanded MLA form reuses up-projected keys and values without comparing the cache rows")
+
 
 def cpu_flags():
     try:

@@ -11,6 +11,7 @@
 #include "kernels/cpu/gguf_int8.h"
 #include "kernels/cpu/linear_gguf.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/prefill_attention.h"
 #include "kernels/cpu/scratch.h"
 
 namespace kestrel {
@@ -165,37 +166,73 @@ void MlaLayer::apply_rope(int64_t off, int64_t T, int64_t pos0, int64_t row) {
   }
 }
 
-// Up-projects every cached latent to per-head keys [k_nope | k_r] and values, then MHA.
+// Up-projects every cached latent to per-head keys [k_nope | k_r] and values, then MHA with the tiled prefill
+// kernel (kernels/cpu/prefill_attention.h). The up-projected keys and values are kept between calls with a
+// byte copy of the cache rows they came from: the next chunk of the same prompt finds its earlier rows
+// unchanged (memcmp) and up-projects only the rows after the first that differs, so a prompt prefilled in
+// chunks pays for kv_b once per token, not once per token per chunk. A token's keys and values depend only on
+// its row's bytes (kv_b is row-invariant), so reused ones have the bits a fresh up-projection gives. kv_b
+// runs over slices of kExpandSlice latents, each scattered straight into the kernel's per-head layouts.
 void MlaLayer::attend_expanded(int64_t off, int64_t T, const MlaCache& cache) {
-  const int64_t L = cache.n_tokens, row = lora_ + dr_;
-  // kv_b on the cached latents: needs them contiguous without the k_r tail (rows decoded from the
-  // page dtype; k_r read back per token below).
-  std::vector<float>& lat = olat_;
-  lat.resize(static_cast<size_t>(L * lora_));
-  for (int64_t j = 0; j < L; ++j) kernels::kv_load_row(cache.row, cache.row_ptr(j), lora_, lat.data() + j * lora_);
-  kv_.resize(static_cast<size_t>(L * nh_ * (dn_ + dv_)));
-  matmul(wkvb_, lat.data(), L, kv_.data());
-  k_.resize(static_cast<size_t>(L * nh_ * qk_));
-  v_.resize(static_cast<size_t>(L * nh_ * dv_));
-  row_buf_.resize(static_cast<size_t>(row));
-  for (int64_t j = 0; j < L; ++j) {
-    const float* cached = kernels::kv_row_floats(cache.row, cache.row_ptr(j), row, row_buf_.data());
-    for (int64_t h = 0; h < nh_; ++h) {
-      const float* src = kv_.data() + (j * nh_ + h) * (dn_ + dv_);
-      float* kd = k_.data() + (j * nh_ + h) * qk_;
-      std::copy_n(src, dn_, kd);
-      std::copy_n(cached + lora_, dr_, kd + dn_);
-      std::copy_n(src + dn_, dv_, v_.data() + (j * nh_ + h) * dv_);
+  constexpr int64_t kExpandSlice = 256;
+  const int64_t L = cache.n_tokens, row = lora_ + dr_, per_head = dn_ + dv_;
+  const int64_t row_bytes = cache.row.bytes();
+  if (row_bytes != exp_row_bytes_) exp_rows_valid_ = 0, exp_row_bytes_ = row_bytes;
+  int64_t reuse = 0;
+  const int64_t known = std::min(exp_rows_valid_, L);
+  while (reuse < known && std::memcmp(cache.row_ptr(reuse), exp_rows_.data() + reuse * row_bytes, static_cast<size_t>(row_bytes)) == 0)
+    ++reuse;
+  reserve_expanded(L, reuse);
+  exp_rows_.resize(static_cast<size_t>(exp_cap_ * row_bytes));
+  const int64_t kt_stride = kernels::packed_key_floats(exp_cap_, qk_), v_stride = exp_cap_ * dv_;
+  const int64_t slice = std::min(L - reuse, kExpandSlice);
+  olat_.resize(static_cast<size_t>(slice * lora_));
+  kv_.resize(static_cast<size_t>(slice * nh_ * per_head));
+  row_buf_.resize(static_cast<size_t>(slice * row));
+  for (int64_t j0 = reuse; j0 < L; j0 += kExpandSlice) {
+    const int64_t n = std::min(kExpandSlice, L - j0);
+    for (int64_t j = 0; j < n; ++j) {  // rows decoded from the page dtype: latent for kv_b, k_r kept aside
+      float* r = row_buf_.data() + j * row;
+      kernels::kv_load_row(cache.row, cache.row_ptr(j0 + j), row, r);
+      std::copy_n(r, lora_, olat_.data() + j * lora_);
+      std::memcpy(exp_rows_.data() + (j0 + j) * row_bytes, cache.row_ptr(j0 + j), static_cast<size_t>(row_bytes));
     }
+    matmul(wkvb_, olat_.data(), n, kv_.data());
+    kernels::parallel_for(0, nh_, 1, n * nh_ >= 64, [&](int64_t h) {
+      float* kt = kt_.data() + h * kt_stride;
+      float* v = v_.data() + h * v_stride;
+      for (int64_t j = 0; j < n; ++j) {
+        const float* src = kv_.data() + (j * nh_ + h) * per_head;
+        kernels::pack_key_part(kt, qk_, j0 + j, 0, src, dn_);
+        kernels::pack_key_part(kt, qk_, j0 + j, dn_, row_buf_.data() + j * row + lora_, dr_);
+        std::copy_n(src + dn_, dv_, v + (j0 + j) * dv_);
+      }
+    });
   }
-  kernels::AttentionArgs a;
+  exp_rows_valid_ = L;
+  kernels::PrefillAttentionArgs a;
   a.T = T, a.L = L, a.H = nh_, a.Dk = qk_, a.Dv = dv_;
   a.q = q_.data() + off * nh_ * qk_;
-  a.k = k_.data(), a.k_token_stride = nh_ * qk_, a.k_head_stride = qk_;
-  a.v = v_.data(), a.v_token_stride = nh_ * dv_, a.v_head_stride = dv_;
+  a.kt = kt_.data(), a.kt_head_stride = kt_stride;
+  a.v = v_.data(), a.v_head_stride = v_stride;
   a.scale = scale_;
   a.out = attn_.data() + off * nh_ * dv_;
-  kernels::causal_attention(a);
+  kernels::prefill_attention(a);
+}
+
+// Room for L tokens of up-projected keys and values per head (capacity doubles; the first `keep` tokens of
+// every head move to the new layout).
+void MlaLayer::reserve_expanded(int64_t L, int64_t keep) {
+  if (L <= exp_cap_) return;
+  const int64_t cap = std::max<int64_t>({L, 2 * exp_cap_, kernels::kKeyBlock});
+  const int64_t old_kt = kernels::packed_key_floats(exp_cap_, qk_), new_kt = kernels::packed_key_floats(cap, qk_);
+  std::vector<float> kt(static_cast<size_t>(nh_ * new_kt)), v(static_cast<size_t>(nh_ * cap * dv_));
+  const int64_t keep_kt = kernels::packed_key_floats(keep, qk_);
+  for (int64_t h = 0; h < nh_ && keep > 0; ++h) {
+    std::copy_n(kt_.data() + h * old_kt, keep_kt, kt.data() + h * new_kt);
+    std::copy_n(v_.data() + h * exp_cap_ * dv_, keep * dv_, v.data() + h * cap * dv_);
+  }
+  kt_ = std::move(kt), v_ = std::move(v), exp_cap_ = cap;
 }
 
 // Weight absorption: q_lat = W_UK^T q_nope ‖ q_r; MQA over the 576-wide latent rows with values

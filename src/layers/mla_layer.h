@@ -54,6 +54,7 @@ class MlaLayer {
 
  private:
   void attend_expanded(int64_t off, int64_t T, const MlaCache& cache);
+  void reserve_expanded(int64_t L, int64_t keep);
   void attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> segs);
   const float* head_rows(int64_t r0, int64_t n) const;
   bool native_absorbed() const;
@@ -80,10 +81,14 @@ class MlaLayer {
   std::vector<Segment<IndexerCache>> idx_segs_;
   std::vector<int32_t> idx_;
   // Scratch (not reentrant).
-  std::vector<float> qa_, q_, ckv_, kv_, k_, v_, attn_, qlat_, olat_, wblk_, gate_, cos_, sin_, hin_, hout_, row_buf_;
+  std::vector<float> qa_, q_, ckv_, kv_, kt_, v_, attn_, qlat_, olat_, wblk_, gate_, cos_, sin_, hin_, hout_, row_buf_;
   std::vector<kernels::MatmulTask> head_tasks_;
   std::vector<Segment<MlaCache>> absorbed_;
   std::vector<kernels::AttentionArgs> attn_args_;
+  // Expanded form: per-head keys (kt_, packed) and values (v_) of exp_rows_valid_ cached tokens, room for
+  // exp_cap_, and the bytes of the cache rows they were up-projected from (attend_expanded).
+  std::vector<uint8_t> exp_rows_;
+  int64_t exp_rows_valid_ = 0, exp_cap_ = 0, exp_row_bytes_ = 0;
 };
 
 }  // namespace kestrel

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "common/test_util.h"
@@ -132,6 +133,36 @@ TEST_P(ModelConsistency, AbsorbedMlaEqualsExpanded) {
   ex.mla_mode = MlaMode::kExpanded;
   ab.mla_mode = MlaMode::kAbsorbed;
   expect_close(all_logits(ids, 13, ab), all_logits(ids, 13, ex), 1e-4, "absorbed vs expanded");
+}
+
+// The expanded MLA form keeps each layer's up-projected keys and values from one chunk to the next when the
+// cache rows they came from are unchanged. Three sequences prefilled chunk by chunk in turn (B shares A's first
+// chunk, C shares nothing), so every call finds the rows of another sequence: each must give exactly the bits
+// of its own run alone (where every chunk reuses its own earlier rows).
+TEST_P(ModelConsistency, ExpandedMlaReusesKeysOnlyFromIdenticalRows) {
+  if (GetParam().dsa) GTEST_SKIP() << "sparse layers run the absorbed form only";
+  const int64_t chunk = 32;
+  auto a = prompt(150, vocab_, 1), b = a, c = prompt(150, vocab_, 3);
+  for (size_t i = 40; i < b.size(); ++i) b[i] = static_cast<int32_t>((b[i] + 5) % vocab_);
+  ForwardOptions o = base();
+  o.mla_mode = MlaMode::kExpanded;
+  const std::vector<std::vector<int32_t>*> seqs = {&a, &b, &c};
+  std::vector<std::vector<float>> alone, turns(3);
+  for (auto* ids : seqs) alone.push_back(all_logits(*ids, chunk, o));
+  std::vector<SequenceState> st;
+  for (int i = 0; i < 3; ++i) st.push_back(eng_->new_sequence());
+  for (size_t t0 = 0; t0 < a.size(); t0 += chunk)
+    for (int i = 0; i < 3; ++i) {
+      const size_t n = std::min<size_t>(chunk, a.size() - t0);
+      auto r = eng_->prefill(st[i], std::span<const int32_t>(seqs[i]->data() + t0, n), 0, /*all_logits=*/true, o);
+      ASSERT_TRUE(r);
+      turns[i].insert(turns[i].end(), r->begin(), r->end());
+    }
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(turns[i].size(), alone[i].size());
+    EXPECT_EQ(std::memcmp(turns[i].data(), alone[i].data(), turns[i].size() * 4), 0) << "sequence " << i;
+  }
+  EXPECT_NE(std::memcmp(alone[0].data(), alone[1].data(), alone[0].size() * 4), 0);
 }
 
 TEST_P(ModelConsistency, RecurrentKdaEqualsChunked) {

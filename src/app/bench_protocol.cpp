@@ -42,12 +42,12 @@ nlohmann::json summarize(int64_t n_tokens, const std::vector<Timed>& runs) {
           {"cores_used", cores}};
 }
 
-// pp: one prefill of the whole prompt as a single chunk on a fresh sequence.
-Result<Timed> time_pp(Engine& e, const std::vector<int32_t>& ids, KvCacheDtype kv) {
+// pp: one prefill of the whole prompt, in chunks of `chunk` tokens, on a fresh sequence.
+Result<Timed> time_pp(Engine& e, const std::vector<int32_t>& ids, KvCacheDtype kv, int64_t chunk) {
   SequenceState seq = e.new_sequence(kv);
   const double c0 = cpu_seconds();
   const auto t0 = Clock::now();
-  auto l = e.prefill(seq, ids, static_cast<int64_t>(ids.size()));
+  auto l = e.prefill(seq, ids, chunk);
   if (!l) return l.error();
   return Timed{std::chrono::duration<double>(Clock::now() - t0).count(), cpu_seconds() - c0};
 }
@@ -77,12 +77,12 @@ std::vector<int32_t> bench_prompt_ids(int64_t n, int vocab) {
 }
 
 Result<nlohmann::json> run_pp_tg(Engine& e, const PpTgOptions& o) {
-  if (o.pp < 0 || o.tg < 0 || (o.pp == 0 && o.tg == 0) || o.reps < 1 || o.warmup < 0)
-    return invalid_argument("--pp/--tg must be ≥ 0 (not both 0), --reps ≥ 1, --warmup ≥ 0");
+  if (o.pp < 0 || o.tg < 0 || (o.pp == 0 && o.tg == 0) || o.reps < 1 || o.warmup < 0 || o.chunk < 1)
+    return invalid_argument("--pp/--tg must be ≥ 0 (not both 0), --reps ≥ 1, --warmup ≥ 0, --chunk ≥ 1");
   const int vocab = e.config().text.vocab_size;
   std::vector<float> logits;
   for (int64_t w = 0; w < o.warmup; ++w) {  // faults the mmapped weights in, grows scratch buffers
-    if (auto s = time_pp(e, bench_prompt_ids(std::max<int64_t>(o.pp, 32), vocab), o.kv); !s) return s.error();
+    if (auto s = time_pp(e, bench_prompt_ids(std::max<int64_t>(o.pp, 32), vocab), o.kv, o.chunk); !s) return s.error();
     if (auto s = time_tg(e, 1, 13, logits, o.kv); !s) return s.error();
   }
   nlohmann::json j = nlohmann::json::object();
@@ -90,7 +90,7 @@ Result<nlohmann::json> run_pp_tg(Engine& e, const PpTgOptions& o) {
     const auto ids = bench_prompt_ids(o.pp, vocab);
     std::vector<Timed> secs;
     for (int64_t r = 0; r < o.reps; ++r) {
-      auto s = time_pp(e, ids, o.kv);
+      auto s = time_pp(e, ids, o.kv, o.chunk);
       if (!s) return s.error();
       secs.push_back(*s);
     }

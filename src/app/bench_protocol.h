@@ -1,5 +1,5 @@
 // llama-bench-style measurements for `kestrel bench` (issue 5 "Measure", bench/llama_cpp_compare.py):
-// pp<N> = one prefill of N tokens in one chunk on an empty sequence; tg<M> = M single-token decodes
+// pp<N> = one prefill of N tokens in chunks of `chunk` (llama-bench's n_ubatch, 512) on an empty sequence; tg<M> = M single-token decodes
 // starting from an empty sequence; each repeated R times, mean ± sd of the per-repetition tokens/s
 // (llama-bench's avg_ts / stddev_ts). And the correctness gate the comparison runs before timing.
 #pragma once
@@ -21,6 +21,7 @@ struct PpTgOptions {
   int64_t warmup = 1; // untimed runs on a throwaway sequence before timing: a pp-sized prefill + tg-1
                      // (llama-bench's warm-up: the timed prefill finds its buffers grown)
   KvCacheDtype kv = KvCacheDtype::kF32;  // MLA latent cache dtype of the timed sequences
+  int64_t chunk = 512;                   // prefill chunk of pp (--chunk; llama-bench computes in ubatches of 512)
 };
 
 // Token ids of the timed prompts: (i·7919 + 13) mod vocab, as the plain bench uses.

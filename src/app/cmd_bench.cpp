@@ -41,9 +41,11 @@ int fail_msg(const Status& s) {
 // --pp N --tg M --reps R [--warmup W]: llama-bench's pp/tg protocol (bench_protocol.h).
 int bench_pp_tg(const Args& a, const std::string& dir) {
   PpTgOptions o;
-  auto pp = a.integer("pp"), tg = a.integer("tg"), reps = a.integer("reps"), warm = a.integer("warmup");
-  if (!pp || !tg || !reps || !warm) return usage_error("bench", invalid_argument("--pp, --tg, --reps, --warmup take integers"));
-  o.pp = *pp, o.tg = *tg, o.reps = *reps, o.warmup = *warm;
+  auto pp = a.integer("pp"), tg = a.integer("tg"), reps = a.integer("reps"), warm = a.integer("warmup"),
+       chunk = a.integer("chunk");
+  if (!pp || !tg || !reps || !warm || !chunk)
+    return usage_error("bench", invalid_argument("--pp, --tg, --reps, --warmup, --chunk take integers"));
+  o.pp = *pp, o.tg = *tg, o.reps = *reps, o.warmup = *warm, o.chunk = *chunk;
   auto kv = kv_cache_dtype_flag(a);
   if (!kv) return usage_error("bench", kv.error());
   o.kv = *kv;

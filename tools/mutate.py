@@ -135,6 +135,13 @@ MUTATIONS["expanded_mla_reuse_unchecked"] = (
     "ExpandedMlaReusesKeysOnlyFromIdenticalRows",
     "the expanded MLA form reuses up-projected keys and values without comparing the cache rows")
 
+MUTATIONS["shared_prefill_never_waited_for"] = (
+    "src/scheduler/scheduler.cpp",
+    "  if (!prefix_ || s.generated > 0) return false;",
+    "  if (!prefix_ || s.generated >= 0) return false;",
+    "RequestsArrivingTogetherShareOnePrefill",
+    "a request arriving during a prefill of the same prefix never waits for it (both compute it side by side)")
+
 
 def cpu_flags():
     try:

@@ -195,15 +195,46 @@ bool Scheduler::take_inbox(bool block, std::stop_token& stop) {
 }
 
 void Scheduler::admit() {
-  while (!waiting_.empty() && pools_->free_slots() > 0) {
-    std::unique_ptr<Seq> s = std::move(waiting_.front());
-    waiting_.pop_front();
+  for (auto it = waiting_.begin(); it != waiting_.end() && pools_->free_slots() > 0;) {
+    if (waits_for_shared_prefill(**it)) {
+      ++it;
+      continue;
+    }
+    std::unique_ptr<Seq> s = std::move(*it);
+    it = waiting_.erase(it);
     s->slot = *pools_->acquire_slot(s->st);
     // The block list never reallocates while decoding (the pools reserve the page tables likewise).
     s->blocks.reserve(static_cast<size_t>(pools_->blocks_for(cfg_.max_context)));
     attach_prefix(*s);
     running_.push_back(std::move(s));
   }
+}
+
+// Sharing a prefill still running: a fresh request whose prompt has more than one grid chunk in common (same
+// chain keys: same salt, tokens and images) with a prompt still being prefilled, beyond where that prefill
+// stands, waits; the running prefill stores its pages (and KDA snapshot) when it reaches the last common grid
+// boundary, and the request then attaches them like any cached prefix. Both would otherwise compute the same
+// tokens side by side. A request never waits for one that has left `running_` (finished, cancelled, preempted).
+bool Scheduler::waits_for_shared_prefill(Seq& s) {
+  if (!prefix_ || s.generated > 0) return false;
+  const int64_t B = prefix_->block_tokens(), G = cfg_.prefill_chunk, L = static_cast<int64_t>(s.tokens.size());
+  const int64_t max_blocks = (L - 1) / G * G / B;
+  if (max_blocks == 0) return false;
+  const auto keys = keys_for(s, max_blocks);
+  for (auto& r : running_) {
+    if (!r || r->generated > 0 || r->st.n_tokens >= r->prefill_len) continue;  // not prefilling
+    const int64_t rb = std::min(r->prefill_len / B, max_blocks);
+    const auto rk = keys_for(*r, rb);
+    int64_t common = 0;
+    while (common < rb && rk[static_cast<size_t>(common)] == keys[static_cast<size_t>(common)]) ++common;
+    const int64_t at = common * B / G * G;
+    if (at < G || at <= r->st.n_tokens) continue;
+    if (std::find(r->shares.begin(), r->shares.end(), at) == r->shares.end()) {
+      r->shares.insert(std::upper_bound(r->shares.begin(), r->shares.end(), at), at);
+    }
+    return true;
+  }
+  return false;
 }
 
 // The chain keys of the first n_blocks full blocks of s.tokens (computed once, extended as needed).
@@ -242,8 +273,16 @@ void Scheduler::attach_prefix(Seq& s) {
 // After a forward: store the snapshot of a cut this sequence just reached; in decode, copy the state at
 // each block boundary into the snapshot it holds for its generation end.
 void Scheduler::after_forward(Seq& s, int64_t T) {
-  if (!prefix_ || !prefix_->needs_snapshot()) return;
+  if (!prefix_) return;
   const int64_t n = s.st.n_tokens, B = prefix_->block_tokens();
+  while (!s.shares.empty() && s.shares.front() <= n) {  // a boundary a waiting request shares
+    const int64_t at = s.shares.front();
+    s.shares.erase(s.shares.begin());
+    if (at != n) continue;
+    if (prefix_->needs_snapshot()) prefix_->store_snapshot(keys_for(s, at / B), s.blocks, pools_->slot_data(s.slot));
+    else prefix_->store_pages(keys_for(s, at / B), s.blocks);
+  }
+  if (!prefix_->needs_snapshot()) return;
   while (s.cuts.size() >= 2 && s.cuts[1] <= n) {
     const int64_t at = s.cuts[0], take = s.cuts[1];
     s.cuts.erase(s.cuts.begin(), s.cuts.begin() + 2);
@@ -326,6 +365,7 @@ void Scheduler::finish(Seq& s, FinishReason r, const std::string& error) {
 // Recompute-style preemption: drop the cache, keep the tokens (prompt + generated so far); the
 // sequence goes back to the front of the queue and re-prefills when a slot frees up.
 void Scheduler::preempt(Seq& s) {
+  s.shares.clear();  // requests waiting on this prefill stop waiting once it leaves running_
   release(s, true);
   for (auto& p : running_)
     if (p.get() == &s) {
@@ -449,9 +489,15 @@ bool Scheduler::step() {
 
 // The next boundary where this sequence's prefill must stop so a snapshot can be taken (0: none).
 int64_t Scheduler::next_cut(const Seq& s) const {
+  int64_t cut = 0;
   for (size_t i = 1; i < s.cuts.size(); i += 2)
-    if (s.cuts[i] > s.st.n_tokens) return s.cuts[i];
-  return 0;
+    if (s.cuts[i] > s.st.n_tokens) {
+      cut = s.cuts[i];
+      break;
+    }
+  for (int64_t at : s.shares)
+    if (at > s.st.n_tokens) return cut > 0 ? std::min(cut, at) : at;
+  return cut;
 }
 
 void Scheduler::loop(std::stop_token stop) {

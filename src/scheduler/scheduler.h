@@ -78,6 +78,7 @@ class Scheduler final : public EngineService {
     std::vector<int64_t> cuts;  // pairs: (boundary recorded, tokens fed when the state is taken)
     int32_t held = -1;
     int64_t held_at = 0;
+    std::vector<int64_t> shares;  // grid boundaries a waiting request asked this prefill to store (ascending)
     int cached = 0;  // prompt tokens reused at first admission
     int64_t prefill_len = 0;  // tokens to prefill at the last admission (prompt, or prompt + generated after preemption)
     int64_t pending() const { return static_cast<int64_t>(tokens.size()) - st.n_tokens; }
@@ -97,6 +98,7 @@ class Scheduler final : public EngineService {
   void retire_prefix(Seq& s, bool keep);
   std::span<const Digest> keys_for(Seq& s, int64_t n_blocks);
   int64_t next_cut(const Seq& s) const;
+  bool waits_for_shared_prefill(Seq& s);
 
   Engine& engine_;
   SchedulerConfig cfg_;

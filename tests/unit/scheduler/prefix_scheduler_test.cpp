@@ -285,6 +285,62 @@ TEST_P(PrefixScheduler, NoLeaksUnderPressureAndFlush) {
   EXPECT_EQ(st.state_slots_used, 0);
 }
 
+// Requests arriving together over a shared prefix: the later ones wait for the first prefill to pass the last
+// common grid boundary and reuse what it stored there (4 shared chunks), instead of computing it side by side;
+// a request with another salt shares nothing and never waits. Every answer equals its cache-off answer bit for
+// bit; afterwards nothing leaks. Cancelling the prefill another request waits on never strands the waiter: it
+// finishes with the bits of its run alone, wherever the cancel lands.
+TEST_P(PrefixScheduler, RequestsArrivingTogetherShareOnePrefill) {
+  const auto shared = tokens(4 * kChunk + 7, 3);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 3; ++i) prompts.push_back(cat(shared, tokens(20 + 9 * i, 40 + i)));
+  const std::vector<std::string> salts = {"", "", "other"};
+  auto go = [&](Scheduler& s) {
+    std::vector<std::unique_ptr<Client>> cs;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      cs.push_back(std::make_unique<Client>());
+      GenerationRequest r = cs.back()->make(prompts[i], 5);
+      r.cache_salt = salts[i];
+      EXPECT_TRUE(s.submit(std::move(r)));
+    }
+    std::vector<Collected> out;
+    for (auto& c : cs) out.push_back(c->wait());
+    return out;
+  };
+  std::vector<Collected> off;
+  {
+    auto s = make(config(false));
+    off = go(*s);
+  }
+  auto s = make(config(true));
+  const auto on = go(*s);
+  for (size_t i = 0; i < on.size(); ++i) expect_same(on[i], off[i], "request " + std::to_string(i));
+  EXPECT_EQ(on[0].cached_tokens, 0);
+  EXPECT_EQ(on[1].cached_tokens, 4 * kChunk) << "the second request reuses the first one's prefill";
+  EXPECT_EQ(on[2].cached_tokens, 0) << "another salt shares nothing";
+
+  // Cancel the prefill another request waits on: the waiter runs alone.
+  auto s2 = make(config(true));
+  const auto long_shared = tokens(20 * kChunk, 5);
+  Client a, b;
+  GenerationRequest ra = a.make(cat(long_shared, tokens(9, 50)), 5), rb = b.make(cat(long_shared, tokens(11, 51)), 5);
+  const auto ida = s2->submit(std::move(ra));
+  ASSERT_TRUE(ida);
+  ASSERT_TRUE(s2->submit(std::move(rb)));
+  s2->cancel(*ida);
+  const Collected ca = a.wait(), cb = b.wait();
+  EXPECT_EQ(cb.finish, FinishReason::kLength);
+  auto s3 = make(config(false));
+  expect_same(cb, run(*s3, cat(long_shared, tokens(11, 51)), 5), "waiter after a cancelled prefill");
+  for (Scheduler* x : {s.get(), s2.get()}) {
+    const ServiceStats st = settled(*x);
+    EXPECT_EQ(st.state_slots_used, 0);
+    EXPECT_EQ(st.kv_blocks_used, st.prefix.cached_blocks);
+    EXPECT_EQ(st.waiting, 0);
+  }
+  (void)ca;
+}
+
 // Hybrid models only (a pure-MLA model has no recurrent state to snapshot).
 class PrefixSchedulerHybrid : public PrefixScheduler {};
 

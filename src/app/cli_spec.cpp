@@ -7,6 +7,7 @@ namespace kestrel::app {
 namespace {
 const FlagSpec kModel{"model", "DIR", "", "checkpoint directory or GGUF file (none: the shipped default, or --preset)"};
 const FlagSpec kQuiet{"quiet", "", "", "no notes on stderr (default model, load notes)"};
+const FlagSpec kEp{"ep", "E", "1", "expert-parallel ranks: run as a cell under mpirun -np E (docs/cell.md)"};
 const FlagSpec kKvCacheDtype{"kv-cache-dtype", "fp32|bf16|fp8", "fp32",
                              "element type of the MLA latent cache pages (bf16, fp8: smaller, logits not bit-equal to fp32)"};
 }  // namespace
@@ -90,6 +91,7 @@ const std::vector<CommandSpec>& command_specs() {
         {"json", "", "", "print one JSON object (tokens, text, timings)"},
         {"ignore-eos", "", "", "keep generating past the end-of-sequence token"},
         kKvCacheDtype,
+        kEp,
         kQuiet}},
       {"bench",
        "Prefill/decode throughput and peak memory; llama-bench's pp/tg protocol; greedy logits for the gate.",

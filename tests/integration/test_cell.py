@@ -1,0 +1,159 @@
+"""`kestrel generate --ep E` as a cell under mpiexec (docs/cell.md): greedy tokens equal to one process for the
+tiny K3, K3 with DSA layers, Kimi Linear, DeepSeek V3 and V3.2 models at EP 2 and 4; every rank binds the
+replicated weights plus about 1/E of the routed-expert bytes; flag errors; and a SIGKILLed rank ends the cell
+non-zero within 10 s, mpirun naming the rank, with no rank process left behind."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+BINARY = os.environ.get("KESTREL_BINARY", "build/release/kestrel")
+MPIEXEC = os.environ.get("KESTREL_MPIEXEC") or shutil.which("mpiexec")
+# The flags of the MPI unit tests (tests/unit/dist/CMakeLists.txt): oversubscribed ranks that yield when idle,
+# no cross-memory attach (refused in many containers), one OpenMP thread per rank.
+MPI_FLAGS = ["--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_vader_single_copy_mechanism",
+             "none", "-x", "OMP_NUM_THREADS=1"]
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+PROMPT = "3,14,15,92,65,35,89,79,32,38,46,26,43,38,32,79,50,28,84,19,71,69,39,93,75,10"
+
+if not MPIEXEC:
+    if os.environ.get("CI"):
+        pytest.fail("mpiexec not found (scripts/install-deps.sh installs openmpi-bin)", pytrace=False)
+    pytest.skip("mpiexec not found", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def models():
+    d = tempfile.mkdtemp(prefix="kestrel-cell-")
+    out = {}
+    for preset in ["k3-tiny", "k3-tiny-dsa", "kimi-linear-tiny", "deepseek-v3-tiny", "deepseek-v32-sparse-tiny"]:
+        out[preset] = os.path.join(d, preset)
+        subprocess.run([BINARY, "make-model", "--preset", preset, "--out", out[preset]], check=True,
+                       capture_output=True, env=ENV)
+    yield out
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def generate(model, ep, *extra):
+    cmd = [BINARY, "generate", model, "--prompt-ids", PROMPT, "--max-tokens", "12", "--ignore-eos", "--json",
+           "--quiet", "--chunk", "7", *extra]
+    if ep > 1:
+        cmd = [MPIEXEC, "-np", str(ep), *MPI_FLAGS, *cmd, "--ep", str(ep)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("preset", ["k3-tiny", "k3-tiny-dsa", "kimi-linear-tiny", "deepseek-v3-tiny",
+                                    "deepseek-v32-sparse-tiny"])
+def test_cell_tokens_and_logits_equal_one_process(models, preset):
+    one = generate(models[preset], 1, "--top-logits", "5")
+    for ep in (2, 4):
+        cell = generate(models[preset], ep, "--top-logits", "5")
+        assert cell["tokens"] == one["tokens"], f"EP {ep}"
+        assert cell["top_logits"] == one["top_logits"], f"EP {ep}: top logits differ"  # exact floats
+        ranks = cell["cell"]["ranks"]
+        assert [r["rank"] for r in ranks] == list(range(ep))
+        assert cell["cell"]["steps"] == 4 + 11  # 26 prompt tokens in chunks of 7, then 11 decode steps
+        assert all(r["moe_bytes_sent"] > 0 for r in ranks)
+
+
+def test_each_rank_binds_about_one_over_ep_of_the_experts(models):
+    # A checkpoint where the routed experts are a large share: 64 BF16 experts.
+    d = tempfile.mkdtemp(prefix="kestrel-cell-bytes-")
+    try:
+        m = os.path.join(d, "m")
+        subprocess.run([BINARY, "make-model", "--preset", "k3-tiny", "--experts", "64", "--bf16-experts", "--out", m],
+                       check=True, capture_output=True, env=ENV)
+        one = generate(m, 1)
+        w2 = [r["weight_bytes"] for r in generate(m, 2)["cell"]["ranks"]]
+        w4 = [r["weight_bytes"] for r in generate(m, 4)["cell"]["ranks"]]
+        assert len(set(w2)) == 1 and len(set(w4)) == 1, (w2, w4)  # 64 experts split evenly
+        # Each rank binds replicated + routed/E; the single process binds replicated + routed.
+        routed = 4 * (w2[0] - w4[0])
+        replicated = w2[0] - routed // 2
+        assert routed > 0 and replicated > 0
+        assert one["weight_bytes"] == replicated + routed
+        print(f"64 BF16 experts: replicated {replicated} B, routed {routed} B; per rank EP2 {w2[0]}, EP4 {w4[0]}")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_ep_must_match_the_job(models):
+    r = subprocess.run([BINARY, "generate", models["k3-tiny"], "--prompt-ids", "1,2", "--ep", "2"],
+                       capture_output=True, text=True, env=ENV, timeout=60)
+    assert r.returncode == 2 and "--ep 2 needs exactly 2 ranks" in r.stderr, r.stderr
+    r = subprocess.run([MPIEXEC, "-np", "2", *MPI_FLAGS, BINARY, "generate", models["k3-tiny"], "--prompt-ids", "1,2",
+                        "--ep", "4"], capture_output=True, text=True, env=ENV, timeout=60)
+    assert r.returncode != 0 and "needs exactly 4 ranks" in r.stderr, r.stderr
+
+
+def rank_pids(mpirun_pid):
+    """The kestrel processes mpirun started, by their OMPI_COMM_WORLD_RANK."""
+    out = {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                stat = f.read()
+            ppid = int(stat[stat.rfind(")") + 2:].split()[1])
+            if ppid != mpirun_pid:
+                continue
+            with open(f"/proc/{p}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            if b"OMPI_COMM_WORLD_RANK" in env:
+                out[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(p)
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        return stat[stat.rfind(")") + 2] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigkill_of_a_rank_ends_the_cell_within_ten_seconds(models):
+    cmd = [MPIEXEC, "-np", "4", *MPI_FLAGS, BINARY, "generate", models["k3-tiny"], "--prompt-ids", PROMPT,
+           "--max-tokens", "1000000", "--ignore-eos", "--quiet", "--ep", "4"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
+                         start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        pids = {}
+        while time.time() < deadline and len(pids) < 4:
+            assert p.poll() is None, p.stderr.read()
+            pids = rank_pids(p.pid)
+            time.sleep(0.1)
+        assert len(pids) == 4, f"ranks found: {pids}"
+        time.sleep(3)  # well inside the decode loop (the model loads in well under a second)
+        assert p.poll() is None, "the cell ended before the kill"
+        os.kill(pids[2], signal.SIGKILL)
+        killed = time.time()
+        try:
+            rc = p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the cell is still running 10 s after rank 2 was killed")
+        elapsed = time.time() - killed
+        err = p.stderr.read()
+        print(f"cell ended {elapsed:.2f} s after SIGKILL of rank 2 (exit {rc})")
+        assert rc != 0
+        assert "rank 2" in err, err
+        deadline = time.time() + 2
+        while time.time() < deadline and any(alive(q) for q in pids.values()):
+            time.sleep(0.05)
+        assert not [r for r, q in pids.items() if alive(q)], "rank processes outlived mpirun"
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()

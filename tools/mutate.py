@@ -107,8 +107,8 @@ MUTATIONS = {
         "a cell drops each token's highest-id expert when another rank owns it"),
     "ep_owner_off_by_one": (
         "src/layers/expert_shard.h",
-        "    while (r > 0 && first(num_experts, r) > e) --r;\n    return r;",
-        "    while (r > 0 && first(num_experts, r) > e) --r;\n    return (r + 1) % size;",
+        "  int owner(int64_t e, int64_t num_experts) const { return dist::expert_owner(e, num_experts, size); }",
+        "  int owner(int64_t e, int64_t num_experts) const { return (dist::expert_owner(e, num_experts, size) + 1) % size; }",
         "CellFake.*ep[24]",
         "a cell dispatches every token to the rank after the one owning its expert"),
     "ep_combine_in_routing_order": (

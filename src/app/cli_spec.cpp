@@ -157,6 +157,8 @@ const std::vector<CommandSpec>& command_specs() {
         {"expert-format", "checkpoint|mxfp4|bf16|w4a8", "", "routed-expert weight format (default: from --cluster)"},
         {"w4a8-group-size", "N", "", "int4 group size of w4a8 (default: from --cluster)"},
         {"expert-math", "bf16|fp8", "", "routed-expert matmul peak (default: from --cluster)"},
+        {"cell", "", "", "instead: per-rank weights, cache and decode-step traffic of a CPU cell of --ep ranks "
+                         "(--batch, default 1; --context, default 4096; --kv-cache-dtype, default fp32)"},
         {"json", "", "", "print JSON instead of the table"}}},
       {"quantize",
        "BF16 checkpoint → W4A8 (int4 groups, int8 activations; MXFP4 kept), with a KL/top-1 report.",

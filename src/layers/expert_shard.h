@@ -2,13 +2,13 @@
 // the MoE blocks dispatch tokens over, and the bytes they moved. Set on the Binder before binding; a MoE block
 // then binds only its own experts' tensors and runs its routed experts through dispatch / combine.
 //
-// Ownership is contiguous: with E experts over P ranks, rank r owns [E·r/P, E·(r+1)/P) (floor), so every rank
-// owns ⌊E/P⌋ or ⌈E/P⌉ experts and expert ids keep their order across ranks.
+// Ownership is contiguous (dist/expert_partition.h): rank r of P owns experts [E·r/P, E·(r+1)/P).
 #pragma once
 
 #include <cstdint>
 
 #include "dist/communicator.h"
+#include "dist/expert_partition.h"
 
 namespace kestrel {
 
@@ -27,17 +27,11 @@ struct ExpertShard {
   int size = 1;
   EpTraffic traffic;  // accumulated by every MoE block of the model
 
-  int64_t first(int64_t num_experts, int r) const { return num_experts * r / size; }
+  int64_t first(int64_t num_experts, int r) const { return dist::first_expert(num_experts, size, r); }
   bool owns(int64_t e, int64_t num_experts) const {
     return e >= first(num_experts, rank) && e < first(num_experts, rank + 1);
   }
-  int owner(int64_t e, int64_t num_experts) const {
-    // The largest r with first(r) <= e.
-    int r = static_cast<int>(e * size / num_experts);
-    while (r + 1 < size && first(num_experts, r + 1) <= e) ++r;
-    while (r > 0 && first(num_experts, r) > e) --r;
-    return r;
-  }
+  int owner(int64_t e, int64_t num_experts) const { return dist::expert_owner(e, num_experts, size); }
 };
 
 }  // namespace kestrel

@@ -138,6 +138,11 @@ std::vector<std::string> Checkpoint::unused() const {
   return out;
 }
 
+uint64_t Checkpoint::tensor_bytes(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? 0 : it->second.entry->end - it->second.entry->begin;
+}
+
 std::string Checkpoint::file_of(const std::string& name) const {
   auto it = tensors_.find(name);
   return it == tensors_.end() ? dir_ : files_[it->second.file]->path();

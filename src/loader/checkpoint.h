@@ -37,6 +37,8 @@ class Checkpoint {
   // Bytes of the distinct tensors fetched through get() (what the model reads; tensors only accounted for by
   // expect(), such as another rank's experts in a cell, are not counted).
   uint64_t bound_bytes() const { return bound_bytes_; }
+  // Stored bytes of a tensor (0 when absent), from the header alone.
+  uint64_t tensor_bytes(const std::string& name) const;
   // Where a tensor lives, for error messages.
   std::string file_of(const std::string& name) const;
   size_t size() const { return tensors_.size(); }

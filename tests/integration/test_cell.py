@@ -63,23 +63,44 @@ def test_cell_tokens_and_logits_equal_one_process(models, preset):
         assert all(r["moe_bytes_sent"] > 0 for r in ranks)
 
 
-def test_each_rank_binds_about_one_over_ep_of_the_experts(models):
-    # A checkpoint where the routed experts are a large share: 64 BF16 experts.
+def plan(model, ep, *extra):
+    r = subprocess.run([BINARY, "plan", "--model", model, "--cell", "--ep", str(ep), "--json", *extra],
+                       capture_output=True, text=True, env=ENV, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("preset", ["k3-tiny", "k3-tiny-dsa", "kimi-linear-tiny", "deepseek-v3-tiny",
+                                    "deepseek-v32-sparse-tiny"])
+def test_plan_predicts_each_ranks_weight_bytes_exactly(models, preset):
+    for ep in (2, 4):
+        measured = [r["weight_bytes"] for r in generate(models[preset], ep)["cell"]["ranks"]]
+        predicted = [r["weight_bytes"] for r in plan(models[preset], ep)["ranks"]]
+        assert measured == predicted, f"EP {ep}"
+
+
+def test_each_rank_binds_its_share_of_the_experts(models):
+    # 30 BF16 experts: an uneven split at EP 4 (7, 8, 7, 8 experts) and a large routed share.
     d = tempfile.mkdtemp(prefix="kestrel-cell-bytes-")
     try:
         m = os.path.join(d, "m")
-        subprocess.run([BINARY, "make-model", "--preset", "k3-tiny", "--experts", "64", "--bf16-experts", "--out", m],
+        subprocess.run([BINARY, "make-model", "--preset", "k3-tiny", "--experts", "30", "--bf16-experts", "--out", m],
                        check=True, capture_output=True, env=ENV)
         one = generate(m, 1)
-        w2 = [r["weight_bytes"] for r in generate(m, 2)["cell"]["ranks"]]
-        w4 = [r["weight_bytes"] for r in generate(m, 4)["cell"]["ranks"]]
-        assert len(set(w2)) == 1 and len(set(w4)) == 1, (w2, w4)  # 64 experts split evenly
-        # Each rank binds replicated + routed/E; the single process binds replicated + routed.
-        routed = 4 * (w2[0] - w4[0])
-        replicated = w2[0] - routed // 2
-        assert routed > 0 and replicated > 0
-        assert one["weight_bytes"] == replicated + routed
-        print(f"64 BF16 experts: replicated {replicated} B, routed {routed} B; per rank EP2 {w2[0]}, EP4 {w4[0]}")
+        p4 = plan(m, 4)
+        assert [r["experts"] for r in p4["ranks"]] == [7, 8, 7, 8]
+        assert one["weight_bytes"] == p4["replicated_bytes"] + p4["routed_bytes"]
+        for ep in (2, 4):
+            cell = generate(m, ep)
+            assert cell["tokens"] == one["tokens"]
+            w = [r["weight_bytes"] for r in cell["cell"]["ranks"]]
+            p = plan(m, ep)
+            assert w == [r["weight_bytes"] for r in p["ranks"]]
+            routed = [x - p["replicated_bytes"] for x in w]
+            assert sum(routed) == p["routed_bytes"]  # every expert bound exactly once
+            for r in p["ranks"]:  # each rank: its experts' share of the routed bytes
+                assert routed[r["rank"]] == p["routed_bytes"] * r["experts"] // 30
+            print(f"EP {ep}: per-rank weight bytes {w} (one process {one['weight_bytes']})")
     finally:
         shutil.rmtree(d, ignore_errors=True)
 

@@ -105,6 +105,7 @@ const std::vector<CommandSpec>& command_specs() {
         {"batch", "B", "1", "also decode B sequences in lockstep (batched throughput, B ≤ 256)"},
         {"context", "N", "0", "time prefill/decode on top of N synthetic cached tokens"},
         kKvCacheDtype,
+        kEp,
         {"threads", "T", "", "OpenMP threads (default: OMP_NUM_THREADS, else every core)"},
         {"pp", "N", "0", "llama-bench protocol: prompt-processing test of N tokens"},
         {"tg", "N", "0", "llama-bench protocol: text-generation test of N tokens"},

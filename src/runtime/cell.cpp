@@ -60,7 +60,6 @@ Status Cell::exchange_plan(std::vector<int32_t>& plan) {
 
 Status Cell::step(const std::vector<CellRun>& runs, std::vector<float>& logits) {
   if (rank() != 0) return invalid_argument("cell: only rank 0 plans steps");
-  if (finished_) return invalid_argument("cell: step after finish");
   for (const CellRun& r : runs)
     if (r.rank < 0 || r.rank >= size() || r.ids.empty())
       return invalid_argument("cell: run of sequence " + std::to_string(r.seq) + " has rank " +
@@ -71,8 +70,7 @@ Status Cell::step(const std::vector<CellRun>& runs, std::vector<float>& logits) 
 }
 
 Status Cell::finish() {
-  if (rank() != 0 || finished_) return Status::ok();
-  finished_ = true;
+  if (rank() != 0) return Status::ok();
   encode({}, true, plan_);
   return exchange_plan(plan_);
 }

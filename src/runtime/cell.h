@@ -43,14 +43,20 @@ class Cell {
   // Rank 0: runs one step of `runs` on every rank; `logits` receives each run's rows in run order
   // ([rows, vocab]). The other ranks must be in follow().
   Status step(const std::vector<CellRun>& runs, std::vector<float>& logits);
-  // Rank 0: ends follow() on the other ranks. Called at most once.
+  // Rank 0: ends follow() on the other ranks. The sequences stay: once the others call follow() again, rank 0
+  // may step on (a phase boundary, e.g. between a bench's prefill and decode).
   Status finish();
   // Ranks other than 0: runs rank 0's steps until finish().
   Status follow();
 
   const CellTraffic& traffic() const { return traffic_; }
-  // Sequences this rank holds now.
+  // Sequences this rank holds now, and their cached tokens.
   size_t held_sequences() const { return seqs_.size(); }
+  int64_t held_tokens() const {
+    int64_t n = 0;
+    for (const auto& [id, s] : seqs_) n += s.n_tokens;
+    return n;
+  }
 
  private:
   Status exchange_plan(std::vector<int32_t>& plan);  // rank 0 sends, others receive
@@ -62,7 +68,6 @@ class Cell {
   KvCacheDtype kv_;
   std::map<int32_t, SequenceState> seqs_;
   CellTraffic traffic_;
-  bool finished_ = false;
   // Scratch.
   std::vector<int32_t> plan_;
   std::vector<SeqRun> mine_;

@@ -105,6 +105,25 @@ def test_each_rank_binds_its_share_of_the_experts(models):
         shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.mark.parametrize("preset", ["k3-tiny", "deepseek-v32-sparse-tiny"])
+def test_bench_in_a_cell_reports_bytes_equal_to_the_computed_and_planned_ones(models, preset):
+    for ep in (2, 4):
+        r = subprocess.run([MPIEXEC, "-np", str(ep), *MPI_FLAGS, BINARY, "bench", "--model", models[preset], "--ep",
+                            str(ep), "--prompt", "24", "--chunk", "10", "--gen", "6", "--batch", "5", "--json"],
+                           capture_output=True, text=True, env=ENV, timeout=300)
+        assert r.returncode == 0, r.stderr
+        j = json.loads(r.stdout.strip().splitlines()[-1])
+        assert j["ep"] == ep and len(j["ranks"]) == ep
+        assert j["decode_step_bytes_measured"] == j["decode_step_bytes_computed"] > 0
+        assert 0 < j["decode_step_moe_bytes"] < j["decode_step_bytes_measured"]
+        assert j["decode_step_bytes_planned_uniform_routing"] > 0
+        assert sum(x["sequences"] for x in j["ranks"]) == 5
+        for x in j["ranks"]:
+            assert x["decode_bytes_sent_measured"] == x["decode_bytes_sent_computed"], x
+            assert x["weight_bytes"] == x["planned_weight_bytes"], x
+            assert x["cache_bytes"] == x["planned_cache_bytes"], x
+
+
 def test_ep_must_match_the_job(models):
     r = subprocess.run([BINARY, "generate", models["k3-tiny"], "--prompt-ids", "1,2", "--ep", "2"],
                        capture_output=True, text=True, env=ENV, timeout=60)

@@ -16,12 +16,6 @@
 namespace kestrel::app {
 
 namespace {
-[[noreturn]] void cell_exit(const CellLaunch& c, const Status& s) {
-  std::fprintf(stderr, "kestrel bench: rank %d of %d: %s\n", c.shard.rank, c.shard.size, s.message().c_str());
-  std::fflush(stderr);
-  std::_Exit(1);
-}
-
 // What one rank contributes to the report.
 enum Field { kWeight, kHeldSeqs, kHeldTokens, kMeasured, kComputed, kMoe, kFields };
 

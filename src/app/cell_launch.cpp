@@ -1,5 +1,6 @@
 #include "app/cell_launch.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -37,6 +38,12 @@ Result<std::unique_ptr<CellLaunch>> open_cell(int64_t ep) {
   return unsupported("--ep " + std::to_string(ep) + ": this kestrel was built without Open MPI "
                      "(scripts/install-deps.sh installs libopenmpi-dev)");
 #endif
+}
+
+void cell_exit(const CellLaunch& c, const Status& s) {
+  std::fprintf(stderr, "kestrel: rank %d of %d: %s\n", c.shard.rank, c.shard.size, s.message().c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
 }
 
 }  // namespace kestrel::app

@@ -20,4 +20,8 @@ struct CellLaunch {
 // no Open MPI.
 Result<std::unique_ptr<CellLaunch>> open_cell(int64_t ep);
 
+// A cell rank cannot hand an error back to its peers (they wait in the next collective): it prints
+// "kestrel: rank R of P: <message>", exits 1, and mpirun ends the other ranks.
+[[noreturn]] void cell_exit(const CellLaunch& c, const Status& s);
+
 }  // namespace kestrel::app

@@ -61,14 +61,6 @@ std::vector<std::pair<int32_t, float>> top_entries(const std::vector<float>& l, 
   return out;
 }
 
-// A cell rank cannot return an error to its peers (they wait in the next collective): it says which rank
-// failed and exits non-zero, and mpirun ends the other ranks.
-[[noreturn]] void cell_exit(const CellLaunch& c, const Status& s) {
-  std::fprintf(stderr, "kestrel: rank %d of %d: %s\n", c.shard.rank, c.shard.size, s.message().c_str());
-  std::fflush(stderr);
-  std::_Exit(1);
-}
-
 // Every rank's bound weight bytes and MoE bytes sent, gathered on every rank (after the last step).
 Result<nlohmann::json> cell_report(CellLaunch& c, const Model& m, const Cell& cell) {
   const uint64_t mine[4] = {m.bound_weight_bytes(), c.shard.traffic.total(),
@@ -124,6 +116,11 @@ int cmd_generate(const std::vector<std::string>& argv) {
     if (auto r = cell_report(*cl, (*eng)->model(), cell); !r) cell_exit(*cl, r.error());
     return 0;
   }
+  // From here on an error on rank 0 of a cell ends the cell.
+  auto die = [&](const Status& s) {
+    if (cl != nullptr) cell_exit(*cl, s);
+    return fail(s);
+  };
   int rc = 0;
   const std::string dir = resolve_model_or_default(a->str("model"), !quiet, rc, a->str("preset"));
   if (rc) {
@@ -137,20 +134,17 @@ int cmd_generate(const std::vector<std::string>& argv) {
   std::optional<chat::Tokenizer> tok;
   if (a->has("prompt") || !a->has("prompt-ids")) {
     auto t = chat::load_model_tokenizer(dir);
-    if (!t) return fail(t.error());
+    if (!t) return die(t.error());
     tok.emplace(std::move(*t));
   }
   Result<std::vector<int32_t>> ids = tok ? Result<std::vector<int32_t>>(tok->encode(a->str("prompt"),
                                                                                      chat::SpecialMode::kAsText))
                                          : parse_id_list(a->str("prompt-ids"));
-  if (!ids && cl != nullptr) cell_exit(*cl, ids.error());
-  if (!ids) return fail(ids.error());
-  if (ids->empty() && cl != nullptr) cell_exit(*cl, invalid_argument("the prompt encodes to no tokens"));
-  if (ids->empty()) return fail(invalid_argument("the prompt encodes to no tokens"));
+  if (!ids) return die(ids.error());
+  if (ids->empty()) return die(invalid_argument("the prompt encodes to no tokens"));
 
   auto eng = Engine::load(dir, cl != nullptr ? &cl->shard : nullptr);
-  if (!eng && cl != nullptr) cell_exit(*cl, eng.error());
-  if (!eng) return fail(eng.error());
+  if (!eng) return die(eng.error());
   print_load_notes(**eng, dir, !quiet);
   Engine& e = **eng;
   SamplingParams sp{static_cast<float>(*temp), static_cast<int>(*top_k), static_cast<float>(*top_p),
@@ -177,8 +171,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   };
   const auto t0 = std::chrono::steady_clock::now();
   auto logits = cell ? cell_prefill() : e.prefill(seq, *ids, *chunk);
-  if (!logits && cl != nullptr) cell_exit(*cl, logits.error());
-  if (!logits) return fail(logits.error());
+  if (!logits) return die(logits.error());
   const auto t1 = std::chrono::steady_clock::now();
   std::vector<int32_t> out;
   nlohmann::json tops = nlohmann::json::array();
@@ -198,8 +191,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
     }
     if (i + 1 == *max_tokens) break;
     auto next = cell ? cell_decode(tok) : e.decode(seq, tok);
-    if (!next && cl != nullptr) cell_exit(*cl, next.error());
-    if (!next) return fail(next.error());
+    if (!next) return die(next.error());
     cur = std::move(*next);
   }
   const auto t2 = std::chrono::steady_clock::now();

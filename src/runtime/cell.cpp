@@ -60,10 +60,17 @@ Status Cell::exchange_plan(std::vector<int32_t>& plan) {
 
 Status Cell::step(const std::vector<CellRun>& runs, std::vector<float>& logits) {
   if (rank() != 0) return invalid_argument("cell: only rank 0 plans steps");
-  for (const CellRun& r : runs)
+  // Checked here, before the broadcast, so that no rank ever receives a step it would refuse alone.
+  const int64_t V = model_.config().text.vocab_size;
+  for (const CellRun& r : runs) {
     if (r.rank < 0 || r.rank >= size() || r.ids.empty())
       return invalid_argument("cell: run of sequence " + std::to_string(r.seq) + " has rank " +
                               std::to_string(r.rank) + " and " + std::to_string(r.ids.size()) + " tokens");
+    for (int32_t id : r.ids)
+      if (id < 0 || id >= V)
+        return invalid_argument("cell: token id " + std::to_string(id) + " outside the vocabulary (0.." +
+                                std::to_string(V - 1) + ")");
+  }
   encode(runs, false, plan_);
   KESTREL_RETURN_IF_ERROR(exchange_plan(plan_));
   return run(runs, &logits);
@@ -93,8 +100,6 @@ Status Cell::run(const std::vector<CellRun>& runs, std::vector<float>* logits) {
   mine_.clear();
   for (const CellRun& r : runs) {
     if (r.rank != me) continue;
-    for (int32_t id : r.ids)
-      if (id < 0 || id >= V) return invalid_argument("cell: token id " + std::to_string(id) + " outside the vocabulary");
     if (r.reset) seqs_.erase(r.seq);
     auto it = seqs_.find(r.seq);
     if (it == seqs_.end()) it = seqs_.emplace(r.seq, model_.new_sequence(kv_)).first;

@@ -40,6 +40,7 @@ const std::vector<CommandSpec>& command_specs() {
         {"max-context", "N", "8192", "longest prompt + completion, tokens"},
         {"page-tokens", "N", "64", "tokens per MLA cache page"},
         kKvCacheDtype,
+        kEp,
         {"no-prefix-cache", "", "", "recompute every prompt (by default cached prompt prefixes are reused)"},
         {"prefix-cache-snapshot-mib", "N", "256", "memory for the prefix cache's KDA state snapshots, MiB"},
         {"prefix-cache-generation-snapshots", "", "",

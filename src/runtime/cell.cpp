@@ -76,6 +76,15 @@ Status Cell::step(const std::vector<CellRun>& runs, std::vector<float>& logits) 
   return run(runs, &logits);
 }
 
+Status Cell::step_held(std::span<const SeqRun> runs, std::vector<float>& logits) {
+  if (rank() != 0) return invalid_argument("cell: only rank 0 plans steps");
+  encode({}, false, plan_);  // no runs on any rank: the followers run an empty batch and send no logits
+  KESTREL_RETURN_IF_ERROR(exchange_plan(plan_));
+  model_.forward_batch(runs, logits, options_);
+  local_.clear();
+  return collect({}, nullptr);
+}
+
 Status Cell::finish() {
   if (rank() != 0) return Status::ok();
   encode({}, true, plan_);
@@ -95,8 +104,7 @@ Status Cell::follow() {
 }
 
 Status Cell::run(const std::vector<CellRun>& runs, std::vector<float>* logits) {
-  const int me = rank(), P = size();
-  const int64_t V = model_.config().text.vocab_size;
+  const int me = rank();
   mine_.clear();
   for (const CellRun& r : runs) {
     if (r.rank != me) continue;
@@ -109,7 +117,12 @@ Status Cell::run(const std::vector<CellRun>& runs, std::vector<float>* logits) {
   ForwardOptions o = options_;
   o.all_logits = false;
   model_.forward_batch(mine_, local_, o);
+  return collect(runs, logits);
+}
 
+Status Cell::collect(const std::vector<CellRun>& runs, std::vector<float>* logits) {
+  const int me = rank(), P = size();
+  const int64_t V = model_.config().text.vocab_size;
   // Logits rows to rank 0: rank p's rows are its runs' rows in plan order.
   std::vector<size_t> send_counts(static_cast<size_t>(P), 0), send_displs(static_cast<size_t>(P), 0);
   std::vector<size_t> recv_counts(static_cast<size_t>(P), 0), recv_displs(static_cast<size_t>(P), 0);

@@ -43,6 +43,10 @@ class Cell {
   // Rank 0: runs one step of `runs` on every rank; `logits` receives each run's rows in run order
   // ([rows, vocab]). The other ranks must be in follow().
   Status step(const std::vector<CellRun>& runs, std::vector<float>& logits);
+  // Rank 0: runs one step over sequences rank 0 holds itself (a server's pool-backed sequences; `logits` as
+  // forward_batch gives them). The other ranks, in follow(), run an empty batch: they hold no attention state
+  // for this step, only their experts. Same bits as forward_batch in one process.
+  Status step_held(std::span<const SeqRun> runs, std::vector<float>& logits);
   // Rank 0: ends follow() on the other ranks. The sequences stay: once the others call follow() again, rank 0
   // may step on (a phase boundary, e.g. between a bench's prefill and decode).
   Status finish();
@@ -61,6 +65,8 @@ class Cell {
  private:
   Status exchange_plan(std::vector<int32_t>& plan);  // rank 0 sends, others receive
   Status run(const std::vector<CellRun>& runs, std::vector<float>* logits);  // every rank
+  // Every rank, after its forward over local_: the runs' logits rows to rank 0, in run order.
+  Status collect(const std::vector<CellRun>& runs, std::vector<float>* logits);
 
   Model& model_;
   dist::Communicator& comm_;

@@ -73,7 +73,7 @@ int serve_follower(CellLaunch& c, const Args& a, KvCacheDtype kv) {
   if (!eng) cell_exit(c, eng.error());
   Cell cell((*eng)->model(), *c.comm, {}, kv);
   if (Status s = cell.follow(); !s.is_ok()) cell_exit(c, s);
-  if (!a.has("quiet")) std::fprintf(stderr, "kestrel serve: rank %d of %d: stopped\n", c.shard.rank, c.shard.size);
+  std::fprintf(stderr, "kestrel serve: rank %d of %d: stopped\n", c.shard.rank, c.shard.size);
   return 0;
 }
 }  // namespace

@@ -11,14 +11,9 @@ import tempfile
 import time
 
 import pytest
+from mpi_cell import ENV, MPI_FLAGS, MPIEXEC, alive, rank_pids
 
 BINARY = os.environ.get("KESTREL_BINARY", "build/release/kestrel")
-MPIEXEC = os.environ.get("KESTREL_MPIEXEC") or shutil.which("mpiexec")
-# The flags of the MPI unit tests (tests/unit/dist/CMakeLists.txt): oversubscribed ranks that yield when idle,
-# no cross-memory attach (refused in many containers), one OpenMP thread per rank.
-MPI_FLAGS = ["--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_vader_single_copy_mechanism",
-             "none", "-x", "OMP_NUM_THREADS=1"]
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
 PROMPT = "3,14,15,92,65,35,89,79,32,38,46,26,43,38,32,79,50,28,84,19,71,69,39,93,75,10"
 
 if not MPIEXEC:
@@ -131,36 +126,6 @@ def test_ep_must_match_the_job(models):
     r = subprocess.run([MPIEXEC, "-np", "2", *MPI_FLAGS, BINARY, "generate", models["k3-tiny"], "--prompt-ids", "1,2",
                         "--ep", "4"], capture_output=True, text=True, env=ENV, timeout=60)
     assert r.returncode != 0 and "needs exactly 4 ranks" in r.stderr, r.stderr
-
-
-def rank_pids(mpirun_pid):
-    """The kestrel processes mpirun started, by their OMPI_COMM_WORLD_RANK."""
-    out = {}
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                stat = f.read()
-            ppid = int(stat[stat.rfind(")") + 2:].split()[1])
-            if ppid != mpirun_pid:
-                continue
-            with open(f"/proc/{p}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-            if b"OMPI_COMM_WORLD_RANK" in env:
-                out[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(p)
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        return stat[stat.rfind(")") + 2] != "Z"
-    except OSError:
-        return False
 
 
 def test_sigkill_of_a_rank_ends_the_cell_within_ten_seconds(models):

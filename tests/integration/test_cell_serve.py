@@ -2,7 +2,7 @@
 step runs on both ranks. Through the `openai` client: greedy chat completions with logprobs under concurrent
 streams (batched across requests) equal those of one `kestrel serve` process bit for bit; SIGKILL of rank 1
 mid-stream ends the client's stream within seconds and the cell non-zero, with no rank left; SIGTERM to mpiexec
-stops every rank cleanly."""
+ends the stream in flight with a final chunk and stops every rank cleanly."""
 import os
 import signal
 import subprocess
@@ -19,7 +19,7 @@ from mpi_cell import ENV, MPI_FLAGS, MPIEXEC, alive, rank_pids
 BINARY = os.environ.get("KESTREL_BINARY", "build/release/kestrel")
 CACHE = os.environ.get("KESTREL_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "kestrel-it-cache")
 # The random-weight K3 preset with a tokenizer (the tiny presets have none); routed experts in every MoE layer.
-SERVE = ["serve", "--preset", "k3-default", "--quiet", "--cache-mib", "64", "--max-context", "1024",
+SERVE = ["serve", "--preset", "k3-default", "--quiet", "--cache-mib", "64", "--max-context", "2048",
          "--max-running", "8"]
 
 if not MPIEXEC:
@@ -155,12 +155,24 @@ def test_sigkill_of_rank_1_mid_stream_ends_the_stream_and_the_cell():
 
 
 def test_sigterm_to_mpiexec_stops_every_rank_cleanly():
+    # No drain time: the stream in flight is cancelled at once and ends with a final chunk, not a broken
+    # connection (mpirun's SIGTERM reaches rank 0 a second after its own, long before 1600 tokens).
     cell = Proc(2, serve_extra=["--drain-seconds", "0"])
     try:
         pids = rank_pids(cell.proc.pid)
         assert sorted(pids) == [0, 1], pids
         assert complete(cell.client, 0)[2] == "length"
-        cell.proc.send_signal(signal.SIGTERM)
+        stream = cell.client.chat.completions.create(
+            model="kimi-k3", messages=[{"role": "user", "content": "Go on"}], max_tokens=1600, temperature=0,
+            stream=True, extra_body={"ignore_eos": True})
+        chunks, finish = 0, None
+        for chunk in stream:
+            chunks += 1
+            if chunks == 10:
+                cell.proc.send_signal(signal.SIGTERM)
+            if chunk.choices and chunk.choices[0].finish_reason is not None:
+                finish = chunk.choices[0].finish_reason
+        assert finish == "abort", f"the stream in flight ended with {finish} after {chunks} chunks"
         try:
             rc = cell.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:

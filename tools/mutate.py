@@ -98,6 +98,25 @@ MUTATIONS = {
         "for (int64_t d = 0; d < K; ++d) decay[d] = 1.0f + g[d];",
         "GoldenTest",
         "KDA decode (recurrent) decay exp(g) linearised to 1 + g; prefill (chunked) unchanged"),
+    "ep_remote_expert_dropped": (
+        "src/layers/ffn.cpp",
+        "      add_weighted(acc_.data() + t * in_, ep_ret_recv_.data() + row * static_cast<size_t>(in_), w_[s], in_);",
+        "      if (owner[s] == me || k + 1 < K_)\n"
+        "        add_weighted(acc_.data() + t * in_, ep_ret_recv_.data() + row * static_cast<size_t>(in_), w_[s], in_);",
+        "CellFake.*ep[24]",
+        "a cell drops each token's highest-id expert when another rank owns it"),
+    "ep_owner_off_by_one": (
+        "src/layers/expert_shard.h",
+        "  int owner(int64_t e, int64_t num_experts) const { return dist::expert_owner(e, num_experts, size); }",
+        "  int owner(int64_t e, int64_t num_experts) const { return (dist::expert_owner(e, num_experts, size) + 1) % size; }",
+        "CellFake.*ep[24]",
+        "a cell dispatches every token to the rank after the one owning its expert"),
+    "ep_combine_in_routing_order": (
+        "src/layers/ffn.cpp",
+        "    std::sort(slot, slot + K_, [id](int a, int b) { return id[a] < id[b]; });",
+        "    (void)id;",
+        "CellFake.*ep[24]",
+        "a cell combines a token's expert outputs in routing-score order instead of ascending expert id"),
 }
 
 # Mutations whose catching tests only run on some CPUs: name -> /proc/cpuinfo flag. Elsewhere they are

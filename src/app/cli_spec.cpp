@@ -7,6 +7,7 @@ namespace kestrel::app {
 namespace {
 const FlagSpec kModel{"model", "DIR", "", "checkpoint directory or GGUF file (none: the shipped default, or --preset)"};
 const FlagSpec kQuiet{"quiet", "", "", "no notes on stderr (default model, load notes)"};
+const FlagSpec kEp{"ep", "E", "1", "expert-parallel ranks: run as a cell under mpirun -np E (docs/cell.md)"};
 const FlagSpec kKvCacheDtype{"kv-cache-dtype", "fp32|bf16|fp8", "fp32",
                              "element type of the MLA latent cache pages (bf16, fp8: smaller, logits not bit-equal to fp32)"};
 }  // namespace
@@ -39,6 +40,7 @@ const std::vector<CommandSpec>& command_specs() {
         {"max-context", "N", "8192", "longest prompt + completion, tokens"},
         {"page-tokens", "N", "64", "tokens per MLA cache page"},
         kKvCacheDtype,
+        kEp,
         {"no-prefix-cache", "", "", "recompute every prompt (by default cached prompt prefixes are reused)"},
         {"prefix-cache-snapshot-mib", "N", "256", "memory for the prefix cache's KDA state snapshots, MiB"},
         {"prefix-cache-generation-snapshots", "", "",
@@ -90,6 +92,7 @@ const std::vector<CommandSpec>& command_specs() {
         {"json", "", "", "print one JSON object (tokens, text, timings)"},
         {"ignore-eos", "", "", "keep generating past the end-of-sequence token"},
         kKvCacheDtype,
+        kEp,
         kQuiet}},
       {"bench",
        "Prefill/decode throughput and peak memory; llama-bench's pp/tg protocol; greedy logits for the gate.",
@@ -103,6 +106,7 @@ const std::vector<CommandSpec>& command_specs() {
         {"batch", "B", "1", "also decode B sequences in lockstep (batched throughput, B ≤ 256)"},
         {"context", "N", "0", "time prefill/decode on top of N synthetic cached tokens"},
         kKvCacheDtype,
+        kEp,
         {"threads", "T", "", "OpenMP threads (default: OMP_NUM_THREADS, else every core)"},
         {"pp", "N", "0", "llama-bench protocol: prompt-processing test of N tokens"},
         {"tg", "N", "0", "llama-bench protocol: text-generation test of N tokens"},
@@ -155,6 +159,8 @@ const std::vector<CommandSpec>& command_specs() {
         {"expert-format", "checkpoint|mxfp4|bf16|w4a8", "", "routed-expert weight format (default: from --cluster)"},
         {"w4a8-group-size", "N", "", "int4 group size of w4a8 (default: from --cluster)"},
         {"expert-math", "bf16|fp8", "", "routed-expert matmul peak (default: from --cluster)"},
+        {"cell", "", "", "instead: per-rank weights, cache and decode-step traffic of a CPU cell of --ep ranks "
+                         "(--batch, default 1; --context, default 4096; --kv-cache-dtype, default fp32)"},
         {"json", "", "", "print JSON instead of the table"}}},
       {"quantize",
        "BF16 checkpoint → W4A8 (int4 groups, int8 activations; MXFP4 kept), with a KL/top-1 report.",

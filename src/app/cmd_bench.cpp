@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include "app/args.h"
+#include "app/bench_cell.h"
 #include "app/bench_protocol.h"
 #include "app/commands.h"
 #include "app/default_model.h"
@@ -98,12 +99,26 @@ int cmd_bench(const std::vector<std::string>& argv) {
     if (!t || *t < 1 || *t > 1024) return usage_error("bench", invalid_argument("--threads must be an integer in 1..1024"));
     omp_set_num_threads(static_cast<int>(*t));
   }
+  auto ep = a->integer("ep");
+  if (!ep) return usage_error("bench", ep.error());
+  auto launch = open_cell(*ep);
+  if (!launch) return usage_error("bench", launch.error());
+  CellLaunch* cl = launch->get();
+  // In a cell rank 0 resolves (and maybe generates) the preset model before the others look for it.
+  if (cl != nullptr && cl->shard.rank != 0 && !cl->comm->barrier().is_ok()) return 1;
   std::string dir = a->str("model");
   const std::string preset = a->str("preset");
   if (dir.empty()) {
-    auto d = ensure_preset_model(preset, true);
+    auto d = ensure_preset_model(preset, cl == nullptr || cl->shard.rank == 0);
     if (!d) return fail(d.error());
     dir = *d;
+  }
+  if (cl != nullptr && cl->shard.rank == 0 && !cl->comm->barrier().is_ok()) return 1;
+  if (cl != nullptr) {
+    if (a->has("gate-out") || a->has("gate-ids") || a->has("pp") || a->has("tg") || a->has("reps") || a->has("context"))
+      return usage_error("bench", unsupported("--ep runs the cell bench (--prompt, --gen, --chunk, --batch); the gate, "
+                                              "pp/tg and --context modes are single-process"));
+    return bench_cell(*a, dir, *cl);
   }
   if (a->has("gate-out") || a->has("gate-ids")) return bench_gate(*a, dir);
   if (a->has("pp") || a->has("tg") || a->has("reps")) return bench_pp_tg(*a, dir);

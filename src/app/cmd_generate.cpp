@@ -5,10 +5,12 @@
 #include <nlohmann/json.hpp>
 
 #include "app/args.h"
+#include "app/cell_launch.h"
 #include "app/commands.h"
 #include "app/default_model.h"
 #include "chat/model_tokenizer.h"
 #include "chat/stream_decoder.h"
+#include "runtime/cell.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
 
@@ -59,6 +61,20 @@ std::vector<std::pair<int32_t, float>> top_entries(const std::vector<float>& l, 
   return out;
 }
 
+// Every rank's bound weight bytes and MoE bytes sent, gathered on every rank (after the last step).
+Result<nlohmann::json> cell_report(CellLaunch& c, const Model& m, const Cell& cell) {
+  const uint64_t mine[4] = {m.bound_weight_bytes(), c.shard.traffic.total(),
+                            cell.traffic().plan_bytes + cell.traffic().logits_bytes, cell.traffic().steps};
+  std::vector<uint64_t> all(4 * static_cast<size_t>(c.shard.size));
+  std::vector<size_t> counts(static_cast<size_t>(c.shard.size), 4);
+  KESTREL_RETURN_IF_ERROR(c.comm->all_gather_v<uint64_t>(std::span<const uint64_t>(mine, 4), all, counts));
+  nlohmann::json ranks = nlohmann::json::array();
+  for (int r = 0; r < c.shard.size; ++r)
+    ranks.push_back({{"rank", r}, {"weight_bytes", all[4 * r]}, {"moe_bytes_sent", all[4 * r + 1]},
+                     {"cell_bytes_sent", all[4 * r + 2]}});
+  return nlohmann::json{{"ep", c.shard.size}, {"steps", all[3]}, {"ranks", ranks}};
+}
+
 }  // namespace
 
 int cmd_generate(const std::vector<std::string>& argv) {
@@ -76,42 +92,86 @@ int cmd_generate(const std::vector<std::string>& argv) {
   auto seed = a->integer("seed");
   auto chunk = a->integer("chunk");
   auto top_logits = a->integer("top-logits");
+  auto ep = a->integer("ep");
   auto kv = kv_cache_dtype_flag(*a);
-  if (Status bad = first_error(max_tokens, temp, top_k, top_p, min_p, seed, chunk, top_logits, kv); !bad.is_ok())
+  if (Status bad = first_error(max_tokens, temp, top_k, top_p, min_p, seed, chunk, top_logits, ep, kv); !bad.is_ok())
     return usage_error("generate", bad);
   if (*max_tokens < 0 || *temp < 0 || *top_k < 0 || *top_p <= 0 || *top_p > 1 || *min_p < 0 || *min_p > 1 ||
       *chunk < 1 || *top_logits < 0)
     return usage_error("generate", invalid_argument("sampling flag out of range"));
   if (a->has("prompt-ids"))
     if (auto ids = parse_id_list(a->str("prompt-ids")); !ids) return usage_error("generate", ids.error());
+  auto launch = open_cell(*ep);
+  if (!launch) return usage_error("generate", launch.error());
+  CellLaunch* cl = launch->get();
+  if (cl != nullptr && cl->shard.rank != 0) {  // a follower: rank 0 resolves (and maybe generates) the model first
+    if (Status s = cl->comm->barrier(); !s.is_ok()) cell_exit(*cl, s);
+    int rc = 0;
+    const std::string dir = resolve_model_or_default(a->str("model"), false, rc, a->str("preset"));
+    if (rc) cell_exit(*cl, invalid_argument("no model"));
+    auto eng = Engine::load(dir, &cl->shard);
+    if (!eng) cell_exit(*cl, eng.error());
+    Cell cell((*eng)->model(), *cl->comm, {}, *kv);
+    if (Status s = cell.follow(); !s.is_ok()) cell_exit(*cl, s);
+    if (auto r = cell_report(*cl, (*eng)->model(), cell); !r) cell_exit(*cl, r.error());
+    return 0;
+  }
+  // From here on an error on rank 0 of a cell ends the cell.
+  auto die = [&](const Status& s) {
+    if (cl != nullptr) cell_exit(*cl, s);
+    return fail(s);
+  };
   int rc = 0;
   const std::string dir = resolve_model_or_default(a->str("model"), !quiet, rc, a->str("preset"));
-  if (rc) return rc;
+  if (rc) {
+    if (cl != nullptr) cell_exit(*cl, invalid_argument("no model"));
+    return rc;
+  }
+  if (cl != nullptr)
+    if (Status s = cl->comm->barrier(); !s.is_ok()) cell_exit(*cl, s);
   // Text prompts go through the checkpoint's tokenizer (raw completion: special-token strings in the
   // prompt stay text). Without --prompt/--prompt-ids the default model gets a fixed greeting.
   std::optional<chat::Tokenizer> tok;
   if (a->has("prompt") || !a->has("prompt-ids")) {
     auto t = chat::load_model_tokenizer(dir);
-    if (!t) return fail(t.error());
+    if (!t) return die(t.error());
     tok.emplace(std::move(*t));
   }
   Result<std::vector<int32_t>> ids = tok ? Result<std::vector<int32_t>>(tok->encode(a->str("prompt"),
                                                                                      chat::SpecialMode::kAsText))
                                          : parse_id_list(a->str("prompt-ids"));
-  if (!ids) return fail(ids.error());
-  if (ids->empty()) return fail(invalid_argument("the prompt encodes to no tokens"));
+  if (!ids) return die(ids.error());
+  if (ids->empty()) return die(invalid_argument("the prompt encodes to no tokens"));
 
-  auto eng = Engine::load(dir);
-  if (!eng) return fail(eng.error());
+  auto eng = Engine::load(dir, cl != nullptr ? &cl->shard : nullptr);
+  if (!eng) return die(eng.error());
   print_load_notes(**eng, dir, !quiet);
   Engine& e = **eng;
   SamplingParams sp{static_cast<float>(*temp), static_cast<int>(*top_k), static_cast<float>(*top_p),
                     static_cast<float>(*min_p), static_cast<uint64_t>(*seed)};
   Sampler sampler(sp);
   SequenceState seq = e.new_sequence(*kv);
+  // In a cell the request lives on rank 0 (its pages and KDA state); every step runs on all ranks.
+  std::optional<Cell> cell;
+  if (cl != nullptr) cell.emplace(e.model(), *cl->comm, ForwardOptions{}, *kv);
+  auto cell_prefill = [&]() -> Result<std::vector<float>> {
+    std::vector<float> out;
+    for (size_t s = 0; s < ids->size(); s += static_cast<size_t>(*chunk)) {
+      const size_t n = std::min(static_cast<size_t>(*chunk), ids->size() - s);
+      std::vector<CellRun> runs{CellRun{0, 0, s == 0, false, std::vector<int32_t>(ids->begin() + static_cast<long>(s),
+                                                                               ids->begin() + static_cast<long>(s + n))}};
+      KESTREL_RETURN_IF_ERROR(cell->step(runs, out));
+    }
+    return out;
+  };
+  auto cell_decode = [&](int32_t id) -> Result<std::vector<float>> {
+    std::vector<float> out;
+    KESTREL_RETURN_IF_ERROR(cell->step({CellRun{0, 0, false, false, {id}}}, out));
+    return out;
+  };
   const auto t0 = std::chrono::steady_clock::now();
-  auto logits = e.prefill(seq, *ids, *chunk);
-  if (!logits) return fail(logits.error());
+  auto logits = cell ? cell_prefill() : e.prefill(seq, *ids, *chunk);
+  if (!logits) return die(logits.error());
   const auto t1 = std::chrono::steady_clock::now();
   std::vector<int32_t> out;
   nlohmann::json tops = nlohmann::json::array();
@@ -130,11 +190,18 @@ int cmd_generate(const std::vector<std::string>& argv) {
       break;
     }
     if (i + 1 == *max_tokens) break;
-    auto next = e.decode(seq, tok);
-    if (!next) return fail(next.error());
+    auto next = cell ? cell_decode(tok) : e.decode(seq, tok);
+    if (!next) return die(next.error());
     cur = std::move(*next);
   }
   const auto t2 = std::chrono::steady_clock::now();
+  nlohmann::json cell_json;
+  if (cell) {
+    if (Status s = cell->finish(); !s.is_ok()) cell_exit(*cl, s);
+    auto r = cell_report(*cl, e.model(), *cell);
+    if (!r) cell_exit(*cl, r.error());
+    cell_json = std::move(*r);
+  }
   const double pre_s = std::chrono::duration<double>(t1 - t0).count();
   const double dec_s = std::chrono::duration<double>(t2 - t1).count();
   std::string text;
@@ -149,9 +216,11 @@ int cmd_generate(const std::vector<std::string>& argv) {
   }
   if (a->has("json")) {
     nlohmann::json j = {{"model", dir}, {"prompt_ids", *ids}, {"tokens", out}, {"finish_reason", finish},
-                        {"prefill_seconds", pre_s}, {"decode_seconds", dec_s}};
+                        {"prefill_seconds", pre_s}, {"decode_seconds", dec_s},
+                        {"weight_bytes", e.model().bound_weight_bytes()}};
     if (tok) j["text"] = text;
     if (*top_logits > 0) j["top_logits"] = tops;
+    if (cell) j["cell"] = cell_json;
     std::printf("%s\n", j.dump().c_str());
   } else if (tok) {
     std::printf("%s\n", text.c_str());
@@ -162,6 +231,10 @@ int cmd_generate(const std::vector<std::string>& argv) {
       std::fprintf(stderr, "kestrel: %zu prompt tokens in %.3f s, %zu generated in %.3f s (finish: %s)\n", ids->size(),
                    pre_s, out.size(), dec_s, finish.c_str());
   }
+  if (cell && !quiet && !a->has("json"))
+    for (const auto& r : cell_json["ranks"])
+      std::fprintf(stderr, "kestrel: cell rank %d: %llu weight bytes bound, %llu MoE bytes sent\n", r["rank"].get<int>(),
+                   r["weight_bytes"].get<unsigned long long>(), r["moe_bytes_sent"].get<unsigned long long>());
   return 0;
 }
 

@@ -8,6 +8,7 @@
 #include "app/args.h"
 #include "app/commands.h"
 #include "loader/model_config.h"
+#include "plan/cell_plan.h"
 #include "plan/plan_output.h"
 #include "plan/planner.h"
 
@@ -112,6 +113,22 @@ int cmd_plan(const std::vector<std::string>& argv) {
   if (!a->has("model")) return usage_error("plan", invalid_argument("--model CONFIG (a checkpoint dir or config.json) is required"));
   auto cfg = load_config(a->str("model"));
   if (!cfg) return fail(cfg.error());
+  if (a->has("cell")) {  // a CPU cell of --ep ranks (docs/cell.md)
+    auto ep = a->integer_or("ep", 1);
+    auto batch = a->integer_or("batch", 1);
+    auto context = a->integer_or("context", 4096);
+    auto kv = a->has("kv-cache-dtype") ? kv_cache_dtype_flag(*a) : Result<KvCacheDtype>(KvCacheDtype::kF32);
+    if (Status bad = first_error(ep, batch, context, kv); !bad.is_ok()) return usage_error("plan", bad);
+    std::error_code ec;
+    const std::string dir = std::filesystem::is_directory(a->str("model"), ec) ? a->str("model") : "";
+    const bool has_weights = !dir.empty() && (std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors", ec) ||
+                                              std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors.index.json", ec));
+    auto cp = plan::make_cell_plan(*cfg, has_weights ? dir : "", static_cast<int>(*ep), *batch, *context, *kv);
+    if (!cp) return usage_error("plan", cp.error());
+    const std::string out = a->has("json") ? plan::cell_plan_json(*cp) : plan::cell_plan_table(*cp);
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    return 0;
+  }
   auto cluster = load_cluster(a->str("cluster"));
   if (!cluster) return fail(cluster.error());
   Status s = apply_overrides(*a, *cluster);

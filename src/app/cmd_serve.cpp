@@ -1,5 +1,8 @@
 // `kestrel serve`: load the model, start the scheduler and the OpenAI-compatible HTTP server, then
 // wait for SIGTERM/SIGINT: stop accepting, drain in-flight requests within --drain-seconds, exit 0.
+// As a cell (`mpirun -np E kestrel serve --ep E`, docs/cell.md) rank 0 does all of that and every scheduler step
+// runs on all ranks; the other ranks load their experts and follow until rank 0 stops. A failed cell step (a lost
+// rank) fails the requests in flight, /health reports it, and rank 0 exits 1.
 #include <pthread.h>
 #include <signal.h>
 
@@ -7,9 +10,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "app/args.h"
+#include "app/cell_launch.h"
 #include "app/cache_fingerprint.h"
 #include "app/commands.h"
 #include "app/host_port.h"
@@ -57,10 +63,22 @@ void report_redis(const PrefixCacheConfig& c) {
     std::fprintf(stderr, "kestrel serve: the prefix cache's Redis tier does not answer (%s); serving without it until it does\n",
                  st.message().c_str());
 }
+// A rank other than 0: loads its experts, runs rank 0's steps until rank 0 stops, exits 0.
+int serve_follower(CellLaunch& c, const Args& a, KvCacheDtype kv) {
+  if (Status s = c.comm->barrier(); !s.is_ok()) cell_exit(c, s);  // rank 0 resolved (maybe generated) the model
+  int rc = 0;
+  const std::string dir = resolve_model_or_default(a.str("model"), false, rc, a.str("preset"));
+  if (rc) cell_exit(c, invalid_argument("no model"));
+  auto eng = Engine::load(dir, &c.shard);
+  if (!eng) cell_exit(c, eng.error());
+  Cell cell((*eng)->model(), *c.comm, {}, kv);
+  if (Status s = cell.follow(); !s.is_ok()) cell_exit(c, s);
+  std::fprintf(stderr, "kestrel serve: rank %d of %d: stopped\n", c.shard.rank, c.shard.size);
+  return 0;
+}
 }  // namespace
 
 int cmd_serve(const std::vector<std::string>& argv) {
-  auto fail = [](const Status& s) { std::fprintf(stderr, "kestrel serve: %s\n", s.message().c_str()); return 1; };
   int exit_code = 0;
   auto a = Args::parse("serve", argv, exit_code);
   if (!a) return exit_code;
@@ -93,18 +111,37 @@ int cmd_serve(const std::vector<std::string>& argv) {
   }
   auto kv = kv_cache_dtype_flag(*a);
   if (!kv) return usage_error("serve", kv.error());
+  auto ep = a->integer("ep");
+  if (!ep) return usage_error("serve", ep.error());
   HostPort redis;
   if (a->has("prefix-cache-redis")) {
     auto hp = parse_host_port(a->str("prefix-cache-redis"));
     if (!hp) return usage_error("serve", invalid_argument("--prefix-cache-redis: " + hp.error().message()));
     redis = *hp;
   }
+  if (!a->has("no-prefix-cache") && std::min(chunk, batch) % page != 0)
+    return usage_error("serve", invalid_argument("the prefix cache needs --prefill-chunk (" +
+                                                 std::to_string(std::min(chunk, batch)) +
+                                                 ") to be a multiple of --page-tokens (" + std::to_string(page) +
+                                                 "), or --no-prefix-cache"));
+  auto launch = open_cell(*ep);
+  if (!launch) return usage_error("serve", launch.error());
+  CellLaunch* cl = launch->get();
+  if (cl != nullptr && cl->shard.rank != 0) return serve_follower(*cl, *a, *kv);
+  // From here on an error on rank 0 of a cell ends the cell.
+  auto fail = [&](const Status& s) {
+    if (cl != nullptr) cell_exit(*cl, s);
+    std::fprintf(stderr, "kestrel serve: %s\n", s.message().c_str());
+    return 1;
+  };
   int rc = 0;
   const std::string dir = resolve_model_or_default(a->str("model"), !a->has("quiet"), rc, a->str("preset"));
-  if (rc) return rc;
+  if (rc) return cl != nullptr ? fail(invalid_argument("no model")) : rc;
+  if (cl != nullptr)
+    if (Status s = cl->comm->barrier(); !s.is_ok()) fail(s);
   auto tok = chat::load_model_tokenizer(dir);
   if (!tok) return fail(tok.error());
-  auto eng = Engine::load(dir);
+  auto eng = Engine::load(dir, cl != nullptr ? &cl->shard : nullptr);
   if (!eng) return fail(eng.error());
   print_load_notes(**eng, dir, !a->has("quiet"));
   SchedulerConfig sc;
@@ -132,12 +169,11 @@ int cmd_serve(const std::vector<std::string>& argv) {
     if (!fp) return fail(fp.error());
     sc.cache_fingerprint = *fp;
   }
-  if (sc.prefix_cache && sc.prefill_chunk % page != 0)
-    return usage_error("serve", invalid_argument("the prefix cache needs --prefill-chunk (" + std::to_string(sc.prefill_chunk) +
-                                                 ") to be a multiple of --page-tokens (" + std::to_string(page) +
-                                                 "), or --no-prefix-cache"));
   if (sc.prefix_cache && !redis.host.empty()) report_redis(sc.prefix);
-  auto sched = Scheduler::create(**eng, sc);
+  // In a cell every scheduler step is a cell step: the requests' caches live on rank 0, the experts everywhere.
+  std::optional<Cell> cell;
+  if (cl != nullptr) cell.emplace((*eng)->model(), *cl->comm, ForwardOptions{}, *kv);
+  auto sched = Scheduler::create(**eng, sc, cell ? &*cell : nullptr);
   if (!sched) return fail(sched.error());
   K3ChatFormat format(*tok);
   server::ApiConfig ac;
@@ -175,10 +211,24 @@ int cmd_serve(const std::vector<std::string>& argv) {
                                  : "off");
   print_ready(ho.address, http.port(), ac.model_id, !ac.api_key.empty());
   int sig = 0;
-  sigwait(&sigs, &sig);
+  if (cl == nullptr) {
+    sigwait(&sigs, &sig);
+  } else {
+    // A cell also watches its scheduler: a failed step (a lost rank) ends rank 0, and mpirun ends the rest.
+    for (;;) {
+      const timespec poll{0, 100'000'000};
+      if ((sig = sigtimedwait(&sigs, nullptr, &poll)) > 0) break;
+      if (const std::string why = (*sched)->failure(); !why.empty()) {
+        http.stop();  // the requests in flight have their error; let the connections deliver it
+        fail(unavailable(why));
+      }
+    }
+  }
   std::fprintf(stderr, "kestrel serve: %s received, draining (up to %llds)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", drain);
   (*sched)->drain(std::chrono::seconds(drain));
   http.stop();
+  if (cl != nullptr)
+    if (const std::string why = (*sched)->failure(); !why.empty()) fail(unavailable(why));
   std::fprintf(stderr, "kestrel serve: stopped\n");
   return 0;
 }

@@ -13,7 +13,7 @@
 // the rank contributions serially, run after run.
 //
 // Every rank must call the same collectives in the same order with matching sizes (as in MPI). Calls are made
-// from one thread per rank (MPI_THREAD_FUNNELED: the thread that created the communicator).
+// from one thread at a time per rank (MPI_THREAD_SERIALIZED), not necessarily the one that created it.
 #pragma once
 
 #include <cstddef>

@@ -55,11 +55,13 @@ Result<std::unique_ptr<MpiCommunicator>> MpiCommunicator::create_world(int* argc
   bool owns = false;
   if (!initialised) {
     int provided = 0;
-    // FUNNELED: compute threads (OpenMP) never call MPI; only the thread that created the communicator does.
-    const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    // SERIALIZED: compute threads (OpenMP) never call MPI, and one thread at a time does; that thread need not be
+    // the one that initialised MPI (serve's scheduler thread steps the cell while the main thread waits for
+    // signals).
+    const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
     if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Init_thread", -1, -1);
-    if (provided < MPI_THREAD_FUNNELED)
-      return unsupported("dist: MPI provides thread level " + std::to_string(provided) + ", need FUNNELED");
+    if (provided < MPI_THREAD_SERIALIZED)
+      return unsupported("dist: MPI provides thread level " + std::to_string(provided) + ", need SERIALIZED");
     g_we_initialised = true;
   }
   if (g_we_initialised) owns = true;

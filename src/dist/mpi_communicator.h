@@ -24,7 +24,8 @@ struct MpiOptions {
 
 class MpiCommunicator final : public Communicator {
  public:
-  // Initialises MPI if needed (MPI_THREAD_FUNNELED: only the calling thread talks to MPI) and wraps a duplicate
+  // Initialises MPI if needed (MPI_THREAD_SERIALIZED: one thread at a time talks to MPI, not necessarily the one
+  // that initialised it; MPI is finalised on the initialising thread) and wraps a duplicate
   // of MPI_COMM_WORLD with MPI_ERRORS_RETURN. MPI is finalised when the last communicator that initialised it
   // is destroyed.
   static Result<std::unique_ptr<MpiCommunicator>> create_world(int* argc, char*** argv, MpiOptions options = {});

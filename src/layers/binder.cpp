@@ -107,6 +107,19 @@ kernels::WeightMatrix Binder::int4_linear(Checkpoint& ck, const std::string& nam
   return w;
 }
 
+void Binder::skip_linear(const std::string& name) {
+  if (!ok()) return;
+  if (gguf_ != nullptr) return fail(unsupported(gguf_->path() + ": expert parallelism needs a safetensors checkpoint "
+                                                "(a GGUF file stacks a layer's experts in one tensor)"));
+  bool any = false;
+  for (const char* suffix : {".weight", ".weight_packed", ".weight_scale", ".weight_scale_inv", ".weight_shape"}) {
+    if (!ckpt_->contains(name + suffix)) continue;
+    any = true;
+    if (Status s = ckpt_->expect(name + suffix, {}, {}); !s.is_ok()) return fail(s);
+  }
+  if (!any) fail(not_found(ckpt_->dir() + ": missing tensor '" + name + ".weight'"));
+}
+
 std::vector<float> Binder::vec(const std::string& name, const std::vector<int64_t>& shape) {
   if (!ok()) return {};
   auto t = get(name, shape);

@@ -10,6 +10,7 @@
 
 #include "base/result.h"
 #include "kernels/cpu/linear.h"
+#include "layers/expert_shard.h"
 #include "layers/gguf_weights.h"
 #include "loader/checkpoint.h"
 
@@ -38,6 +39,13 @@ class Binder {
   // Group size the config declares for pack-quantized int4 weights (0: none declared → an int4
   // tensor is an error).
   void set_int4_group_size(int64_t g) { int4_group_ = g; }
+  // Cells: the expert shard of this rank (null or size 1: every expert is bound). Not owned.
+  void set_expert_shard(ExpertShard* shard) { shard_ = shard; }
+  ExpertShard* expert_shard() const { return shard_; }
+  // Another rank's linear weight: its tensors (any of the formats linear() reads) are accounted for without
+  // being read, so the strict unused-tensor check passes and none of its bytes count as bound. Checkpoints
+  // only: a GGUF file stacks every expert of a layer in one tensor, which cannot be split this way.
+  void skip_linear(const std::string& name);
   // Any float tensor converted to fp32; shape must match exactly.
   std::vector<float> vec(const std::string& name, const std::vector<int64_t>& shape);
   // Float tensor whose shape is one of `shapes` (first match wins).
@@ -55,6 +63,7 @@ class Binder {
   GgufWeights* gguf_ = nullptr;
   Status st_;
   int64_t int4_group_ = 0;
+  ExpertShard* shard_ = nullptr;
 };
 
 }  // namespace kestrel

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <numeric>
 
 #include "kernels/cpu/elementwise.h"
@@ -10,6 +13,23 @@ namespace kestrel {
 
 using kernels::matmul;
 using kernels::MatmulTask;
+
+namespace {
+// One expert's weighted output added to a token's accumulator. The single-process combine and the cell's
+// combine both call this one function, so the additions are the same operations (same contraction into FMA
+// or not) in the same per-token order: ascending expert id.
+[[gnu::noinline]] void add_weighted(float* dst, const float* src, float w, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) dst[d] += w * src[d];
+}
+
+// A collective inside a step failed: the peers are blocked in the same step and the cell cannot go on.
+[[noreturn]] void cell_failure(const ExpertShard& s, const Status& st) {
+  std::fprintf(stderr, "kestrel: rank %d of %d: MoE dispatch/combine failed, ending the cell: %s\n", s.rank, s.size,
+               st.message().c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+}  // namespace
 
 void GatedMlp::bind(Binder& b, const std::string& p, const char* gate, const char* up, const char* down,
                     int64_t in, int64_t inter, const TextConfig& c) {
@@ -55,10 +75,20 @@ Status MoeBlock::bind(Binder& b, const std::string& p, const TextConfig& c, cons
     lat_up_ = b.linear(p + "routed_expert_up_proj", hid, in_);
     if (c.latent_moe_use_norm) lat_norm_ = b.vec(p + "routed_expert_norm.weight", {in_});
   }
+  shard_ = b.expert_shard();
+  if (sharded() && K_ > kMaxEpTopK)
+    return unsupported("expert parallelism supports up to " + std::to_string(kMaxEpTopK) + " experts per token, not " +
+                       std::to_string(K_));
   experts_.resize(static_cast<size_t>(E_));
-  for (int64_t e = 0; e < E_ && b.ok(); ++e)
-    experts_[static_cast<size_t>(e)].bind(b, p + "experts." + std::to_string(e) + ".", names.gate, names.up, names.down, in_,
-                                          c.moe_intermediate_size, c);
+  for (int64_t e = 0; e < E_ && b.ok(); ++e) {
+    const std::string ep = p + "experts." + std::to_string(e) + ".";
+    if (sharded() && !shard_->owns(e, E_)) {  // another rank's expert: accounted for, not read
+      for (const char* n : {names.gate, names.up, names.down}) b.skip_linear(ep + n);
+      continue;
+    }
+    experts_[static_cast<size_t>(e)].bind(b, ep, names.gate, names.up, names.down, in_, c.moe_intermediate_size, c);
+  }
+  if (sharded()) ep_by_expert_.resize(static_cast<size_t>(E_));
   has_shared_ = c.num_shared_experts > 0;
   if (has_shared_)
     shared_.bind(b, p + "shared_experts.", "gate_proj", "up_proj", "down_proj", hid,
@@ -141,6 +171,7 @@ void MoeBlock::select(int64_t T, std::vector<int>& ids, std::vector<float>& weig
 // Grouped execution: four parallel regions per layer whatever the number of experts hit —
 // (router, latent down), (gate/up of every routed expert over its tokens + the shared experts'),
 // (every down projection), (latent up). Each expert's weights are read once per call.
+// In a cell the routed experts run in routed_ep() and the shared experts in their own two regions.
 void MoeBlock::forward(const float* x, int64_t T, float* out) {
   const int64_t hid = c_->hidden_size, inter = c_->moe_intermediate_size;
   logits_.resize(static_cast<size_t>(T * E_));
@@ -152,62 +183,74 @@ void MoeBlock::forward(const float* x, int64_t T, float* out) {
     tasks_.push_back({&lat_down_, x, T, z_.data()});
     in = z_.data();
   }
-  kernels::matmul_many(tasks_);
+  if (T > 0) kernels::matmul_many(tasks_);
   std::vector<int>& ids = route_ids_;
   select(T, ids, w_);
 
-  // Tokens of each expert, experts in ascending order; rows of expert e live at [off_e, off_e + n_e).
-  for (auto& v : by_expert_) v.clear();
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < K_; ++i)
-      by_expert_[static_cast<size_t>(ids[static_cast<size_t>(t * K_ + i)])].push_back(
-          {t, w_[static_cast<size_t>(t * K_ + i)]});
-  const int64_t rows = T * K_;
-  gathered_.resize(static_cast<size_t>(rows * in_));
-  g_.resize(static_cast<size_t>(rows * inter));
-  u_.resize(static_cast<size_t>(rows * inter));
-  eout_.resize(static_cast<size_t>(rows * in_));
   const int64_t sh_inter = has_shared_ ? static_cast<int64_t>(c_->num_shared_experts) * inter : 0;
   if (has_shared_) {
     sg_.resize(static_cast<size_t>(T * sh_inter));
     su_.resize(static_cast<size_t>(T * sh_inter));
     shared_out_.resize(static_cast<size_t>(T * hid));
   }
-  tasks_.clear();
-  down_.clear();
-  int64_t off = 0;
-  for (int64_t e = 0; e < E_; ++e) {
-    const auto& toks = by_expert_[static_cast<size_t>(e)];
-    if (toks.empty()) continue;
-    const int64_t n = static_cast<int64_t>(toks.size());
-    for (int64_t i = 0; i < n; ++i)
-      std::copy_n(in + toks[static_cast<size_t>(i)].first * in_, in_, gathered_.data() + (off + i) * in_);
-    const GatedMlp& ex = experts_[static_cast<size_t>(e)];
-    ex.gate_up_tasks(gathered_.data() + off * in_, n, g_.data() + off * inter, u_.data() + off * inter, tasks_);
-    down_.push_back(ex.down_task(g_.data() + off * inter, n, eout_.data() + off * in_));
-    off += n;
-  }
-  if (has_shared_) {
-    shared_.gate_up_tasks(x, T, sg_.data(), su_.data(), tasks_);
-    down_.push_back(shared_.down_task(sg_.data(), T, shared_out_.data()));
-  }
-  kernels::matmul_many(tasks_);
-  if (off > 0) experts_[0].activate(g_.data(), u_.data(), off * inter);
-  if (has_shared_) shared_.activate(sg_.data(), su_.data(), T * sh_inter);
-  kernels::matmul_many(down_);
+  if (sharded()) {
+    routed_ep(in, T);
+    if (has_shared_ && T > 0) {
+      tasks_.clear();
+      down_.clear();
+      shared_.gate_up_tasks(x, T, sg_.data(), su_.data(), tasks_);
+      down_.push_back(shared_.down_task(sg_.data(), T, shared_out_.data()));
+      kernels::matmul_many(tasks_);
+      shared_.activate(sg_.data(), su_.data(), T * sh_inter);
+      kernels::matmul_many(down_);
+    }
+  } else {
+    // Tokens of each expert, experts in ascending order; rows of expert e live at [off_e, off_e + n_e).
+    for (auto& v : by_expert_) v.clear();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < K_; ++i)
+        by_expert_[static_cast<size_t>(ids[static_cast<size_t>(t * K_ + i)])].push_back(
+            {t, w_[static_cast<size_t>(t * K_ + i)]});
+    const int64_t rows = T * K_;
+    gathered_.resize(static_cast<size_t>(rows * in_));
+    g_.resize(static_cast<size_t>(rows * inter));
+    u_.resize(static_cast<size_t>(rows * inter));
+    eout_.resize(static_cast<size_t>(rows * in_));
+    tasks_.clear();
+    down_.clear();
+    int64_t off = 0;
+    for (int64_t e = 0; e < E_; ++e) {
+      const auto& toks = by_expert_[static_cast<size_t>(e)];
+      if (toks.empty()) continue;
+      const int64_t n = static_cast<int64_t>(toks.size());
+      for (int64_t i = 0; i < n; ++i)
+        std::copy_n(in + toks[static_cast<size_t>(i)].first * in_, in_, gathered_.data() + (off + i) * in_);
+      const GatedMlp& ex = experts_[static_cast<size_t>(e)];
+      ex.gate_up_tasks(gathered_.data() + off * in_, n, g_.data() + off * inter, u_.data() + off * inter, tasks_);
+      down_.push_back(ex.down_task(g_.data() + off * inter, n, eout_.data() + off * in_));
+      off += n;
+    }
+    if (has_shared_) {
+      shared_.gate_up_tasks(x, T, sg_.data(), su_.data(), tasks_);
+      down_.push_back(shared_.down_task(sg_.data(), T, shared_out_.data()));
+    }
+    kernels::matmul_many(tasks_);
+    if (off > 0) experts_[0].activate(g_.data(), u_.data(), off * inter);
+    if (has_shared_) shared_.activate(sg_.data(), su_.data(), T * sh_inter);
+    kernels::matmul_many(down_);
 
-  // Weighted sum per token, experts in ascending order (the order does not depend on the batch).
-  acc_.assign(static_cast<size_t>(T * in_), 0.0f);
-  off = 0;
-  for (int64_t e = 0; e < E_; ++e) {
-    const auto& toks = by_expert_[static_cast<size_t>(e)];
-    for (size_t i = 0; i < toks.size(); ++i, ++off) {
-      const auto [t, w] = toks[i];
-      float* dst = acc_.data() + t * in_;
-      const float* src = eout_.data() + off * in_;
-      for (int64_t d = 0; d < in_; ++d) dst[d] += w * src[d];
+    // Weighted sum per token, experts in ascending order (the order does not depend on the batch).
+    acc_.assign(static_cast<size_t>(T * in_), 0.0f);
+    off = 0;
+    for (int64_t e = 0; e < E_; ++e) {
+      const auto& toks = by_expert_[static_cast<size_t>(e)];
+      for (size_t i = 0; i < toks.size(); ++i, ++off) {
+        const auto [t, w] = toks[i];
+        add_weighted(acc_.data() + t * in_, eout_.data() + off * in_, w, in_);
+      }
     }
   }
+  if (T == 0) return;
   if (c_->latent_moe()) {
     if (c_->latent_moe_use_norm)
       kernels::rms_norm(acc_.data(), lat_norm_.data(), T, in_, c_->rms_norm_eps, acc_.data());
@@ -217,6 +260,147 @@ void MoeBlock::forward(const float* x, int64_t T, float* out) {
   }
   if (has_shared_)
     for (int64_t i = 0; i < T * hid; ++i) out[i] += shared_out_[static_cast<size_t>(i)];
+}
+
+// Dispatch / expert compute / combine across the cell (docs/cell.md). Three all_to_all_v per call:
+//   1. record counts: how many token records this rank sends to each rank;
+//   2. dispatch: one record per (token, destination rank) — K int32 expert ids (−1 where the slot's expert
+//      lives elsewhere) followed by the token's routed-expert input row (in_ floats) — tokens ascending;
+//   3. combine: one output row per valid slot of every received record, in record order then slot order,
+//      sent back to the token's rank, where acc_ sums them per token in ascending expert id.
+// Owned experts run in ascending id over the rows that reached them, as in one process; the expert kernels
+// are row-invariant, so each output row has the bits it would have in one process.
+void MoeBlock::routed_ep(const float* in, int64_t T) {
+  ExpertShard& sh = *shard_;
+  dist::Communicator& comm = *sh.comm;
+  const int P = sh.size, me = sh.rank;
+  const int64_t inter = c_->moe_intermediate_size, rec = K_ + in_;
+  const auto Pn = static_cast<size_t>(P);
+  for (auto& v : ep_counts_) v.assign(Pn, 0);
+  auto& n_send = ep_counts_[0];  // records to each rank
+  auto& n_recv = ep_counts_[1];  // records from each rank
+  auto& ret_rows_in = ep_counts_[2];   // output rows coming back from each rank
+  auto& ret_rows_out = ep_counts_[3];  // output rows going back to each rank
+  auto& cnt = ep_counts_[4];
+  auto& dsp = ep_counts_[5];
+  auto& cnt2 = ep_counts_[6];
+  auto& dsp2 = ep_counts_[7];
+  const std::vector<int>& ids = route_ids_;
+  std::vector<int>& owner = ep_order_;
+  owner.resize(static_cast<size_t>(T * K_));
+  for (int64_t s = 0; s < T * K_; ++s) owner[static_cast<size_t>(s)] = sh.owner(ids[static_cast<size_t>(s)], E_);
+
+  // Records, grouped by destination rank; ep_slot_row_[slot] = the slot's row within its rank's returned block.
+  ep_send_.clear();
+  ep_slot_row_.assign(static_cast<size_t>(T * K_), -1);
+  for (int p = 0; p < P; ++p) {
+    int64_t rows = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const int* o = owner.data() + t * K_;
+      if (std::find(o, o + K_, p) == o + K_) continue;
+      for (int64_t i = 0; i < K_; ++i) {
+        const int32_t e = o[i] == p ? ids[static_cast<size_t>(t * K_ + i)] : -1;
+        float bits;
+        std::memcpy(&bits, &e, sizeof bits);
+        ep_send_.push_back(bits);
+        if (o[i] == p) ep_slot_row_[static_cast<size_t>(t * K_ + i)] = rows++;
+      }
+      ep_send_.insert(ep_send_.end(), in + t * in_, in + (t + 1) * in_);
+      ++n_send[static_cast<size_t>(p)];
+    }
+    ret_rows_in[static_cast<size_t>(p)] = static_cast<size_t>(rows);
+  }
+  auto fill = [&](const std::vector<size_t>& n, size_t unit, std::vector<size_t>& c, std::vector<size_t>& d) {
+    size_t at = 0;
+    for (size_t p = 0; p < Pn; ++p) c[p] = n[p] * unit, d[p] = at, at += c[p];
+    return at;
+  };
+  std::iota(dsp.begin(), dsp.end(), size_t{0});
+  std::fill(cnt.begin(), cnt.end(), size_t{1});
+  Status st = comm.all_to_all_v<size_t>(n_send, cnt, dsp, n_recv, cnt, dsp);
+  if (!st.is_ok()) cell_failure(sh, st);
+  fill(n_send, static_cast<size_t>(rec), cnt, dsp);
+  const size_t recv_floats = fill(n_recv, static_cast<size_t>(rec), cnt2, dsp2);
+  ep_recv_.resize(recv_floats);
+  st = comm.all_to_all_v<float>(ep_send_, cnt, dsp, ep_recv_, cnt2, dsp2);
+  if (!st.is_ok()) cell_failure(sh, st);
+
+  // Rows that arrived, by owned expert; return rows numbered in (source rank, record, slot) order.
+  for (auto& v : ep_by_expert_) v.clear();
+  const int64_t n_rec = static_cast<int64_t>(recv_floats) / rec;
+  int64_t r = 0;
+  size_t src = 0;
+  for (int64_t j = 0; j < n_rec; ++j) {
+    while (static_cast<size_t>(j) * static_cast<size_t>(rec) >= dsp2[src] + cnt2[src]) ++src;
+    const float* head = ep_recv_.data() + j * rec;
+    for (int64_t i = 0; i < K_; ++i) {
+      int32_t e;
+      std::memcpy(&e, head + i, sizeof e);
+      if (e < 0) continue;
+      if (e >= E_ || !sh.owns(e, E_))
+        cell_failure(sh, corrupt("expert " + std::to_string(e) + " was dispatched to rank " + std::to_string(me) +
+                                  ", which does not own it"));
+      ep_by_expert_[static_cast<size_t>(e)].push_back({j, r++});
+      ++ret_rows_out[src];
+    }
+  }
+  gathered_.resize(static_cast<size_t>(r * in_));
+  g_.resize(static_cast<size_t>(r * inter));
+  u_.resize(static_cast<size_t>(r * inter));
+  eout_.resize(static_cast<size_t>(r * in_));
+  tasks_.clear();
+  down_.clear();
+  int64_t off = 0;
+  for (int64_t e = sh.first(E_, me); e < sh.first(E_, me + 1); ++e) {
+    const auto& rows = ep_by_expert_[static_cast<size_t>(e)];
+    if (rows.empty()) continue;
+    const int64_t n = static_cast<int64_t>(rows.size());
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(ep_recv_.data() + rows[static_cast<size_t>(i)].first * rec + K_, in_,
+                  gathered_.data() + (off + i) * in_);
+    const GatedMlp& ex = experts_[static_cast<size_t>(e)];
+    ex.gate_up_tasks(gathered_.data() + off * in_, n, g_.data() + off * inter, u_.data() + off * inter, tasks_);
+    down_.push_back(ex.down_task(g_.data() + off * inter, n, eout_.data() + off * in_));
+    off += n;
+  }
+  ep_ret_send_.resize(static_cast<size_t>(r * in_));
+  if (off > 0) {
+    kernels::matmul_many(tasks_);
+    experts_[static_cast<size_t>(sh.first(E_, me))].activate(g_.data(), u_.data(), off * inter);
+    kernels::matmul_many(down_);
+    off = 0;
+    for (int64_t e = sh.first(E_, me); e < sh.first(E_, me + 1); ++e)
+      for (const auto& [j, row] : ep_by_expert_[static_cast<size_t>(e)])
+        std::copy_n(eout_.data() + (off++) * in_, in_, ep_ret_send_.data() + row * in_);
+  }
+  fill(ret_rows_out, static_cast<size_t>(in_), cnt, dsp);
+  const size_t ret_floats = fill(ret_rows_in, static_cast<size_t>(in_), cnt2, dsp2);
+  ep_ret_recv_.resize(ret_floats);
+  st = comm.all_to_all_v<float>(ep_ret_send_, cnt, dsp, ep_ret_recv_, cnt2, dsp2);
+  if (!st.is_ok()) cell_failure(sh, st);
+
+  // Traffic to other ranks.
+  for (int p = 0; p < P; ++p) {
+    if (p == me) continue;
+    sh.traffic.count_bytes += sizeof(size_t);
+    sh.traffic.dispatch_bytes += n_send[static_cast<size_t>(p)] * static_cast<size_t>(rec) * sizeof(float);
+    sh.traffic.combine_bytes += ret_rows_out[static_cast<size_t>(p)] * static_cast<size_t>(in_) * sizeof(float);
+  }
+  ++sh.traffic.exchanges;
+
+  // Combine: per token, its slots in ascending expert id (the single-process order).
+  acc_.assign(static_cast<size_t>(T * in_), 0.0f);
+  int slot[kMaxEpTopK];
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < K_; ++i) slot[i] = static_cast<int>(i);
+    const int* id = ids.data() + t * K_;
+    std::sort(slot, slot + K_, [id](int a, int b) { return id[a] < id[b]; });
+    for (int64_t k = 0; k < K_; ++k) {
+      const size_t s = static_cast<size_t>(t * K_ + slot[k]);
+      const size_t row = dsp2[static_cast<size_t>(owner[s])] / static_cast<size_t>(in_) + static_cast<size_t>(ep_slot_row_[s]);
+      add_weighted(acc_.data() + t * in_, ep_ret_recv_.data() + row * static_cast<size_t>(in_), w_[s], in_);
+    }
+  }
 }
 
 }  // namespace kestrel

@@ -47,10 +47,18 @@ inline constexpr ExpertNames kHfExpertNames{"gate_proj", "up_proj", "down_proj"}
 // eligible (others −inf); weights = the chosen UNBIASED scores, renormalised (norm_topk_prob) and
 // × routed_scaling_factor (after renormalising, as V3 / vLLM do; DeepSeek-V2's own code skipped the
 // scale when it renormalised, a combination no released config uses). Ties go to the lower index.
+//
+// In a cell (the Binder carries an ExpertShard of size > 1) the block binds only this rank's routed experts;
+// forward() then routes locally, dispatches each token once to every rank owning one of its experts (the
+// routed-expert input row: latent width under LatentMoE), runs the rows that arrive on the owned experts,
+// sends every (token, expert slot) output back, and combines on the token's rank in the single-process order
+// (ascending expert id per token), so the result is bit-identical to one process. Every rank must call
+// forward() once per MoE layer per step, with T = 0 when it has no tokens.
 class MoeBlock {
  public:
   Status bind(Binder& b, const std::string& prefix, const TextConfig& c, const ExpertNames& names = {});
-  // x: [T, hidden] post-attention-normed → out: [T, hidden].
+  // x: [T, hidden] post-attention-normed → out: [T, hidden]. Aborts the process naming the rank when a
+  // collective fails (the cell cannot continue; docs/cell.md).
   void forward(const float* x, int64_t T, float* out);
 
   // Routing alone (exposed for tests): ids/weights [T, top_k].
@@ -59,6 +67,10 @@ class MoeBlock {
  private:
   // Top-k selection from router logits already in logits_ [T, E].
   void select(int64_t T, std::vector<int>& ids, std::vector<float>& weights);
+  // The routed experts of a cell: dispatch, owned experts, combine into acc_ [T, in_].
+  void routed_ep(const float* in, int64_t T);
+  bool sharded() const { return shard_ != nullptr && shard_->size > 1; }
+  static constexpr int64_t kMaxEpTopK = 64;
 
   const TextConfig* c_ = nullptr;
   int64_t E_ = 0, K_ = 0, in_ = 0;  // in_ = latent width (LatentMoE) or hidden
@@ -67,6 +79,7 @@ class MoeBlock {
   std::vector<GatedMlp> experts_;
   GatedMlp shared_;
   bool has_shared_ = false;
+  ExpertShard* shard_ = nullptr;  // cells: this rank's experts and the communicator
   // Scratch.
   std::vector<float> logits_, z_, acc_, gathered_, eout_, shared_out_, g_, u_, sg_, su_;
   std::vector<kernels::MatmulTask> tasks_, down_;
@@ -74,6 +87,13 @@ class MoeBlock {
   std::vector<float> w_, sel_, score_, group_score_;
   std::vector<int> group_order_;
   std::vector<std::vector<std::pair<int64_t, float>>> by_expert_;
+  // Cell scratch: send / receive buffers (records, expert outputs), per-rank counts and displacements,
+  // received (record row, return row) pairs per owned expert, and each local slot's output row.
+  std::vector<float> ep_send_, ep_recv_, ep_ret_send_, ep_ret_recv_;
+  std::vector<size_t> ep_counts_[8];
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> ep_by_expert_;
+  std::vector<int64_t> ep_slot_row_;
+  std::vector<int> ep_order_;
 };
 
 }  // namespace kestrel

@@ -107,6 +107,7 @@ Result<TensorView> Checkpoint::get(const std::string& name, const std::vector<DT
   const SafetensorsFile& f = *files_[it->second.file];
   const SafetensorsEntry& e = *it->second.entry;
   TensorView v = f.view(e);
+  if (fetched_.insert(name).second) bound_bytes_ += e.end - e.begin;
   const auto align = static_cast<uintptr_t>(dtype_size(e.dtype));
   if (reinterpret_cast<uintptr_t>(v.data) % align != 0) {
     const size_t bytes = static_cast<size_t>(v.nbytes());
@@ -135,6 +136,11 @@ std::vector<std::string> Checkpoint::unused() const {
   for (const auto& [name, loc] : tensors_)
     if (!used_.count(name)) out.push_back(name);
   return out;
+}
+
+uint64_t Checkpoint::tensor_bytes(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? 0 : it->second.entry->end - it->second.entry->begin;
 }
 
 std::string Checkpoint::file_of(const std::string& name) const {

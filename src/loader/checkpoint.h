@@ -3,6 +3,7 @@
 // lookup is recorded so the binder can report tensors the model never used.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <set>
@@ -31,8 +32,13 @@ class Checkpoint {
   Status expect(const std::string& name, const std::vector<DType>& dtypes, const std::vector<int64_t>& shape);
   // Every tensor name, sorted.
   std::vector<std::string> names() const;
-  // Names never fetched through get().
+  // Names never fetched through get() or accounted for by expect().
   std::vector<std::string> unused() const;
+  // Bytes of the distinct tensors fetched through get() (what the model reads; tensors only accounted for by
+  // expect(), such as another rank's experts in a cell, are not counted).
+  uint64_t bound_bytes() const { return bound_bytes_; }
+  // Stored bytes of a tensor (0 when absent), from the header alone.
+  uint64_t tensor_bytes(const std::string& name) const;
   // Where a tensor lives, for error messages.
   std::string file_of(const std::string& name) const;
   size_t size() const { return tensors_.size(); }
@@ -50,6 +56,8 @@ class Checkpoint {
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, Loc> tensors_;
   std::set<std::string> used_;
+  std::set<std::string> fetched_;
+  uint64_t bound_bytes_ = 0;
   std::vector<std::unique_ptr<uint64_t[]>> aligned_copies_;
   std::unique_ptr<Progress> progress_;
 };

@@ -5,7 +5,7 @@
 
 namespace kestrel {
 
-Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::string& dir) {
+Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::string& dir, ExpertShard* shard) {
   auto cfg = load_model_config(dir);
   if (!cfg) return cfg.error();
   if (cfg->arch != Arch::kDeepseekV3 && cfg->arch != Arch::kDeepseekV32)
@@ -17,7 +17,9 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::string& di
   m->ckpt_ = std::make_unique<Checkpoint>(std::move(*ck));
   m->ckpt_->show_progress("loading " + dir);
   Binder b(*m->ckpt_);
+  b.set_expert_shard(shard);
   KESTREL_RETURN_IF_ERROR(m->bind(b));
+  m->bound_weight_bytes_ = m->ckpt_->bound_bytes();
   KESTREL_RETURN_IF_ERROR(m->skip_mtp_layers());
   m->ckpt_->finish_progress();
   const auto unused = m->ckpt_->unused();

@@ -25,7 +25,7 @@ namespace kestrel {
 
 class DeepseekModel final : public Model {
  public:
-  static Result<std::unique_ptr<DeepseekModel>> load(const std::string& dir);
+  static Result<std::unique_ptr<DeepseekModel>> load(const std::string& dir, ExpertShard* shard = nullptr);
   void forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions& opt = {}) override;
   double indexer_seconds() const override;
   std::span<const int32_t> last_topk(size_t layer) const override;

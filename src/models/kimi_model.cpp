@@ -22,7 +22,7 @@ std::vector<float> fold(const std::vector<float>& norm_w, const std::vector<floa
 }
 }  // namespace
 
-Result<std::unique_ptr<KimiModel>> KimiModel::load(const std::string& dir) {
+Result<std::unique_ptr<KimiModel>> KimiModel::load(const std::string& dir, ExpertShard* shard) {
   std::error_code ec;
   if (std::filesystem::is_regular_file(dir, ec)) return load_gguf(dir);
   auto cfg = load_model_config(dir);
@@ -37,7 +37,9 @@ Result<std::unique_ptr<KimiModel>> KimiModel::load(const std::string& dir) {
   m->ckpt_->show_progress("loading " + dir);
   Binder b(*m->ckpt_);
   b.set_int4_group_size(m->cfg_.text.int4_group_size);
+  b.set_expert_shard(shard);
   KESTREL_RETURN_IF_ERROR(m->bind(b));
+  m->bound_weight_bytes_ = m->ckpt_->bound_bytes();
   if (m->cfg_.arch == Arch::kKimiK3) {
     // The released K3 checkpoint carries the vision tower and projector: validated, not bound (text only).
     auto vision = check_vision_tensors(*m->ckpt_, m->cfg_.vision_config_json, m->cfg_.text.hidden_size);

@@ -23,7 +23,8 @@ class KimiModel final : public Model {
  public:
   // Loads config.json and binds every tensor strictly; unused checkpoint tensors are an error.
   // A path to a regular file is read as GGUF (llama.cpp's kimi-k3 / kimi-linear layout).
-  static Result<std::unique_ptr<KimiModel>> load(const std::string& dir);
+  // shard: a cell rank's experts (load_model()); null binds every expert.
+  static Result<std::unique_ptr<KimiModel>> load(const std::string& dir, ExpertShard* shard = nullptr);
   static Result<std::unique_ptr<KimiModel>> load_gguf(const std::string& path);
 
   void forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions& opt = {}) override;

@@ -130,9 +130,12 @@ void Model::forward(const int32_t* ids, int64_t T, SequenceState& st, std::vecto
   forward_batch(one_, logits, o);
 }
 
-Result<std::unique_ptr<Model>> load_model(const std::string& dir) {
+Result<std::unique_ptr<Model>> load_model(const std::string& dir, ExpertShard* shard) {
   std::error_code ec;
   if (std::filesystem::is_regular_file(dir, ec)) {  // a GGUF file (kimi-k3 / kimi-linear)
+    if (shard != nullptr && shard->size > 1)
+      return unsupported(dir + ": expert parallelism needs a safetensors checkpoint (a GGUF file stacks a layer's "
+                               "experts in one tensor)");
     auto m = KimiModel::load(dir);
     if (!m) return m.error();
     return std::unique_ptr<Model>(std::move(*m));
@@ -142,13 +145,13 @@ Result<std::unique_ptr<Model>> load_model(const std::string& dir) {
   switch (cfg->arch) {
     case Arch::kKimiK3:
     case Arch::kKimiLinear: {
-      auto m = KimiModel::load(dir);
+      auto m = KimiModel::load(dir, shard);
       if (!m) return m.error();
       return std::unique_ptr<Model>(std::move(*m));
     }
     case Arch::kDeepseekV3:
     case Arch::kDeepseekV32: {
-      auto m = DeepseekModel::load(dir);
+      auto m = DeepseekModel::load(dir, shard);
       if (!m) return m.error();
       return std::unique_ptr<Model>(std::move(*m));
     }

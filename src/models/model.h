@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/result.h"
+#include "layers/expert_shard.h"
 #include "layers/kda_layer.h"
 #include "layers/mla_layer.h"
 #include "loader/model_config.h"
@@ -89,6 +90,9 @@ class Model {
   // Attention and indexer cost do not depend on the values, so decode/prefill timed on top measures
   // the per-token cost at context n without running an O(n²) prefill first.
   void fill_synthetic_context(SequenceState& st, int64_t n, uint64_t seed) const;
+  // Bytes of the checkpoint tensors this process bound (in a cell: the replicated weights plus this rank's
+  // routed experts); 0 for a GGUF file.
+  uint64_t bound_weight_bytes() const { return bound_weight_bytes_; }
   // Total process CPU seconds spent in DSA indexers (all sparse layers) since load; 0 without any.
   virtual double indexer_seconds() const { return 0.0; }
   // Tests: the DSA selection of `layer` in the last forward_batch, [tokens of the batch, index_topk]
@@ -117,6 +121,7 @@ class Model {
   CacheGeometry geom_;
   size_t num_layers_ = 0;
   std::vector<std::string> load_notes_;
+  uint64_t bound_weight_bytes_ = 0;
 
  private:
   std::vector<SeqRun> one_;
@@ -124,7 +129,9 @@ class Model {
   std::vector<float> head_in_;
 };
 
-// Reads config.json and loads the matching model; every checkpoint tensor must be bound.
-Result<std::unique_ptr<Model>> load_model(const std::string& dir);
+// Reads config.json and loads the matching model; every checkpoint tensor must be bound. With a shard of
+// size > 1 (a cell rank, docs/cell.md) only that rank's routed experts are bound; the shard must outlive
+// the model.
+Result<std::unique_ptr<Model>> load_model(const std::string& dir, ExpertShard* shard = nullptr);
 
 }  // namespace kestrel

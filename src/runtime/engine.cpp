@@ -2,8 +2,8 @@
 
 namespace kestrel {
 
-Result<std::unique_ptr<Engine>> Engine::load(const std::string& dir) {
-  auto m = load_model(dir);
+Result<std::unique_ptr<Engine>> Engine::load(const std::string& dir, ExpertShard* shard) {
+  auto m = load_model(dir, shard);
   if (!m) return m.error();
   auto e = std::make_unique<Engine>();
   e->model_ = std::move(*m);

@@ -13,7 +13,8 @@ namespace kestrel {
 
 class Engine {
  public:
-  static Result<std::unique_ptr<Engine>> load(const std::string& dir);
+  // shard: a cell rank's routed experts (load_model()); null binds every expert.
+  static Result<std::unique_ptr<Engine>> load(const std::string& dir, ExpertShard* shard = nullptr);
   const ModelConfig& config() const { return model_->config(); }
   SequenceState new_sequence(KvCacheDtype kv = KvCacheDtype::kF32) const { return model_->new_sequence(kv); }
 

@@ -44,6 +44,8 @@ class EngineService {
   virtual void cancel(uint64_t id) = 0;
   virtual ServiceStats stats() const = 0;
   virtual bool ready() const = 0;         // model loaded and loop running
+  // Why the service can no longer serve at all (a cell that lost a rank); empty while it can.
+  virtual std::string failure() const { return {}; }
   virtual int max_context() const = 0;    // prompt + generation limit in tokens
   // Drops every cached prefix (no-op without a prefix cache).
   virtual void flush_prefix_cache() {}

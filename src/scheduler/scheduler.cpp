@@ -8,11 +8,12 @@ namespace kestrel {
 
 using Clock = std::chrono::steady_clock;
 
-Result<std::unique_ptr<Scheduler>> Scheduler::create(Engine& engine, const SchedulerConfig& cfg) {
+Result<std::unique_ptr<Scheduler>> Scheduler::create(Engine& engine, const SchedulerConfig& cfg, Cell* cell) {
   if (cfg.prefill_chunk < 1 || cfg.prefill_chunk > cfg.max_batch_tokens)
     return invalid_argument("scheduler: prefill chunk must be in 1..max batch tokens");
   if (cfg.max_context < 2 || cfg.max_waiting < 0) return invalid_argument("scheduler: bad limits");
-  auto s = std::unique_ptr<Scheduler>(new Scheduler(engine, cfg));
+  if (cell != nullptr && cell->rank() != 0) return invalid_argument("scheduler: only rank 0 of a cell schedules");
+  auto s = std::unique_ptr<Scheduler>(new Scheduler(engine, cfg, cell));
   CachePoolConfig pc = cfg.cache;
   pc.max_seq_tokens = cfg.max_context;
   auto pools = CachePools::create(engine.model().cache_geometry(), pc);
@@ -58,6 +59,7 @@ Result<uint64_t> Scheduler::submit(GenerationRequest req) {
                      std::to_string(cfg_.max_context));
   if (req.params.max_new_tokens < 1) return invalid_argument("max_tokens must be at least 1");
   std::lock_guard<std::mutex> lk(mu_);
+  if (!failure_.empty()) return unavailable(failure_);
   if (draining_) return unavailable("the server is shutting down");
   if (static_cast<int64_t>(inbox_.size()) + waiting_count_ >= cfg_.max_waiting)
     return unavailable("the waiting queue is full (" + std::to_string(cfg_.max_waiting) + " requests)");
@@ -104,6 +106,11 @@ ServiceStats Scheduler::stats() const {
   return s;
 }
 
+std::string Scheduler::failure() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return failure_;
+}
+
 void Scheduler::flush_prefix_tier() {
   if (prefix_) prefix_->flush_tier();
 }
@@ -144,6 +151,7 @@ void Scheduler::drain(std::chrono::milliseconds bound) {
   ready_ = false;
   thread_.request_stop();
   cv_.notify_all();
+  if (thread_.joinable()) thread_.join();  // the loop has ended (and a cell's followers with it)
 }
 
 // Moves new requests into waiting_ and applies cancels. Blocks (when asked) until there is work.
@@ -463,7 +471,12 @@ bool Scheduler::step() {
   }
   if (runs_.empty()) return false;
 
-  engine_.model().forward_batch(runs_, logits_);
+  if (cell_ == nullptr) {
+    engine_.model().forward_batch(runs_, logits_);
+  } else if (Status st = cell_->step_held(runs_, logits_); !st.is_ok()) {
+    fail_cell(st);
+    return false;
+  }
   const int64_t V = engine_.config().text.vocab_size;
   int64_t prompt_tokens = 0;
   for (size_t i = 0; i < run_seqs_.size(); ++i) {
@@ -487,6 +500,28 @@ bool Scheduler::step() {
   return true;
 }
 
+void Scheduler::fail_cell(const Status& st) {
+  const std::string why = "the cell failed (a rank is lost or cannot be reached): " + st.message();
+  std::deque<GenerationRequest> queued;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    failure_ = why;
+    queued.swap(inbox_);
+  }
+  ready_ = false;
+  failed_ = true;
+  GenerationEvent ev;
+  ev.finish = FinishReason::kError;
+  ev.error = why;
+  for (auto& r : queued)
+    if (r.on_event) r.on_event(ev);
+  for (auto& s : running_)
+    if (s) finish(*s, FinishReason::kError, why);
+  for (auto& s : waiting_) finish(*s, FinishReason::kError, why);
+  running_.clear();
+  waiting_.clear();
+}
+
 // The next boundary where this sequence's prefill must stop so a snapshot can be taken (0: none).
 int64_t Scheduler::next_cut(const Seq& s) const {
   int64_t cut = 0;
@@ -501,7 +536,7 @@ int64_t Scheduler::next_cut(const Seq& s) const {
 }
 
 void Scheduler::loop(std::stop_token stop) {
-  while (!stop.stop_requested()) {
+  while (!stop.stop_requested() && !failed_) {
     const bool idle = running_.empty() && waiting_.empty();
     take_inbox(idle, stop);
     if (stop.stop_requested()) break;
@@ -522,6 +557,12 @@ void Scheduler::loop(std::stop_token stop) {
   for (auto& s : waiting_) finish(*s, FinishReason::kCancelled);
   running_.clear();
   waiting_.clear();
+  // A cell's followers leave their loop (not after a failed step: the cell's collective state is unknown).
+  if (cell_ != nullptr && !failed_)
+    if (Status st = cell_->finish(); !st.is_ok()) {
+      std::lock_guard<std::mutex> lk(mu_);
+      failure_ = "the cell failed while stopping: " + st.message();
+    }
 }
 
 }  // namespace kestrel

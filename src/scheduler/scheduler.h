@@ -5,7 +5,10 @@
 // recompute when pages run out) → one batched forward → sample → emit → free.
 // Prefill chunks have a fixed size per sequence (not cut to fit the budget), so a sequence's
 // numerics do not depend on what else is running: logits are bitwise identical alone or batched.
-// Thread-safety: submit/cancel/stats/ready/drain may be called from any thread.
+// In a cell (runtime/cell.h) every forward is a cell step on rank 0: the sequences and their caches stay on
+// rank 0, the other ranks run their experts for it. A failed step (a lost rank) fails every request with the
+// error and stops the loop for good; failure() says why. On a normal stop the loop ends the cell's followers.
+// Thread-safety: submit/cancel/stats/ready/failure/drain may be called from any thread.
 #pragma once
 
 #include <chrono>
@@ -19,6 +22,7 @@
 
 #include "cache/cache_pools.h"
 #include "cache/prefix_cache.h"
+#include "runtime/cell.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
 #include "scheduler/engine_service.h"
@@ -42,19 +46,23 @@ struct SchedulerConfig {
 
 class Scheduler final : public EngineService {
  public:
-  static Result<std::unique_ptr<Scheduler>> create(Engine& engine, const SchedulerConfig& cfg);
+  // `cell` (rank 0 of a cell, or null): every forward runs as a cell step; it must outlive the scheduler, and
+  // only the scheduler thread talks to it.
+  static Result<std::unique_ptr<Scheduler>> create(Engine& engine, const SchedulerConfig& cfg, Cell* cell = nullptr);
   ~Scheduler() override;
 
   Result<uint64_t> submit(GenerationRequest req) override;
   void cancel(uint64_t id) override;
   ServiceStats stats() const override;
   bool ready() const override { return ready_.load(); }
+  std::string failure() const override;
   // Drops every cached prefix (admin flush); runs on the scheduler thread before its next step.
   void flush_prefix_cache() override;
   int max_context() const override { return cfg_.max_context; }
   // Waits until the prefix cache's disk writer has written everything queued (tests: before a restart).
   void flush_prefix_tier();
-  // Stops admitting, lets in-flight requests finish for up to `bound`, cancels the rest, stops.
+  // Stops admitting, lets in-flight requests finish for up to `bound`, cancels the rest, stops; returns once the
+  // loop has ended.
   void drain(std::chrono::milliseconds bound);
 
  private:
@@ -83,7 +91,7 @@ class Scheduler final : public EngineService {
     int64_t prefill_len = 0;  // tokens to prefill at the last admission (prompt, or prompt + generated after preemption)
     int64_t pending() const { return static_cast<int64_t>(tokens.size()) - st.n_tokens; }
   };
-  Scheduler(Engine& e, const SchedulerConfig& c) : engine_(e), cfg_(c) {}
+  Scheduler(Engine& e, const SchedulerConfig& c, Cell* cell) : engine_(e), cfg_(c), cell_(cell) {}
   void loop(std::stop_token stop);
   bool take_inbox(bool block, std::stop_token& stop);
   void admit();
@@ -92,6 +100,8 @@ class Scheduler final : public EngineService {
   void preempt(Seq& s);
   void release(Seq& s, bool keep_prefix);
   void sample_and_emit(Seq& s, std::span<float> logits);
+  // A cell step failed: every request (queued, waiting, running) ends with the error; nothing runs again.
+  void fail_cell(const Status& st);
   // Prefix cache hooks (no-ops without one).
   void attach_prefix(Seq& s);
   void after_forward(Seq& s, int64_t T);
@@ -102,6 +112,7 @@ class Scheduler final : public EngineService {
 
   Engine& engine_;
   SchedulerConfig cfg_;
+  Cell* cell_ = nullptr;
   std::unique_ptr<CachePools> pools_;
   std::unique_ptr<PrefixCache> prefix_;
   std::atomic<bool> flush_requested_{false};
@@ -113,6 +124,7 @@ class Scheduler final : public EngineService {
   std::vector<uint64_t> cancels_;
   uint64_t next_id_ = 1;
   bool draining_ = false;
+  std::string failure_;  // set once by fail_cell
   int64_t waiting_count_ = 0, running_count_ = 0;  // mirrors for stats()
   int64_t blocks_used_ = 0, slots_used_ = 0;
   Metrics metrics_;
@@ -120,6 +132,7 @@ class Scheduler final : public EngineService {
   std::atomic<bool> ready_{false};
 
   // Scheduler-thread only.
+  bool failed_ = false;
   std::deque<std::unique_ptr<Seq>> waiting_;
   std::vector<std::unique_ptr<Seq>> running_;  // admission order (oldest first)
   std::mt19937_64 seed_rng_{0x5eed};

@@ -225,6 +225,9 @@ void ApiServer::models(const HttpRequest&, const std::shared_ptr<HttpExchange>& 
 }
 
 void ApiServer::health(const HttpRequest&, const std::shared_ptr<HttpExchange>& ex, bool ready_check) const {
+  // A service that can no longer serve (a cell that lost a rank) fails both checks, so a router drains it.
+  if (const std::string why = engine_.failure(); !why.empty())
+    return send_json(ex, 503, json{{"status", "failed"}, {"error", why}});
   if (!ready_check) return send_json(ex, 200, json{{"status", "ok"}});
   bool ready = engine_.ready();
   send_json(ex, ready ? 200 : 503, json{{"status", ready ? "ready" : "not_ready"}});

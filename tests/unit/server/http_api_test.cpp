@@ -264,6 +264,21 @@ TEST_F(ServerTest, NotReady) {
   EXPECT_EQ(post("/v1/chat/completions", "{" + kChat + "}").status, 503);
 }
 
+// A service that can no longer serve (a cell that lost a rank) fails liveness too, with the reason.
+TEST_F(ServerTest, FailedServiceFailsBothHealthChecks) {
+  engine_->ready_ = false;
+  engine_->set_failure("the cell failed: rank 1 is gone");
+  for (const char* path : {"/health", "/health/ready", "/health?ready"}) {
+    auto r = get(path);
+    EXPECT_EQ(r.status, 503) << path;
+    EXPECT_EQ(json::parse(r.body)["status"], "failed") << path;
+    EXPECT_EQ(json::parse(r.body)["error"], "the cell failed: rank 1 is gone") << path;
+  }
+  engine_->set_failure("");
+  engine_->ready_ = true;
+  EXPECT_EQ(get("/health").status, 200);
+}
+
 TEST_F(ServerTest, DisconnectMidStreamCancels) {
   engine_->set_repeat(true);
   {

@@ -72,11 +72,17 @@ class FakeEngine : public EngineService {
     return s;
   }
   bool ready() const override { return ready_; }
+  std::string failure() const override {
+    std::lock_guard l(mu_);
+    return failure_;
+  }
+  void set_failure(std::string why) { std::lock_guard l(mu_); failure_ = std::move(why); }
   int max_context() const override { return 4096; }
 
   void set_reject(bool r) { std::lock_guard l(mu_); reject_ = r; }
   void set_repeat(bool r) { std::lock_guard l(mu_); repeat_ = r; }
   std::atomic<bool> ready_{true};
+  std::string failure_;
   std::vector<GenerationParams> submitted() const { std::lock_guard l(mu_); return submitted_; }
   std::vector<uint64_t> cancels() const { std::lock_guard l(mu_); return cancels_; }
   size_t active() const { std::lock_guard l(mu_); return active_.size(); }

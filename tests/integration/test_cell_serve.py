@@ -1,0 +1,188 @@
+"""`kestrel serve --ep 2` as a cell under mpiexec (docs/cell.md): rank 0 serves HTTP and schedules, every scheduler
+step runs on both ranks. Through the `openai` client: greedy chat completions with logprobs under concurrent
+streams (batched across requests) equal those of one `kestrel serve` process bit for bit; SIGKILL of rank 1
+mid-stream ends the client's stream within seconds and the cell non-zero, with no rank left; SIGTERM to mpiexec
+ends the stream in flight with a final chunk and stops every rank cleanly."""
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+
+import openai
+import pytest
+from conftest import free_port
+from mpi_cell import ENV, MPI_FLAGS, MPIEXEC, alive, rank_pids
+
+BINARY = os.environ.get("KESTREL_BINARY", "build/release/kestrel")
+CACHE = os.environ.get("KESTREL_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "kestrel-it-cache")
+# The random-weight K3 preset with a tokenizer (the tiny presets have none); routed experts in every MoE layer.
+SERVE = ["serve", "--preset", "k3-default", "--quiet", "--cache-mib", "64", "--max-context", "2048",
+         "--max-running", "8"]
+
+if not MPIEXEC:
+    if os.environ.get("CI"):
+        pytest.fail("mpiexec not found (scripts/install-deps.sh installs openmpi-bin)", pytrace=False)
+    pytest.skip("mpiexec not found", allow_module_level=True)
+
+
+class Proc:
+    """`kestrel serve` alone or as a cell of `ep` ranks, on a free port, healthy on return."""
+
+    def __init__(self, ep, mpi_extra=(), serve_extra=()):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        cmd = [BINARY, *SERVE, "--port", str(self.port), *serve_extra]
+        if ep > 1:
+            cmd = [MPIEXEC, "-np", str(ep), *MPI_FLAGS, "-x", "KESTREL_CACHE_DIR", *mpi_extra, *cmd, "--ep", str(ep)]
+        self.log = tempfile.NamedTemporaryFile(prefix="kestrel-cell-serve-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(cmd, env=dict(ENV, KESTREL_CACHE_DIR=CACHE), stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            assert self.proc.poll() is None, "server exited: " + self.text()
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except Exception:
+                time.sleep(0.1)
+        else:
+            pytest.fail("server did not become healthy: " + self.text())
+        self.client = openai.OpenAI(base_url=self.base + "/v1", api_key="none", max_retries=0, timeout=60)
+
+    def text(self):
+        with open(self.log.name) as f:
+            return f.read()
+
+    def metric(self, name):
+        with urllib.request.urlopen(self.base + "/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        return None
+
+    def close(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        os.unlink(self.log.name)
+
+
+PROMPTS = ["Hello there", "What is a cell?", "Count: one two three", "Tell me about experts", "zz",
+           "Kestrel serves Kimi", "A longer prompt with several more words in it than the others", "ok"]
+
+
+def complete(client, i):
+    r = client.chat.completions.create(model="kimi-k3", messages=[{"role": "user", "content": PROMPTS[i]}],
+                                       max_tokens=24, temperature=0, logprobs=True, top_logprobs=3,
+                                       extra_body={"ignore_eos": True})
+    c = r.choices[0]
+    lp = [(t.token, t.logprob, [(x.token, x.logprob) for x in t.top_logprobs]) for t in c.logprobs.content]
+    return c.message.content, getattr(c.message, "reasoning_content", None), c.finish_reason, lp
+
+
+def all_concurrently(client):
+    out = [None] * len(PROMPTS)
+
+    def run(i):
+        out[i] = complete(client, i)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_cell_serve_answers_equal_one_process_bit_for_bit():
+    one = Proc(1)
+    try:
+        expected = [complete(one.client, i) for i in range(len(PROMPTS))]  # one at a time
+    finally:
+        one.close()
+    cell = Proc(2)
+    try:
+        got = all_concurrently(cell.client)
+        batched = cell.metric("kestrel_step_sequences_max")
+    finally:
+        cell.close()
+    assert batched is not None and batched > 1, "the cell never batched requests together"
+    for i, (e, g) in enumerate(zip(expected, got)):
+        assert g[2] == "length" and len(g[3]) == 24, g
+        assert g == e, f"request {i}: the cell's answer or logprobs differ from one process"  # exact floats
+
+
+def test_sigkill_of_rank_1_mid_stream_ends_the_stream_and_the_cell():
+    cell = Proc(2)
+    try:
+        pids = rank_pids(cell.proc.pid)
+        assert sorted(pids) == [0, 1], pids
+        stream = cell.client.chat.completions.create(
+            model="kimi-k3", messages=[{"role": "user", "content": "Go on forever"}], max_tokens=600,
+            temperature=0, stream=True, extra_body={"ignore_eos": True})
+        chunks, killed, ended_by = 0, None, None
+        try:
+            for chunk in stream:
+                chunks += 1
+                if chunks == 20:
+                    os.kill(pids[1], signal.SIGKILL)
+                    killed = time.time()
+                if chunk.choices and chunk.choices[0].finish_reason is not None:
+                    ended_by = chunk.choices[0].finish_reason
+        except Exception as e:  # the error event, or the connection closing
+            ended_by = type(e).__name__
+        assert killed is not None, "the stream ended before the kill"
+        ended = time.time() - killed
+        print(f"stream ended {ended:.2f} s after SIGKILL of rank 1 ({ended_by}, {chunks} chunks)")
+        assert ended < 5
+        assert ended_by != "length", "the stream completed although rank 1 was killed"
+        try:
+            rc = cell.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the cell is still running 10 s after rank 1 was killed")
+        assert rc != 0
+        log = cell.text()
+        assert "rank 1" in log, log
+        deadline = time.time() + 2
+        while time.time() < deadline and any(alive(q) for q in pids.values()):
+            time.sleep(0.05)
+        assert not [r for r, q in pids.items() if alive(q)], "rank processes outlived mpiexec"
+    finally:
+        cell.close()
+
+
+def test_sigterm_to_mpiexec_stops_every_rank_cleanly():
+    # No drain time: the stream in flight is cancelled at once and ends with a final chunk, not a broken
+    # connection (mpirun's SIGTERM reaches rank 0 a second after its own, long before 1600 tokens).
+    cell = Proc(2, serve_extra=["--drain-seconds", "0"])
+    try:
+        pids = rank_pids(cell.proc.pid)
+        assert sorted(pids) == [0, 1], pids
+        assert complete(cell.client, 0)[2] == "length"
+        stream = cell.client.chat.completions.create(
+            model="kimi-k3", messages=[{"role": "user", "content": "Go on"}], max_tokens=1600, temperature=0,
+            stream=True, extra_body={"ignore_eos": True})
+        chunks, finish = 0, None
+        for chunk in stream:
+            chunks += 1
+            if chunks == 10:
+                cell.proc.send_signal(signal.SIGTERM)
+            if chunk.choices and chunk.choices[0].finish_reason is not None:
+                finish = chunk.choices[0].finish_reason
+        assert finish == "abort", f"the stream in flight ended with {finish} after {chunks} chunks"
+        try:
+            rc = cell.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the cell is still running 15 s after SIGTERM")
+        log = cell.text()
+        print(f"mpiexec exit status after SIGTERM: {rc}")
+        # Open MPI's mpirun itself exits 1 when it is signalled; the ranks must have ended on their own, status 0.
+        assert "kestrel serve: stopped" in log, log
+        assert "kestrel serve: rank 1 of 2: stopped" in log, log
+        assert "exited on signal" not in log and "non-zero" not in log, log
+        assert not [r for r, q in pids.items() if alive(q)], "rank processes outlived mpiexec"
+    finally:
+        cell.close()

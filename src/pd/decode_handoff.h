@@ -1,0 +1,69 @@
+// The decode side of a hand-off. The scheduler's pools (KDA slots, MLA pages, DSA indexer pages) and a record
+// arena (one first-token record per slot) are registered with UCX once, at creation. submit() queues a request
+// with Handoff::kReceive: admission reserves a slot and the prompt's pages; this side sends their addresses for
+// the request's room to the prefill instance, waits for the completion, verifies sizes and checksum over the
+// received bytes, and only then admits the request into the decode batch with the first token from its record.
+//
+// On failure (deadline, silent or dead peer, checksum mismatch, the prefill gave up) the client gets a kError
+// event at once. The reserved memory stays quarantined while the peer may still write into it: the connection to
+// that peer is closed, and the memory returns to the pools when the registry says the peer can no longer write
+// (tcp: at the close; shared memory: once the peer's process has exited too). A new connect() is needed for the
+// peer after that.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "disagg/region_registry.h"
+#include "pd/layout.h"
+#include "pd/side.h"
+#include "scheduler/scheduler.h"
+
+namespace kestrel::pd {
+
+struct DecodeHandoffOptions {
+  disagg::WorkerOptions worker;
+  std::chrono::milliseconds transfer_timeout{10000};  // destinations sent → completion verified
+  std::chrono::milliseconds silence{2000};            // no message (heartbeats included) from the prefill
+};
+
+struct DecodeCounts {
+  uint64_t received = 0, failed = 0, bytes = 0;
+  size_t in_flight = 0;    // reserved, transfer not ended
+  size_t quarantined = 0;  // failed, memory not yet returned
+  disagg::RegistryCounts registry;
+};
+
+class DecodeHandoff final : public HandoffSide {
+ public:
+  // The scheduler must outlive this object.
+  static Result<std::unique_ptr<DecodeHandoff>> create(Scheduler& scheduler, const DecodeHandoffOptions& options);
+  ~DecodeHandoff() override;
+
+  // `prefill` is the instance id of the (connected) prefill side that holds the request of `room`.
+  Result<uint64_t> submit(GenerationRequest req, uint64_t room, uint64_t prefill);
+  DecodeCounts counts();
+
+ private:
+  struct Quarantined {
+    uint64_t request;
+    std::unique_ptr<disagg::Endpoint> ep;  // closed or closing
+  };
+  DecodeHandoff(Scheduler& s, const DecodeHandoffOptions& o) : HandoffSide(o.worker), sched_(s), opts_(o) {}
+  Status register_pools();
+  void run(uint64_t room, uint64_t prefill, const CacheLocation& loc);
+  void idle() override;
+  void teardown() override;
+
+  Scheduler& sched_;
+  DecodeHandoffOptions opts_;
+  std::unique_ptr<std::byte[]> records_;
+  // Registered regions by Pool (null for an empty pool).
+  std::unique_ptr<disagg::Region> regions_[4];
+  disagg::RegionRegistry registry_;
+  std::vector<Quarantined> quarantined_;
+  std::mutex mu_;
+  DecodeCounts counts_;
+};
+
+}  // namespace kestrel::pd

@@ -1,0 +1,98 @@
+#include "pd/prefill_handoff.h"
+
+#include <algorithm>
+#include <array>
+
+#include "disagg/transfer.h"
+#include "pd/first_token.h"
+
+namespace kestrel::pd {
+
+using std::chrono::milliseconds;
+
+uint64_t transfer_id(uint64_t room) { return room | (uint64_t{1} << 63); }
+
+struct PrefillHandoff::Job {
+  uint64_t room = 0;
+  GenerationEvent first;
+  CacheLocation loc;
+};
+
+Result<std::unique_ptr<PrefillHandoff>> PrefillHandoff::create(Scheduler& scheduler, const PrefillHandoffOptions& options) {
+  auto p = std::unique_ptr<PrefillHandoff>(new PrefillHandoff(scheduler, options));
+  CachePools& pools = scheduler.pools();
+  const size_t largest = static_cast<size_t>(std::max({pools.mla_block_bytes(), pools.index_block_bytes(),
+                                                       pools.slot_bytes(), static_cast<int64_t>(kRecordBytes)}));
+  if (!options.zeroed_parts.empty()) p->zeros_.assign(largest, std::byte{0});
+  Status s = p->start([] { return Status(); });
+  if (!s.is_ok()) return s;
+  return p;
+}
+
+PrefillHandoff::~PrefillHandoff() { stop(); }
+
+Result<uint64_t> PrefillHandoff::submit(GenerationRequest req, uint64_t room) {
+  auto job = std::make_shared<Job>();
+  job->room = room;
+  req.handoff = Handoff::kSend;
+  auto user = std::move(req.on_event);
+  req.on_event = [job, user](const GenerationEvent& ev) {
+    if (ev.finish == FinishReason::kNone && job->first.token < 0) job->first = ev;
+    if (user) user(ev);
+  };
+  req.on_cache_location = [this, job](const CacheLocation& loc) {
+    job->loc = loc;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      counts_.in_flight++;
+    }
+    post([this, job] { run(job); });
+  };
+  return sched_.submit(std::move(req));
+}
+
+PrefillCounts PrefillHandoff::counts() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return counts_;
+}
+
+// On the side's thread: destinations → puts + flush + completion → release the parked sequence.
+void PrefillHandoff::run(const std::shared_ptr<Job>& job) {
+  const uint64_t id = transfer_id(job->room);
+  Status st;
+  uint64_t bytes = 0;
+  uint64_t sender = 0;
+  auto dst = disagg::wait_destinations(worker(), id, disagg::Deadline::after(opts_.destinations_timeout), &sender);
+  if (!dst) {
+    st = unavailable("hand-off: no destinations from a decode instance for room " + std::to_string(job->room) +
+                     " (" + dst.error().message() + ")");
+  } else if (disagg::Endpoint* ep = endpoint(sender); ep == nullptr || ep->failed()) {
+    st = unavailable("hand-off: no open connection to decode instance " + std::to_string(sender));
+  } else {
+    std::array<std::byte, kRecordBytes> record{};
+    st = encode_first_token(job->first, record);
+    CachePools& pools = sched_.pools();
+    const std::span<std::byte> arenas[] = {pools.slot_arena(), pools.mla_arena(), pools.index_arena(), record};
+    std::vector<std::span<const std::byte>> sources;
+    for (const PoolRange& r : handoff_layout(pools, job->loc)) {
+      const bool zero = std::find(opts_.zeroed_parts.begin(), opts_.zeroed_parts.end(), r.part) != opts_.zeroed_parts.end();
+      sources.push_back(zero ? std::span<const std::byte>(zeros_.data(), r.length)
+                             : std::span<const std::byte>(arenas[static_cast<int>(r.pool)].subspan(r.offset, r.length)));
+      bytes += r.length;
+    }
+    if (st.is_ok()) {
+      disagg::OutgoingTransfer out(id, *ep, std::move(*dst), std::move(sources));
+      st = out.run(disagg::Deadline::after(opts_.transfer_timeout));
+    }
+    // A failed put closed the endpoint before returning (disagg/put.h): no put reads the pages now. A new
+    // connection is needed for this peer.
+    if (ep->failed() || ep->closed()) endpoints_.erase(sender);
+  }
+  sched_.release_parked(job->loc.request, st.is_ok() ? "" : st.message());
+  std::lock_guard<std::mutex> lk(mu_);
+  counts_.in_flight--;
+  if (st.is_ok()) counts_.handed_off++, counts_.bytes += bytes;
+  else counts_.failed++;
+}
+
+}  // namespace kestrel::pd

@@ -1,0 +1,55 @@
+// The prefill side of a hand-off. submit() runs a request on the scheduler with Handoff::kSend: the prompt is
+// computed and the first token sampled as usual, then the sequence is parked; this side waits for the decode
+// side's destinations for the request's room, puts the request's state (layout.h) and first-token record into
+// them, flushes, sends the completion, and releases the parked sequence (its pages and slot are free only when
+// no put can read them any more). The client sees the first token, then a final event: kLength when the state
+// was handed over, kError with the reason otherwise.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "pd/layout.h"
+#include "pd/side.h"
+#include "scheduler/scheduler.h"
+
+namespace kestrel::pd {
+
+struct PrefillHandoffOptions {
+  disagg::WorkerOptions worker;
+  std::chrono::milliseconds destinations_timeout{10000};  // parked, waiting for the decode side's destinations
+  std::chrono::milliseconds transfer_timeout{10000};      // puts + flush + completion
+  // Tests only: these parts are sent as zeros (sizes and checksum stay consistent) to prove they matter.
+  std::vector<Part> zeroed_parts;
+};
+
+struct PrefillCounts {
+  uint64_t handed_off = 0, failed = 0, bytes = 0;
+  size_t in_flight = 0;  // parked, not yet released
+};
+
+class PrefillHandoff final : public HandoffSide {
+ public:
+  // The scheduler must outlive this object.
+  static Result<std::unique_ptr<PrefillHandoff>> create(Scheduler& scheduler, const PrefillHandoffOptions& options);
+  ~PrefillHandoff() override;
+
+  // `room` is the router's bootstrap room; the transfer id is derived from it (disagg: room | 1 << 63).
+  Result<uint64_t> submit(GenerationRequest req, uint64_t room);
+  PrefillCounts counts();
+
+ private:
+  struct Job;
+  PrefillHandoff(Scheduler& s, const PrefillHandoffOptions& o) : HandoffSide(o.worker), sched_(s), opts_(o) {}
+  void run(const std::shared_ptr<Job>& job);
+
+  Scheduler& sched_;
+  PrefillHandoffOptions opts_;
+  std::vector<std::byte> zeros_;
+  std::mutex mu_;
+  PrefillCounts counts_;
+};
+
+uint64_t transfer_id(uint64_t room);
+
+}  // namespace kestrel::pd

@@ -72,35 +72,44 @@ Status IncomingTransfer::wait(Deadline deadline, std::chrono::milliseconds silen
   if (state_ != TransferState::kAdvertised) {
     return invalid_argument(std::string("disagg: wait on a transfer in state ") + to_string(state_));
   }
+  std::optional<Status> outcome;
+  Status waited = ep_.worker().wait([&] { return (outcome = step(silence)).has_value(); }, deadline,
+                                    "waiting for the completion of transfer " + std::to_string(id_));
+  if (!waited.is_ok()) return fail(waited);
+  return *outcome;
+}
+
+std::optional<Status> IncomingTransfer::poll(Deadline deadline, std::chrono::milliseconds silence) {
+  if (state_ != TransferState::kAdvertised) {
+    return invalid_argument(std::string("disagg: poll on a transfer in state ") + to_string(state_));
+  }
+  if (std::optional<Status> outcome = step(silence)) return outcome;
+  if (deadline.expired()) {
+    return fail(unavailable("disagg: waiting for the completion of transfer " + std::to_string(id_) +
+                            ": deadline passed"));
+  }
+  return std::nullopt;
+}
+
+std::optional<Status> IncomingTransfer::step(std::chrono::milliseconds silence) {
   Worker& worker = ep_.worker();
-  std::optional<Message> message;
-  Status why;
-  auto silent = [&] {
-    if (!ep_.peer()) return false;
+  // Never a stale completion from another peer.
+  if (std::optional<Message> message = worker.take(MessageKind::kCompletion, id_, ep_.peer())) return verify(*message);
+  if (ep_.failed()) return fail(ep_.failure());
+  if (ep_.peer()) {
     Clock::time_point since = advertised_at_;
     if (auto heard = worker.last_heard(*ep_.peer()); heard && *heard > since) since = *heard;
-    return Clock::now() - since > silence;
-  };
-  Status waited = worker.wait(
-      [&] {
-        message = worker.take(MessageKind::kCompletion, id_, ep_.peer());  // never a stale one from another peer
-        if (message) return true;
-        if (ep_.failed()) {
-          why = ep_.failure();
-          return true;
-        }
-        if (silent()) {
-          why = unavailable("disagg: peer silent for more than " + std::to_string(silence.count()) + " ms");
-          ep_.mark_failed(why);
-          return true;
-        }
-        return false;
-      },
-      deadline, "waiting for the completion of transfer " + std::to_string(id_));
-  if (!waited.is_ok()) return fail(waited);
-  if (!message) return fail(why);
+    if (Clock::now() - since > silence) {
+      Status why = unavailable("disagg: peer silent for more than " + std::to_string(silence.count()) + " ms");
+      ep_.mark_failed(why);
+      return fail(why);
+    }
+  }
+  return std::nullopt;
+}
 
-  Result<Completion> c = decode_completion(message->body);
+Status IncomingTransfer::verify(const Message& message) {
+  Result<Completion> c = decode_completion(message.body);
   if (!c) return fail(c.error());
   if (c->status != 0) return fail(unavailable("disagg: the sender failed transfer " + std::to_string(id_)));
   uint64_t bytes = 0;

@@ -16,7 +16,9 @@ Result<std::unique_ptr<DecodeHandoff>> DecodeHandoff::create(Scheduler& schedule
 DecodeHandoff::~DecodeHandoff() { stop(); }
 
 void DecodeHandoff::teardown() {
+  pending_.clear();
   quarantined_.clear();
+  retired_.clear();
   for (auto& r : regions_) r.reset();
 }
 
@@ -43,7 +45,7 @@ Result<uint64_t> DecodeHandoff::submit(GenerationRequest req, uint64_t room, uin
       std::lock_guard<std::mutex> lk(mu_);
       counts_.in_flight++;
     }
-    post([this, room, prefill, loc] { run(room, prefill, loc); });
+    post([this, room, prefill, loc] { start_transfer(room, prefill, loc); });
   };
   return sched_.submit(std::move(req));
 }
@@ -56,46 +58,49 @@ DecodeCounts DecodeHandoff::counts() {
   return c;
 }
 
-// On the side's thread: advertise the reserved memory, wait for the verified completion, admit or fail.
-void DecodeHandoff::run(uint64_t room, uint64_t prefill, const CacheLocation& loc) {
-  Status st;
-  uint64_t bytes = 0;
+void DecodeHandoff::start_transfer(uint64_t room, uint64_t prefill, const CacheLocation& loc) {
   disagg::Endpoint* ep = endpoint(prefill);
-  GenerationEvent first;
   if (ep == nullptr || ep->failed()) {
-    st = unavailable("hand-off: no open connection to prefill instance " + std::to_string(prefill));
-  } else {
-    std::vector<disagg::DestinationRange> ranges;
-    for (const PoolRange& r : handoff_layout(sched_.pools(), loc)) {
-      ranges.push_back({regions_[static_cast<int>(r.pool)].get(), r.offset, r.length});
-      bytes += r.length;
-    }
-    disagg::IncomingTransfer in(transfer_id(room), *ep, registry_, std::move(ranges));
-    const auto deadline = disagg::Deadline::after(opts_.transfer_timeout);
-    st = in.advertise(deadline);
-    if (st.is_ok()) st = in.wait(deadline, opts_.silence);
-    if (st.is_ok()) {
-      auto rec = decode_first_token(std::span<const std::byte, kRecordBytes>(
-          records_.get() + static_cast<size_t>(loc.slot) * kRecordBytes, kRecordBytes));
-      if (rec) first = std::move(*rec);
-      else st = rec.error();  // verified bytes with a bad record: the peer is not a compatible prefill
-    }
+    return end(loc, nullptr, unavailable("hand-off: no open connection to prefill instance " + std::to_string(prefill)), 0);
+  }
+  std::vector<disagg::DestinationRange> ranges;
+  uint64_t bytes = 0;
+  for (const PoolRange& r : handoff_layout(sched_.pools(), loc)) {
+    ranges.push_back({regions_[static_cast<int>(r.pool)].get(), r.offset, r.length});
+    bytes += r.length;
+  }
+  auto in = std::make_unique<disagg::IncomingTransfer>(transfer_id(room), *ep, registry_, std::move(ranges));
+  const auto until = disagg::Clock::now() + opts_.transfer_timeout;
+  Status st = in->advertise(disagg::Deadline(until));
+  if (!st.is_ok()) return end(loc, ep, st, bytes);
+  pending_.push_back({loc, ep, bytes, std::move(in), until});
+}
+
+// The transfer of `loc` ended: admit with the first token from its verified record, or fail and quarantine.
+void DecodeHandoff::end(const CacheLocation& loc, disagg::Endpoint* ep, Status st, uint64_t bytes) {
+  GenerationEvent first;
+  if (st.is_ok()) {
+    auto rec = decode_first_token(std::span<const std::byte, kRecordBytes>(
+        records_.get() + static_cast<size_t>(loc.slot) * kRecordBytes, kRecordBytes));
+    if (rec) first = std::move(*rec);
+    else st = rec.error();  // verified bytes with a bad record: not a compatible prefill
   }
   if (st.is_ok()) {
     sched_.admit_received(loc.request, first);
   } else {
     sched_.fail_received(loc.request, "hand-off from prefill failed: " + st.message());
-    // The memory may still be written: quarantined with the connection, which is closed now (the registry
-    // releases it once the peer can no longer write; idle() checks).
-    auto it = endpoints_.find(prefill);
-    std::unique_ptr<disagg::Endpoint> owned;
-    if (it != endpoints_.end()) {
-      owned = std::move(it->second);
-      endpoints_.erase(it);
-      owned->mark_failed(st);
-      (void)owned->close(disagg::Deadline::after(std::chrono::milliseconds(1000)));
+    // The memory may still be written: it stays quarantined with the connection, which is given up now (failing
+    // the other transfers on it); idle() returns the memory once the peer can no longer write.
+    if (ep != nullptr) {
+      ep->mark_failed(st);
+      for (auto it = endpoints_.begin(); it != endpoints_.end(); ++it)
+        if (it->second.get() == ep) {
+          retired_.push_back(std::move(it->second));
+          endpoints_.erase(it);
+          break;
+        }
     }
-    quarantined_.push_back({loc.request, std::move(owned)});
+    quarantined_.push_back({loc.request, ep});
   }
   std::lock_guard<std::mutex> lk(mu_);
   counts_.in_flight--;
@@ -103,22 +108,44 @@ void DecodeHandoff::run(uint64_t room, uint64_t prefill, const CacheLocation& lo
   else counts_.failed++, counts_.quarantined++;
 }
 
-// Returns quarantined memory whose peer can no longer write into it.
 void DecodeHandoff::idle() {
-  for (auto it = quarantined_.begin(); it != quarantined_.end();) {
-    disagg::Endpoint* ep = it->ep.get();
-    if (ep != nullptr && !ep->closed()) (void)ep->close(disagg::Deadline::after(std::chrono::milliseconds(1)));
-    // No endpoint: nothing was advertised for it. Otherwise the registry decides.
+  for (size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    std::optional<Status> st = p.transfer->poll(disagg::Deadline(p.until), opts_.silence);
+    if (!st) {
+      ++i;
+      continue;
+    }
+    Pending done = std::move(p);
+    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    done.transfer.reset();
+    end(done.loc, done.ep, *st, done.bytes);
+  }
+  // Quarantined memory returns once its peer can no longer write into it (closed endpoint; over shared memory
+  // also the peer's process gone).
+  for (auto& ep : retired_)
+    if (!ep->closed()) (void)ep->close(disagg::Deadline::after(std::chrono::milliseconds(1)));
+  for (size_t i = 0; i < quarantined_.size();) {
+    disagg::Endpoint* ep = quarantined_[i].ep;
     if (ep != nullptr && ep->peer_may_write()) {
-      ++it;
+      ++i;
       continue;
     }
     if (ep != nullptr) (void)registry_.release_closed(*ep);
-    sched_.release_reserved(it->request);
-    it = quarantined_.erase(it);
+    sched_.release_reserved(quarantined_[i].request);
+    quarantined_.erase(quarantined_.begin() + static_cast<std::ptrdiff_t>(i));
     std::lock_guard<std::mutex> lk(mu_);
     counts_.quarantined--;
   }
+  // A retired endpoint goes when nothing refers to it any more.
+  std::erase_if(retired_, [&](const std::unique_ptr<disagg::Endpoint>& ep) {
+    if (!ep->closed()) return false;
+    for (const Quarantined& q : quarantined_)
+      if (q.ep == ep.get()) return false;
+    for (const Pending& p : pending_)
+      if (p.ep == ep.get()) return false;
+    return true;
+  });
 }
 
 }  // namespace kestrel::pd

@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "disagg/region_registry.h"
+#include "disagg/transfer.h"
 #include "pd/layout.h"
 #include "pd/side.h"
 #include "scheduler/scheduler.h"
@@ -47,11 +48,20 @@ class DecodeHandoff final : public HandoffSide {
  private:
   struct Quarantined {
     uint64_t request;
-    std::unique_ptr<disagg::Endpoint> ep;  // closed or closing
+    disagg::Endpoint* ep;  // the endpoint it was advertised through (in retired_); null: nothing advertised
   };
   DecodeHandoff(Scheduler& s, const DecodeHandoffOptions& o) : HandoffSide(o.worker), sched_(s), opts_(o) {}
   Status register_pools();
-  void run(uint64_t room, uint64_t prefill, const CacheLocation& loc);
+  struct Pending {
+    CacheLocation loc;
+    disagg::Endpoint* ep;
+    uint64_t bytes;
+    std::unique_ptr<disagg::IncomingTransfer> transfer;
+    disagg::Clock::time_point until;
+  };
+  // On the side's thread: start() advertises a reservation; idle() polls every transfer (any order).
+  void start_transfer(uint64_t room, uint64_t prefill, const CacheLocation& loc);
+  void end(const CacheLocation& loc, disagg::Endpoint* ep, Status st, uint64_t bytes);
   void idle() override;
   void teardown() override;
 
@@ -61,7 +71,10 @@ class DecodeHandoff final : public HandoffSide {
   // Registered regions by Pool (null for an empty pool).
   std::unique_ptr<disagg::Region> regions_[4];
   disagg::RegionRegistry registry_;
+  std::vector<Pending> pending_;
   std::vector<Quarantined> quarantined_;
+  // Endpoints given up after a failure: closed, kept while a quarantined or pending transfer refers to them.
+  std::vector<std::unique_ptr<disagg::Endpoint>> retired_;
   std::mutex mu_;
   DecodeCounts counts_;
 };

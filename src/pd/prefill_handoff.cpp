@@ -16,6 +16,7 @@ struct PrefillHandoff::Job {
   uint64_t room = 0;
   GenerationEvent first;
   CacheLocation loc;
+  disagg::Clock::time_point until{};  // destinations deadline, from parking
 };
 
 Result<std::unique_ptr<PrefillHandoff>> PrefillHandoff::create(Scheduler& scheduler, const PrefillHandoffOptions& options) {
@@ -46,7 +47,8 @@ Result<uint64_t> PrefillHandoff::submit(GenerationRequest req, uint64_t room) {
       std::lock_guard<std::mutex> lk(mu_);
       counts_.in_flight++;
     }
-    post([this, job] { run(job); });
+    job->until = disagg::Clock::now() + opts_.destinations_timeout;
+    post([this, job] { pending_.push_back(job); });
   };
   return sched_.submit(std::move(req));
 }
@@ -56,39 +58,60 @@ PrefillCounts PrefillHandoff::counts() {
   return counts_;
 }
 
-// On the side's thread: destinations → puts + flush + completion → release the parked sequence.
-void PrefillHandoff::run(const std::shared_ptr<Job>& job) {
-  const uint64_t id = transfer_id(job->room);
-  Status st;
-  uint64_t bytes = 0;
-  uint64_t sender = 0;
-  auto dst = disagg::wait_destinations(worker(), id, disagg::Deadline::after(opts_.destinations_timeout), &sender);
-  if (!dst) {
-    st = unavailable("hand-off: no destinations from a decode instance for room " + std::to_string(job->room) +
-                     " (" + dst.error().message() + ")");
-  } else if (disagg::Endpoint* ep = endpoint(sender); ep == nullptr || ep->failed()) {
-    st = unavailable("hand-off: no open connection to decode instance " + std::to_string(sender));
-  } else {
-    std::array<std::byte, kRecordBytes> record{};
-    st = encode_first_token(job->first, record);
-    CachePools& pools = sched_.pools();
-    const std::span<std::byte> arenas[] = {pools.slot_arena(), pools.mla_arena(), pools.index_arena(), record};
-    std::vector<std::span<const std::byte>> sources;
-    for (const PoolRange& r : handoff_layout(pools, job->loc)) {
-      const bool zero = std::find(opts_.zeroed_parts.begin(), opts_.zeroed_parts.end(), r.part) != opts_.zeroed_parts.end();
-      sources.push_back(zero ? std::span<const std::byte>(zeros_.data(), r.length)
-                             : std::span<const std::byte>(arenas[static_cast<int>(r.pool)].subspan(r.offset, r.length)));
-      bytes += r.length;
+void PrefillHandoff::idle() {
+  for (size_t i = 0; i < pending_.size();) {
+    Job& job = *pending_[i];
+    std::optional<disagg::Message> m = worker().take(disagg::MessageKind::kDestinations, transfer_id(job.room));
+    if (!m && disagg::Clock::now() < job.until) {
+      ++i;
+      continue;
     }
-    if (st.is_ok()) {
-      disagg::OutgoingTransfer out(id, *ep, std::move(*dst), std::move(sources));
-      st = out.run(disagg::Deadline::after(opts_.transfer_timeout));
+    const std::shared_ptr<Job> held = pending_[i];
+    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    Status st;
+    uint64_t bytes = 0;
+    if (!m) {
+      st = unavailable("hand-off: no destinations from a decode instance for room " + std::to_string(job.room) +
+                       " within " + std::to_string(opts_.destinations_timeout.count()) + " ms");
+    } else if (auto dst = disagg::decode_destinations(m->body); !dst) {
+      st = dst.error();
+    } else {
+      st = transfer(job, m->header.sender, std::move(*dst), bytes);
     }
-    // A failed put closed the endpoint before returning (disagg/put.h): no put reads the pages now. A new
-    // connection is needed for this peer.
-    if (ep->failed() || ep->closed()) endpoints_.erase(sender);
+    finish(job, st, bytes);
   }
-  sched_.release_parked(job->loc.request, st.is_ok() ? "" : st.message());
+}
+
+// Puts the request's state into the destinations, flushes, sends the completion (bounded by transfer_timeout).
+Status PrefillHandoff::transfer(Job& job, uint64_t decode, disagg::Destinations dst, uint64_t& bytes) {
+  disagg::Endpoint* ep = endpoint(decode);
+  if (ep == nullptr || ep->failed()) {
+    return unavailable("hand-off: no open connection to decode instance " + std::to_string(decode));
+  }
+  std::array<std::byte, kRecordBytes> record{};
+  Status st = encode_first_token(job.first, record);
+  if (!st.is_ok()) return st;
+  CachePools& pools = sched_.pools();
+  const std::span<std::byte> arenas[] = {pools.slot_arena(), pools.mla_arena(), pools.index_arena(), record};
+  std::vector<std::span<const std::byte>> sources;
+  for (const PoolRange& r : handoff_layout(pools, job.loc)) {
+    const bool zero = std::find(opts_.zeroed_parts.begin(), opts_.zeroed_parts.end(), r.part) != opts_.zeroed_parts.end();
+    // The record is this request's own buffer here (the layout's offset is a slot's record on the decode side).
+    const size_t offset = r.pool == Pool::kRecord ? 0 : r.offset;
+    sources.push_back(zero ? std::span<const std::byte>(zeros_.data(), r.length)
+                           : std::span<const std::byte>(arenas[static_cast<int>(r.pool)].subspan(offset, r.length)));
+    bytes += r.length;
+  }
+  disagg::OutgoingTransfer out(transfer_id(job.room), *ep, std::move(dst), std::move(sources));
+  st = out.run(disagg::Deadline::after(opts_.transfer_timeout));
+  // A failed put closed the endpoint before returning (disagg/put.h): no put reads the pages now. The peer needs
+  // a new connection.
+  if (ep->failed() || ep->closed()) endpoints_.erase(decode);
+  return st;
+}
+
+void PrefillHandoff::finish(const Job& job, const Status& st, uint64_t bytes) {
+  sched_.release_parked(job.loc.request, st.is_ok() ? "" : st.message());
   std::lock_guard<std::mutex> lk(mu_);
   counts_.in_flight--;
   if (st.is_ok()) counts_.handed_off++, counts_.bytes += bytes;

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <memory>
+#include <vector>
 
 #include "pd/layout.h"
 #include "pd/side.h"
@@ -41,11 +42,15 @@ class PrefillHandoff final : public HandoffSide {
  private:
   struct Job;
   PrefillHandoff(Scheduler& s, const PrefillHandoffOptions& o) : HandoffSide(o.worker), sched_(s), opts_(o) {}
-  void run(const std::shared_ptr<Job>& job);
+  // On the side's thread: parked requests wait for their destinations (any order, each with its deadline).
+  void idle() override;
+  Status transfer(Job& job, uint64_t decode, disagg::Destinations dst, uint64_t& bytes);
+  void finish(const Job& job, const Status& st, uint64_t bytes);
 
   Scheduler& sched_;
   PrefillHandoffOptions opts_;
   std::vector<std::byte> zeros_;
+  std::vector<std::shared_ptr<Job>> pending_;  // side's thread only
   std::mutex mu_;
   PrefillCounts counts_;
 };

@@ -1,0 +1,281 @@
+// The hand-off in one process: a prefill scheduler and a decode scheduler, each on its own engine loaded from the
+// same tiny checkpoint (K3 hybrid KDA + MLA, K3 with DSA layers, DeepSeek V3 pure MLA), their hand-off sides
+// connected over the transports UCX_TLS selects (ctest runs this binary with UCX_TLS=shm and UCX_TLS=tcp).
+//   - Parity: the decoded tokens, logprobs and top logprobs equal a colocated run bit for bit (prompts of one
+//     token, a page boundary ± 1, several chunks), and both schedulers end with no page, slot or transfer held.
+//   - The state matters: a prefill that sends zeros instead of the KDA conv state, the recurrent state, the
+//     indexer keys or the MLA pages (sizes and checksum consistent, so the transfer itself succeeds) gives
+//     different logprobs: the parity test would catch a part left out.
+//   - Faults: a dropped put, a corrupted byte, a lost completion fail the request with a clear error and nothing
+//     is admitted; over tcp the quarantined memory returns once the connection is closed; over shared memory it
+//     stays quarantined while the peer process (here: this one) lives.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "common/test_util.h"
+#include "disagg/pair.h"
+#include "pd/decode_handoff.h"
+#include "pd/prefill_handoff.h"
+#include "pd_util.h"
+
+namespace kestrel::pd {
+namespace {
+
+using namespace std::chrono_literals;
+using kestrel::testing::Client;
+using testing::bit_equal;
+using testing::Collected;
+using testing::config;
+using testing::prompt;
+using testing::settled;
+
+class Handoff : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    dir_ = std::make_unique<kestrel::testing::TempDir>();
+    kestrel::testing::make_checkpoint(GetParam(), dir_->path());
+    auto p = Engine::load(dir_->path());
+    ASSERT_TRUE(p) << p.error().message();
+    prefill_engine_ = std::move(*p);
+    auto d = Engine::load(dir_->path());
+    ASSERT_TRUE(d) << d.error().message();
+    decode_engine_ = std::move(*d);
+  }
+  void TearDown() override { close_pair(); }
+
+  const CacheGeometry& geometry() const { return prefill_engine_->model().cache_geometry(); }
+
+  Collected colocated(const std::vector<int32_t>& ids, int max_new) {
+    auto s = Scheduler::create(*prefill_engine_, config());
+    EXPECT_TRUE(s) << s.error().message();
+    Client c;
+    EXPECT_TRUE((*s)->submit(c.make(ids, max_new)));
+    return c.wait();
+  }
+
+  void open_pair(PrefillHandoffOptions po = {}, DecodeHandoffOptions dopt = {}) {
+    auto ps = Scheduler::create(*prefill_engine_, config());
+    ASSERT_TRUE(ps) << ps.error().message();
+    prefill_sched_ = std::move(*ps);
+    auto ds = Scheduler::create(*decode_engine_, config());
+    ASSERT_TRUE(ds) << ds.error().message();
+    decode_sched_ = std::move(*ds);
+    po.worker.faults = &faults_;
+    auto p = PrefillHandoff::create(*prefill_sched_, po);
+    ASSERT_TRUE(p) << p.error().message();
+    prefill_ = std::move(*p);
+    auto d = DecodeHandoff::create(*decode_sched_, dopt);
+    ASSERT_TRUE(d) << d.error().message();
+    decode_ = std::move(*d);
+    ASSERT_TRUE(decode_->connect(prefill_->address(), prefill_->instance()).is_ok());
+    ASSERT_TRUE(prefill_->connect(decode_->address(), decode_->instance()).is_ok());
+  }
+  // Hand-offs first (they hold the schedulers' memory), then the schedulers.
+  void close_pair() {
+    prefill_.reset();
+    decode_.reset();
+    prefill_sched_.reset();
+    decode_sched_.reset();
+  }
+
+  // One request through the pair; the decode side's events (the first token included) are returned, the prefill
+  // side's are checked: the same first token, then kLength (handed off) or kError.
+  Collected handed_off(const std::vector<int32_t>& ids, int max_new, uint64_t room, Collected* prefill_out = nullptr) {
+    Client pc, dc;
+    auto d = decode_->submit(dc.make(ids, max_new), room, prefill_->instance());
+    EXPECT_TRUE(d) << d.error().message();
+    auto p = prefill_->submit(pc.make(ids, max_new), room);
+    EXPECT_TRUE(p) << p.error().message();
+    Collected dres = dc.wait(), pres = pc.wait();
+    EXPECT_EQ(pres.tokens.size(), 1u) << "the prefill side generates exactly the first token";
+    if (!pres.tokens.empty() && dres.finish != FinishReason::kError) {
+      EXPECT_FALSE(dres.tokens.empty());
+      if (!dres.tokens.empty()) {
+        EXPECT_EQ(pres.tokens[0], dres.tokens[0]);
+      }
+    }
+    if (prefill_out != nullptr) *prefill_out = pres;
+    return dres;
+  }
+
+  // Both schedulers hold nothing, no transfer is in flight or quarantined.
+  void expect_no_leaks() {
+    const ServiceStats ps = settled(*prefill_sched_), ds = settled(*decode_sched_);
+    EXPECT_EQ(ps.kv_blocks_used, 0);
+    EXPECT_EQ(ps.state_slots_used, 0);
+    EXPECT_EQ(ds.kv_blocks_used, 0);
+    EXPECT_EQ(ds.state_slots_used, 0);
+    EXPECT_EQ(prefill_->counts().in_flight, 0u);
+    const DecodeCounts dc = decode_->counts();
+    EXPECT_EQ(dc.in_flight, 0u);
+    EXPECT_EQ(dc.quarantined, 0u);
+    EXPECT_EQ(dc.registry.in_flight, 0u);
+    EXPECT_EQ(dc.registry.quarantined, 0u);
+    EXPECT_EQ(dc.registry.held_ranges, 0u);
+  }
+
+  std::unique_ptr<kestrel::testing::TempDir> dir_;
+  std::unique_ptr<Engine> prefill_engine_, decode_engine_;
+  std::unique_ptr<Scheduler> prefill_sched_, decode_sched_;
+  std::unique_ptr<PrefillHandoff> prefill_;
+  std::unique_ptr<DecodeHandoff> decode_;
+  kestrel::disagg::testing::ScriptedFaults faults_;
+};
+
+TEST_P(Handoff, DecodeEqualsColocatedBitwise) {
+  open_pair();
+  for (const char* side : {"decode", "prefill"}) {
+    const uint64_t peer = std::string(side) == "decode" ? prefill_->instance() : decode_->instance();
+    auto& h = std::string(side) == "decode" ? static_cast<HandoffSide&>(*decode_) : static_cast<HandoffSide&>(*prefill_);
+    std::vector<std::string> lanes = h.transports(peer);
+    ASSERT_FALSE(lanes.empty());
+    const std::set<std::string> allowed = kestrel::disagg::testing::expected_transports();
+    for (const std::string& t : lanes) {
+      if (!allowed.empty()) {
+        EXPECT_TRUE(allowed.count(t)) << side << " lane uses " << t;
+      }
+    }
+  }
+  uint64_t room = 1;
+  for (int n : testing::prompt_lengths()) {
+    SCOPED_TRACE("prompt of " + std::to_string(n) + " tokens");
+    const std::vector<int32_t> ids = prompt(n, n);
+    const Collected want = colocated(ids, 8);
+    ASSERT_EQ(want.tokens.size(), 8u);
+    const Collected got = handed_off(ids, 8, room++);
+    EXPECT_EQ(got.finish, FinishReason::kLength) << got.error;
+    EXPECT_TRUE(bit_equal(got, want)) << "hand-off changed the generation";
+  }
+  const DecodeCounts dc = decode_->counts();
+  EXPECT_EQ(dc.received, testing::prompt_lengths().size());
+  EXPECT_EQ(dc.failed, 0u);
+  EXPECT_EQ(prefill_->counts().handed_off, testing::prompt_lengths().size());
+  expect_no_leaks();
+}
+
+// Several requests handed off at once (both sides' schedulers batch them) still equal their colocated runs.
+TEST_P(Handoff, ConcurrentHandoffsEqualColocated) {
+  open_pair();
+  const int kN = 3;
+  std::vector<Collected> want;
+  for (int i = 0; i < kN; ++i) want.push_back(colocated(prompt(20 + 13 * i, 40 + i), 6));
+  Client pc[kN], dc[kN];
+  for (int i = 0; i < kN; ++i) {
+    ASSERT_TRUE(decode_->submit(dc[i].make(prompt(20 + 13 * i, 40 + i), 6), 100 + i, prefill_->instance()));
+  }
+  for (int i = 0; i < kN; ++i) ASSERT_TRUE(prefill_->submit(pc[i].make(prompt(20 + 13 * i, 40 + i), 6), 100 + i));
+  for (int i = 0; i < kN; ++i) {
+    const Collected got = dc[i].wait();
+    EXPECT_TRUE(bit_equal(got, want[static_cast<size_t>(i)])) << "request " << i << ": " << got.error << " tokens " << got.tokens.size();
+    const Collected p = pc[i].wait();
+    EXPECT_EQ(p.finish, FinishReason::kLength) << p.error;
+  }
+  expect_no_leaks();
+}
+
+// Each part of the state, sent as zeros while everything else is right, changes the output: leaving any of them
+// out of the hand-off cannot pass the parity test.
+TEST_P(Handoff, EveryPartOfTheStateMatters) {
+  std::vector<std::pair<Part, const char*>> parts = {{Part::kMla, "MLA pages"}};
+  if (!geometry().kda_layers.empty()) {
+    parts.push_back({Part::kConv, "KDA conv state"});
+    parts.push_back({Part::kRecurrent, "KDA recurrent state"});
+  }
+  if (!geometry().sparse_layers.empty()) parts.push_back({Part::kIndex, "DSA indexer keys"});
+  const std::vector<int32_t> ids = prompt(40, 9);
+  const Collected want = colocated(ids, 6);
+  for (auto [part, name] : parts) {
+    SCOPED_TRACE(name);
+    PrefillHandoffOptions po;
+    po.zeroed_parts = {part};
+    open_pair(po);
+    const Collected got = handed_off(ids, 6, 7);
+    EXPECT_EQ(got.finish, FinishReason::kLength) << "the transfer itself succeeds: " << got.error;
+    EXPECT_FALSE(bit_equal(got, want)) << name << " sent as zeros, yet the output is unchanged";
+    expect_no_leaks();
+    close_pair();
+  }
+}
+
+// A fault on the data path fails the request cleanly: the decode client gets an error naming the hand-off,
+// nothing is decoded, the prefill's pages are freed; the decode's reserved memory is quarantined until the peer
+// can no longer write (tcp: connection closed; shared memory: peer process gone, never here).
+class HandoffFault : public Handoff {
+ protected:
+  void expect_failed_cleanly(const Collected& got, const char* why) {
+    EXPECT_EQ(got.finish, FinishReason::kError);
+    EXPECT_NE(got.error.find("hand-off"), std::string::npos) << got.error;
+    EXPECT_NE(got.error.find(why), std::string::npos) << got.error;
+    EXPECT_TRUE(got.tokens.empty()) << "a token was emitted from an unverified state";
+    const ServiceStats ps = settled(*prefill_sched_);
+    EXPECT_EQ(ps.kv_blocks_used, 0);
+    EXPECT_EQ(ps.state_slots_used, 0);
+    const DecodeCounts dc = decode_->counts();
+    EXPECT_EQ(dc.failed, 1u);
+    if (kestrel::disagg::testing::expected_transports().count("tcp") != 0) {
+      expect_no_leaks();
+    } else {
+      // Shared memory, one process: the writer (this process) lives, so the memory must stay held.
+      std::this_thread::sleep_for(200ms);
+      const DecodeCounts later = decode_->counts();
+      EXPECT_EQ(later.quarantined, 1u);
+      EXPECT_EQ(later.registry.quarantined, 1u);
+      EXPECT_GT(decode_sched_->stats().kv_blocks_used, 0);
+      EXPECT_EQ(decode_sched_->stats().state_slots_used, 1);
+    }
+  }
+};
+
+TEST_P(HandoffFault, DroppedPut) {
+  faults_.puts = {{1, {kestrel::disagg::PutFault::Kind::kDrop}}};
+  open_pair();
+  expect_failed_cleanly(handed_off(prompt(40, 3), 6, 5), "checksum");
+}
+
+TEST_P(HandoffFault, CorruptedByte) {
+  faults_.puts = {{0, {kestrel::disagg::PutFault::Kind::kCorrupt, 17}}};
+  open_pair();
+  expect_failed_cleanly(handed_off(prompt(40, 3), 6, 5), "checksum");
+}
+
+TEST_P(HandoffFault, LostCompletion) {
+  faults_.dropped_kinds = {static_cast<uint16_t>(kestrel::disagg::MessageKind::kCompletion)};
+  DecodeHandoffOptions d;
+  d.transfer_timeout = 1500ms;
+  open_pair({}, d);
+  expect_failed_cleanly(handed_off(prompt(40, 3), 6, 5), "deadline");
+}
+
+// A decode side that never gets its request's state (no prefill for that room) fails at its deadline, and its
+// prefill-side counterpart (destinations never came) at its own.
+TEST_P(HandoffFault, NoCounterpartTimesOut) {
+  PrefillHandoffOptions p;
+  p.destinations_timeout = 800ms;
+  DecodeHandoffOptions d;
+  d.transfer_timeout = 800ms;
+  open_pair(p, d);
+  Client pc, dc;
+  ASSERT_TRUE(decode_->submit(dc.make(prompt(30, 1), 4), 21, prefill_->instance()));
+  ASSERT_TRUE(prefill_->submit(pc.make(prompt(30, 1), 4), 22));
+  const Collected dres = dc.wait(), pres = pc.wait();
+  EXPECT_EQ(dres.finish, FinishReason::kError);
+  EXPECT_TRUE(dres.tokens.empty());
+  EXPECT_EQ(pres.finish, FinishReason::kError);
+  EXPECT_NE(pres.error.find("no destinations"), std::string::npos) << pres.error;
+  EXPECT_EQ(settled(*prefill_sched_).kv_blocks_used, 0);
+}
+
+std::string name(const ::testing::TestParamInfo<const char*>& info) {
+  std::string n = info.param;
+  for (char& c : n)
+    if (c == '-') c = '_';
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Handoff, ::testing::Values("k3-tiny", "k3-tiny-dsa", "deepseek-v3-tiny"), name);
+INSTANTIATE_TEST_SUITE_P(Models, HandoffFault, ::testing::Values("k3-tiny"), name);
+
+}  // namespace
+}  // namespace kestrel::pd

@@ -50,6 +50,13 @@ Result<uint64_t> DecodeHandoff::submit(GenerationRequest req, uint64_t room, uin
   return sched_.submit(std::move(req));
 }
 
+bool DecodeHandoff::connected(uint64_t prefill) {
+  return call<bool>([this, prefill] {
+    disagg::Endpoint* ep = endpoint(prefill);
+    return ep != nullptr && !ep->failed();
+  });
+}
+
 DecodeCounts DecodeHandoff::counts() {
   auto reg = call<disagg::RegistryCounts>([this] { return registry_.counts(); });
   std::lock_guard<std::mutex> lk(mu_);

@@ -44,6 +44,8 @@ class DecodeHandoff final : public HandoffSide {
   // `prefill` is the instance id of the (connected) prefill side that holds the request of `room`.
   Result<uint64_t> submit(GenerationRequest req, uint64_t room, uint64_t prefill);
   DecodeCounts counts();
+  // Whether the endpoint to this prefill instance is open (false after a failure gave it up).
+  bool connected(uint64_t prefill);
 
  private:
   struct Quarantined {

@@ -72,6 +72,14 @@ struct GenerationRequest {
   // Called on the scheduler thread for every event; must not block (post to your own executor).
   std::function<void(const GenerationEvent&)> on_event;
   Handoff handoff = Handoff::kNone;
+  // The pairing fields a PD router (sglang-router) puts into the request body: the prefill instance's bootstrap
+  // address and a random room shared by the request's prefill and decode halves (docs/disaggregation.md §4).
+  struct Bootstrap {
+    bool present = false;
+    std::string host;
+    int port = 0;
+    uint64_t room = 0;
+  } bootstrap;
   // kSend / kReceive: called on the scheduler thread once the cache location is fixed; must not block.
   std::function<void(const CacheLocation&)> on_cache_location;
 };

@@ -27,6 +27,7 @@ struct ApiConfig {
   bool random_weights = false;  // a generated model: /v1/models says "random_weights": true
   std::chrono::milliseconds request_timeout{600'000};  // per generation request (GenerationRequest::deadline)
   SchemaLimits limits;  // served_model is set from model_id
+  std::string role = "both";  // PD role (prefill, decode, both): /v1/models metadata
 };
 
 class ApiServer {

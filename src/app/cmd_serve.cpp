@@ -173,7 +173,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   const char* env_key = std::getenv("KESTREL_API_KEY");
   ac.api_key = a->has("api-key") ? a->str("api-key") : env_key ? env_key : "";
   ac.request_timeout = std::chrono::seconds(timeout);
-  ac.role = role;
+  ac.role = role == "prefill" ? "prefill" : role == "decode" ? "decode" : "both";
   server::ApiServer api(ac, service, *tok, format);
   server::HttpServerOptions ho;
   ho.address = a->str("host");

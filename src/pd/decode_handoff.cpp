@@ -15,6 +15,12 @@ Result<std::unique_ptr<DecodeHandoff>> DecodeHandoff::create(Scheduler& schedule
 
 DecodeHandoff::~DecodeHandoff() { stop(); }
 
+// Its transfers fail at their next poll and quarantine their memory with it; idle() destroys it when unreferenced.
+void DecodeHandoff::retire(std::unique_ptr<disagg::Endpoint> ep) {
+  ep->mark_failed(unavailable("hand-off: replaced by a new connection to the same prefill"));
+  retired_.push_back(std::move(ep));
+}
+
 void DecodeHandoff::teardown() {
   pending_.clear();
   quarantined_.clear();

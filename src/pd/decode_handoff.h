@@ -66,6 +66,7 @@ class DecodeHandoff final : public HandoffSide {
   void end(const CacheLocation& loc, disagg::Endpoint* ep, Status st, uint64_t bytes);
   void idle() override;
   void teardown() override;
+  void retire(std::unique_ptr<disagg::Endpoint> ep) override;
 
   Scheduler& sched_;
   DecodeHandoffOptions opts_;

@@ -77,6 +77,7 @@ Status HandoffSide::connect(std::span<const std::byte> peer_address, uint64_t pe
     auto ep = disagg::Endpoint::connect_address(*worker_, addr);
     if (!ep) return ep.error();
     (*ep)->set_peer(peer_instance);
+    if (auto old = endpoints_.find(peer_instance); old != endpoints_.end()) retire(std::move(old->second));
     endpoints_[peer_instance] = std::move(*ep);
     return Status();
   });

@@ -50,6 +50,9 @@ class HandoffSide {
   virtual void idle() {}
   // Called on the side's thread when it stops, before its endpoints and worker go (regions, held endpoints).
   virtual void teardown() {}
+  // A reconnect replaces the endpoint to a peer; the old one goes here (default: closed and destroyed now). A
+  // side whose transfers may still refer to it keeps it.
+  virtual void retire(std::unique_ptr<disagg::Endpoint> ep) { (void)ep; }
   disagg::Worker& worker() { return *worker_; }
   disagg::Endpoint* endpoint(uint64_t peer);
   // Stops the thread; derived destructors call it first (their members must outlive it).

@@ -127,7 +127,7 @@ void Scheduler::apply_note(HandoffNote& n) {
   Seq& s = *it->second;
   switch (n.kind) {
     case NoteKind::kReleaseParked:
-      finish(s, !n.error.empty() ? FinishReason::kError : s.handoff_cancelled ? FinishReason::kCancelled : FinishReason::kLength,
+      finish(s, s.handoff_cancelled ? FinishReason::kCancelled : !n.error.empty() ? FinishReason::kError : FinishReason::kLength,
              n.error);
       map.erase(it);
       return;

@@ -267,6 +267,34 @@ TEST_P(HandoffFault, NoCounterpartTimesOut) {
   EXPECT_EQ(settled(*prefill_sched_).kv_blocks_used, 0);
 }
 
+// A client cancel while the request is reserved (decode) or parked (prefill) takes effect when the hand-off
+// reports back: the client gets `cancelled`, nothing is decoded, and the memory returns.
+TEST_P(HandoffFault, CancelWhileHandedOff) {
+  PrefillHandoffOptions p;
+  p.destinations_timeout = 800ms;
+  open_pair(p);
+  // Decode side reserved, cancelled before its prefill even starts; the transfer still completes.
+  Client pc, dc;
+  auto did = decode_->submit(dc.make(prompt(30, 4), 6), 31, prefill_->instance());
+  ASSERT_TRUE(did);
+  for (int i = 0; i < 500 && decode_->counts().registry.in_flight == 0; ++i) std::this_thread::sleep_for(5ms);
+  decode_sched_->cancel(*did);
+  ASSERT_TRUE(prefill_->submit(pc.make(prompt(30, 4), 6), 31));
+  const Collected dres = dc.wait();
+  EXPECT_EQ(dres.finish, FinishReason::kCancelled);
+  EXPECT_TRUE(dres.tokens.empty());
+  EXPECT_EQ(pc.wait().finish, FinishReason::kLength);
+  // Prefill side parked (first token out), cancelled; no decode side asks, it ends at its deadline as cancelled.
+  Client lone;
+  auto pid = prefill_->submit(lone.make(prompt(30, 5), 6), 32);
+  ASSERT_TRUE(pid);
+  for (int i = 0; i < 1000 && lone.tokens_so_far() == 0; ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(lone.tokens_so_far(), 1u);
+  prefill_sched_->cancel(*pid);
+  EXPECT_EQ(lone.wait().finish, FinishReason::kCancelled);
+  expect_no_leaks();
+}
+
 std::string name(const ::testing::TestParamInfo<const char*>& info) {
   std::string n = info.param;
   for (char& c : n)

@@ -98,6 +98,13 @@ void DecodeHandoff::end(const CacheLocation& loc, disagg::Endpoint* ep, Status s
     if (rec) first = std::move(*rec);
     else st = rec.error();  // verified bytes with a bad record: not a compatible prefill
   }
+  {
+    // Counted before the scheduler hears of it: a client that saw the outcome sees the counts that go with it.
+    std::lock_guard<std::mutex> lk(mu_);
+    counts_.in_flight--;
+    if (st.is_ok()) counts_.received++, counts_.bytes += bytes;
+    else counts_.failed++, counts_.quarantined++;
+  }
   if (st.is_ok()) {
     sched_.admit_received(loc.request, first);
   } else {
@@ -115,10 +122,6 @@ void DecodeHandoff::end(const CacheLocation& loc, disagg::Endpoint* ep, Status s
     }
     quarantined_.push_back({loc.request, ep});
   }
-  std::lock_guard<std::mutex> lk(mu_);
-  counts_.in_flight--;
-  if (st.is_ok()) counts_.received++, counts_.bytes += bytes;
-  else counts_.failed++, counts_.quarantined++;
 }
 
 void DecodeHandoff::idle() {
@@ -145,10 +148,12 @@ void DecodeHandoff::idle() {
       continue;
     }
     if (ep != nullptr) (void)registry_.release_closed(*ep);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      counts_.quarantined--;
+    }
     sched_.release_reserved(quarantined_[i].request);
     quarantined_.erase(quarantined_.begin() + static_cast<std::ptrdiff_t>(i));
-    std::lock_guard<std::mutex> lk(mu_);
-    counts_.quarantined--;
   }
   // A retired endpoint goes when nothing refers to it any more.
   std::erase_if(retired_, [&](const std::unique_ptr<disagg::Endpoint>& ep) {

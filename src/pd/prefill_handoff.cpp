@@ -110,12 +110,15 @@ Status PrefillHandoff::transfer(Job& job, uint64_t decode, disagg::Destinations 
   return st;
 }
 
+// Counted before the scheduler hears of it: a client that saw the request end sees the counts that go with it.
 void PrefillHandoff::finish(const Job& job, const Status& st, uint64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    counts_.in_flight--;
+    if (st.is_ok()) counts_.handed_off++, counts_.bytes += bytes;
+    else counts_.failed++;
+  }
   sched_.release_parked(job.loc.request, st.is_ok() ? "" : st.message());
-  std::lock_guard<std::mutex> lk(mu_);
-  counts_.in_flight--;
-  if (st.is_ok()) counts_.handed_off++, counts_.bytes += bytes;
-  else counts_.failed++;
 }
 
 }  // namespace kestrel::pd

@@ -155,6 +155,25 @@ TEST_P(Handoff, DecodeEqualsColocatedBitwise) {
   expect_no_leaks();
 }
 
+// Seeded sampling continues the prefill's random stream: the decode side skips the one draw the prefill made.
+TEST_P(Handoff, SeededSamplingEqualsColocated) {
+  open_pair();
+  const std::vector<int32_t> ids = prompt(37, 12);
+  Client c;
+  auto s = Scheduler::create(*prefill_engine_, config());
+  ASSERT_TRUE(s);
+  ASSERT_TRUE((*s)->submit(c.make(ids, 10, /*temperature=*/0.9f)));
+  const Collected want = c.wait();
+  s->reset();
+  Client pc, dc;
+  ASSERT_TRUE(decode_->submit(dc.make(ids, 10, 0.9f), 55, prefill_->instance()));
+  ASSERT_TRUE(prefill_->submit(pc.make(ids, 10, 0.9f), 55));
+  const Collected got = dc.wait();
+  EXPECT_EQ(pc.wait().finish, FinishReason::kLength);
+  EXPECT_TRUE(bit_equal(got, want)) << "sampled tokens diverged after the hand-off";
+  expect_no_leaks();
+}
+
 // Several requests handed off at once (both sides' schedulers batch them) still equal their colocated runs.
 TEST_P(Handoff, ConcurrentHandoffsEqualColocated) {
   open_pair();

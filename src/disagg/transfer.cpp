@@ -16,6 +16,7 @@ const char* to_string(TransferState s) {
     case TransferState::kFlushed: return "flushed";
     case TransferState::kCompleted: return "completed";
     case TransferState::kFailed: return "failed";
+    case TransferState::kWithdrawn: return "withdrawn";
   }
   return "?";
 }
@@ -111,6 +112,13 @@ std::optional<Status> IncomingTransfer::step(std::chrono::milliseconds silence) 
 Status IncomingTransfer::verify(const Message& message) {
   Result<Completion> c = decode_completion(message.body);
   if (!c) return fail(c.error());
+  if (c->status == kCompletionWithdrawn) {
+    // The sender's word that it never put and never will: the same trust as a completion's.
+    Status freed = registry_.complete(id_);
+    if (!freed.is_ok()) return fail(freed);
+    state_ = TransferState::kWithdrawn;
+    return unavailable("disagg: the sender withdrew transfer " + std::to_string(id_) + " before any put");
+  }
   if (c->status != 0) return fail(unavailable("disagg: the sender failed transfer " + std::to_string(id_)));
   uint64_t bytes = 0;
   Checksum sum;
@@ -143,6 +151,12 @@ Result<Destinations> wait_destinations(Worker& worker, uint64_t id, Deadline dea
   return decode_destinations(m->body);
 }
 
+Status send_withdrawal(Endpoint& ep, uint64_t id, Deadline deadline) {
+  Completion c;
+  c.status = kCompletionWithdrawn;
+  return ep.send(encode_completion(ep.worker().instance(), id, c), MessageKind::kCompletion, deadline);
+}
+
 OutgoingTransfer::OutgoingTransfer(uint64_t id, Endpoint& ep, Destinations destinations,
                                    std::vector<std::span<const std::byte>> sources)
     : id_(id), ep_(ep), destinations_(std::move(destinations)), sources_(std::move(sources)) {}
@@ -151,7 +165,7 @@ Status OutgoingTransfer::fail(Status reason, Deadline deadline) {
   state_ = TransferState::kFailed;
   if (!ep_.failed() && !ep_.closed()) {
     Completion c;
-    c.status = 1;
+    c.status = kCompletionFailed;
     (void)ep_.send(encode_completion(ep_.worker().instance(), id_, c), MessageKind::kCompletion, deadline);
   }
   return reason;

@@ -29,7 +29,8 @@
 
 namespace kestrel::disagg {
 
-enum class TransferState { kCreated, kAdvertised, kPosted, kFlushed, kCompleted, kFailed };
+// kWithdrawn (decode side): the sender withdrew before any put, so the ranges were freed, not quarantined.
+enum class TransferState { kCreated, kAdvertised, kPosted, kFlushed, kCompleted, kFailed, kWithdrawn };
 const char* to_string(TransferState s);
 
 struct DestinationRange {
@@ -76,6 +77,10 @@ class IncomingTransfer {
 
 // Waits for the kDestinations message of transfer `id` on the worker; the sender's instance id goes to *sender.
 Result<Destinations> wait_destinations(Worker& worker, uint64_t id, Deadline deadline, uint64_t* sender);
+
+// Prefill side, for a request that ended before any put to `id` (cancelled, failed): tells the receiver its
+// ranges are free (a completion with status kCompletionWithdrawn).
+Status send_withdrawal(Endpoint& ep, uint64_t id, Deadline deadline);
 
 class OutgoingTransfer {
  public:

@@ -124,6 +124,18 @@ void DecodeHandoff::end(const CacheLocation& loc, disagg::Endpoint* ep, Status s
   }
 }
 
+// The prefill's request ended before any put (cancelled there, or failed): the memory is free at once and the
+// connection stays open.
+void DecodeHandoff::withdraw(const CacheLocation& loc, const Status& st) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    counts_.in_flight--;
+    counts_.withdrawn++;
+  }
+  sched_.fail_received(loc.request, "the prefill instance ended the request before its hand-off (" + st.message() + ")");
+  sched_.release_reserved(loc.request);
+}
+
 void DecodeHandoff::idle() {
   for (size_t i = 0; i < pending_.size();) {
     Pending& p = pending_[i];
@@ -134,8 +146,10 @@ void DecodeHandoff::idle() {
     }
     Pending done = std::move(p);
     pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    const bool withdrawn = done.transfer->state() == disagg::TransferState::kWithdrawn;
     done.transfer.reset();
-    end(done.loc, done.ep, *st, done.bytes);
+    if (withdrawn) withdraw(done.loc, *st);
+    else end(done.loc, done.ep, *st, done.bytes);
   }
   // Quarantined memory returns once its peer can no longer write into it (closed endpoint; over shared memory
   // also the peer's process gone).

@@ -4,6 +4,9 @@
 // the request's room to the prefill instance, waits for the completion, verifies sizes and checksum over the
 // received bytes, and only then admits the request into the decode batch with the first token from its record.
 //
+// When the prefill's request ends before its hand-off (cancelled by its client, failed), the prefill withdraws it
+// and the reserved memory returns at once; the client gets kCancelled (cancelled here too) or kError.
+//
 // On failure (deadline, silent or dead peer, checksum mismatch, the prefill gave up) the client gets a kError
 // event at once. The reserved memory stays quarantined while the peer may still write into it: the connection to
 // that peer is closed, and the memory returns to the pools when the registry says the peer can no longer write
@@ -30,6 +33,7 @@ struct DecodeHandoffOptions {
 
 struct DecodeCounts {
   uint64_t received = 0, failed = 0, bytes = 0;
+  uint64_t withdrawn = 0;  // the prefill's request ended before any put: memory freed at once, not quarantined
   size_t in_flight = 0;    // reserved, transfer not ended
   size_t quarantined = 0;  // failed, memory not yet returned
   disagg::RegistryCounts registry;
@@ -64,6 +68,7 @@ class DecodeHandoff final : public HandoffSide {
   // On the side's thread: start() advertises a reservation; idle() polls every transfer (any order).
   void start_transfer(uint64_t room, uint64_t prefill, const CacheLocation& loc);
   void end(const CacheLocation& loc, disagg::Endpoint* ep, Status st, uint64_t bytes);
+  void withdraw(const CacheLocation& loc, const Status& st);
   void idle() override;
   void teardown() override;
   void retire(std::unique_ptr<disagg::Endpoint> ep) override;

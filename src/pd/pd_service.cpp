@@ -65,6 +65,12 @@ Result<uint64_t> PdService::submit(GenerationRequest req) {
   return id;
 }
 
+// The scheduler's cancel first: a parked request that the prefill side releases then ends as cancelled.
+void PdService::cancel(uint64_t id) {
+  sched_.cancel(id);
+  if (prefill_) prefill_->cancel(id);
+}
+
 Result<uint64_t> PdService::prefill_at(const std::string& host, int port) {
   const std::string key = host + ":" + std::to_string(port);
   std::lock_guard<std::mutex> one(handshake_mu_);

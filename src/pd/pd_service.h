@@ -41,7 +41,7 @@ class PdService final : public EngineService {
   ~PdService() override;
 
   Result<uint64_t> submit(GenerationRequest req) override;
-  void cancel(uint64_t id) override { sched_.cancel(id); }
+  void cancel(uint64_t id) override;
   ServiceStats stats() const override { return sched_.stats(); }
   bool ready() const override { return sched_.ready(); }
   int max_context() const override { return sched_.max_context(); }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 
 #include "disagg/transfer.h"
 #include "pd/first_token.h"
@@ -16,6 +17,10 @@ struct PrefillHandoff::Job {
   uint64_t room = 0;
   GenerationEvent first;
   CacheLocation loc;
+  bool parked = false;                  // scheduler thread
+  std::atomic<bool> cancelled{false};   // set by cancel(), read on the side's thread
+  uint64_t id = 0;                      // mu_
+  bool ended = false;                   // mu_: the final event went out
   disagg::Clock::time_point until{};  // destinations deadline, from parking
 };
 
@@ -37,20 +42,69 @@ Result<uint64_t> PrefillHandoff::submit(GenerationRequest req, uint64_t room) {
   job->room = room;
   req.handoff = Handoff::kSend;
   auto user = std::move(req.on_event);
-  req.on_event = [job, user](const GenerationEvent& ev) {
+  req.on_event = [this, job, user](const GenerationEvent& ev) {
     if (ev.finish == FinishReason::kNone && job->first.token < 0) job->first = ev;
+    if (ev.finish != FinishReason::kNone) {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        job->ended = true;
+        if (job->id != 0) jobs_.erase(job->id);
+      }
+      // Ended before parking (cancelled or failed while computing): the decode side's reservation is withdrawn.
+      if (!job->parked) post([this, room = job->room] { withdraw_later(room); });
+    }
     if (user) user(ev);
   };
   req.on_cache_location = [this, job](const CacheLocation& loc) {
+    job->parked = true;
     job->loc = loc;
     {
       std::lock_guard<std::mutex> lk(mu_);
       counts_.in_flight++;
     }
     job->until = disagg::Clock::now() + opts_.destinations_timeout;
-    post([this, job] { pending_.push_back(job); });
+    post([this, job] {
+      pending_.push_back(job);
+      release_cancelled();
+    });
   };
-  return sched_.submit(std::move(req));
+  auto id = sched_.submit(std::move(req));
+  if (id) {
+    std::lock_guard<std::mutex> lk(mu_);
+    job->id = *id;
+    if (!job->ended) jobs_[*id] = job;
+  }
+  return id;
+}
+
+// The flag first (a job not yet parked sees it when it parks), then the side's thread releases a parked job now.
+void PrefillHandoff::cancel(uint64_t id) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return;
+    it->second->cancelled = true;
+  }
+  post([this] { release_cancelled(); });
+}
+
+void PrefillHandoff::release_cancelled() {
+  for (size_t i = 0; i < pending_.size();) {
+    if (!pending_[i]->cancelled) {
+      ++i;
+      continue;
+    }
+    const std::shared_ptr<Job> job = pending_[i];
+    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    withdraw_later(job->room);
+    finish(*job, Outcome::kCancelled, unavailable("hand-off: cancelled by the client"), 0);
+  }
+}
+
+// The decode side may have reserved memory for this room (or may still): its destinations are answered with a
+// withdrawal until the destinations deadline.
+void PrefillHandoff::withdraw_later(uint64_t room) {
+  ended_.push_back({room, disagg::Clock::now() + opts_.destinations_timeout});
 }
 
 PrefillCounts PrefillHandoff::counts() {
@@ -59,6 +113,22 @@ PrefillCounts PrefillHandoff::counts() {
 }
 
 void PrefillHandoff::idle() {
+  for (size_t i = 0; i < ended_.size();) {
+    std::optional<disagg::Message> m = worker().take(disagg::MessageKind::kDestinations, transfer_id(ended_[i].room));
+    if (!m && disagg::Clock::now() < ended_[i].until) {
+      ++i;
+      continue;
+    }
+    if (m) {
+      disagg::Endpoint* ep = endpoint(m->header.sender);
+      if (ep != nullptr && !ep->failed() &&
+          send_withdrawal(*ep, transfer_id(ended_[i].room), disagg::Deadline::after(opts_.transfer_timeout)).is_ok()) {
+        std::lock_guard<std::mutex> lk(mu_);
+        counts_.withdrawn++;
+      }
+    }
+    ended_.erase(ended_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
   for (size_t i = 0; i < pending_.size();) {
     Job& job = *pending_[i];
     std::optional<disagg::Message> m = worker().take(disagg::MessageKind::kDestinations, transfer_id(job.room));
@@ -78,7 +148,7 @@ void PrefillHandoff::idle() {
     } else {
       st = transfer(job, m->header.sender, std::move(*dst), bytes);
     }
-    finish(job, st, bytes);
+    finish(job, st.is_ok() ? Outcome::kHandedOff : m ? Outcome::kTransferFailed : Outcome::kNoDestinations, st, bytes);
   }
 }
 
@@ -111,12 +181,16 @@ Status PrefillHandoff::transfer(Job& job, uint64_t decode, disagg::Destinations 
 }
 
 // Counted before the scheduler hears of it: a client that saw the request end sees the counts that go with it.
-void PrefillHandoff::finish(const Job& job, const Status& st, uint64_t bytes) {
+void PrefillHandoff::finish(const Job& job, Outcome outcome, const Status& st, uint64_t bytes) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     counts_.in_flight--;
-    if (st.is_ok()) counts_.handed_off++, counts_.bytes += bytes;
-    else counts_.failed++;
+    switch (outcome) {
+      case Outcome::kHandedOff: counts_.handed_off++, counts_.bytes += bytes; break;
+      case Outcome::kNoDestinations: counts_.failed++, counts_.no_destinations++; break;
+      case Outcome::kTransferFailed: counts_.failed++, counts_.transfer_failed++; break;
+      case Outcome::kCancelled: counts_.cancelled++; break;
+    }
   }
   sched_.release_parked(job.loc.request, st.is_ok() ? "" : st.message());
 }

@@ -286,13 +286,17 @@ TEST_P(HandoffFault, NoCounterpartTimesOut) {
   EXPECT_EQ(settled(*prefill_sched_).kv_blocks_used, 0);
 }
 
-// A client cancel while the request is reserved (decode) or parked (prefill) takes effect when the hand-off
-// reports back: the client gets `cancelled`, nothing is decoded, and the memory returns.
+// A client cancel while the request is reserved (decode) or parked (prefill). The deadlines are far away (10
+// minutes): everything here ends because of the cancel, or the test runs into its own time limit.
 TEST_P(HandoffFault, CancelWhileHandedOff) {
   PrefillHandoffOptions p;
-  p.destinations_timeout = 800ms;
-  open_pair(p);
-  // Decode side reserved, cancelled before its prefill even starts; the transfer still completes.
+  p.destinations_timeout = std::chrono::minutes(10);
+  p.transfer_timeout = std::chrono::minutes(10);
+  DecodeHandoffOptions d;
+  d.transfer_timeout = std::chrono::minutes(10);
+  open_pair(p, d);
+  // Decode side reserved, cancelled before its prefill even starts; the transfer still completes (the memory is
+  // the peer's to write until then), the decode request ends cancelled with nothing decoded.
   Client pc, dc;
   auto did = decode_->submit(dc.make(prompt(30, 4), 6), 31, prefill_->instance());
   ASSERT_TRUE(did);
@@ -303,14 +307,46 @@ TEST_P(HandoffFault, CancelWhileHandedOff) {
   EXPECT_EQ(dres.finish, FinishReason::kCancelled);
   EXPECT_TRUE(dres.tokens.empty());
   EXPECT_EQ(pc.wait().finish, FinishReason::kLength);
-  // Prefill side parked (first token out), cancelled; no decode side asks, it ends at its deadline as cancelled.
+  // Prefill side parked (first token out), cancelled: released at once, not at its deadline.
   Client lone;
   auto pid = prefill_->submit(lone.make(prompt(30, 5), 6), 32);
   ASSERT_TRUE(pid);
   for (int i = 0; i < 1000 && lone.tokens_so_far() == 0; ++i) std::this_thread::sleep_for(5ms);
   ASSERT_EQ(lone.tokens_so_far(), 1u);
   prefill_sched_->cancel(*pid);
+  prefill_->cancel(*pid);
   EXPECT_EQ(lone.wait().finish, FinishReason::kCancelled);
+  EXPECT_EQ(prefill_->counts().cancelled, 1u);
+  // The decode side that asks for that room afterwards gets a withdrawal: its reservation returns at once (not
+  // quarantined), the request ends with a clear error, and the connection stays usable.
+  Client late;
+  ASSERT_TRUE(decode_->submit(late.make(prompt(30, 5), 6), 32, prefill_->instance()));
+  const Collected lres = late.wait();
+  EXPECT_EQ(lres.finish, FinishReason::kError);
+  EXPECT_NE(lres.error.find("ended the request before its hand-off"), std::string::npos) << lres.error;
+  EXPECT_EQ(decode_->counts().withdrawn, 1u);
+  EXPECT_EQ(prefill_->counts().withdrawn, 1u);
+  EXPECT_TRUE(decode_->connected(prefill_->instance()));
+  expect_no_leaks();
+  // Cancelled on the prefill side while its prompt still runs (before parking): the decode reservation made for
+  // the room is withdrawn too.
+  Client early_p, early_d;
+  ASSERT_TRUE(decode_->submit(early_d.make(prompt(300, 6), 6), 33, prefill_->instance()));
+  auto eid = prefill_->submit(early_p.make(prompt(300, 6), 6), 33);
+  ASSERT_TRUE(eid);
+  prefill_sched_->cancel(*eid);
+  prefill_->cancel(*eid);
+  const Collected ep = early_p.wait(), ed = early_d.wait();
+  EXPECT_EQ(ep.finish, FinishReason::kCancelled);
+  if (ep.tokens.empty()) {  // cancelled before its first token: withdrawn from the not-parked path
+    EXPECT_EQ(ed.finish, FinishReason::kError);
+  }
+  EXPECT_TRUE(ed.tokens.empty());
+  EXPECT_EQ(decode_->counts().withdrawn, 2u);
+  EXPECT_EQ(decode_->counts().quarantined, 0u);
+  // And a normal hand-off still works on the same connection.
+  const Collected again = handed_off(prompt(20, 7), 4, 34);
+  EXPECT_EQ(again.finish, FinishReason::kLength);
   expect_no_leaks();
 }
 

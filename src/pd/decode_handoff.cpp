@@ -50,6 +50,7 @@ Result<uint64_t> DecodeHandoff::submit(GenerationRequest req, uint64_t room, uin
     {
       std::lock_guard<std::mutex> lk(mu_);
       counts_.in_flight++;
+      counts_.started++;
     }
     post([this, room, prefill, loc] { start_transfer(room, prefill, loc); });
   };
@@ -83,14 +84,16 @@ void DecodeHandoff::start_transfer(uint64_t room, uint64_t prefill, const CacheL
     bytes += r.length;
   }
   auto in = std::make_unique<disagg::IncomingTransfer>(transfer_id(room), *ep, registry_, std::move(ranges));
-  const auto until = disagg::Clock::now() + opts_.transfer_timeout;
+  const auto since = disagg::Clock::now();
+  const auto until = since + opts_.transfer_timeout;
   Status st = in->advertise(disagg::Deadline(until));
   if (!st.is_ok()) return end(loc, ep, st, bytes);
-  pending_.push_back({loc, ep, bytes, std::move(in), until});
+  pending_.push_back({loc, ep, bytes, std::move(in), since, until});
 }
 
 // The transfer of `loc` ended: admit with the first token from its verified record, or fail and quarantine.
-void DecodeHandoff::end(const CacheLocation& loc, disagg::Endpoint* ep, Status st, uint64_t bytes) {
+void DecodeHandoff::end(const CacheLocation& loc, disagg::Endpoint* ep, Status st, uint64_t bytes,
+                        disagg::Clock::time_point since) {
   GenerationEvent first;
   if (st.is_ok()) {
     auto rec = decode_first_token(std::span<const std::byte, kRecordBytes>(
@@ -102,8 +105,17 @@ void DecodeHandoff::end(const CacheLocation& loc, disagg::Endpoint* ep, Status s
     // Counted before the scheduler hears of it: a client that saw the outcome sees the counts that go with it.
     std::lock_guard<std::mutex> lk(mu_);
     counts_.in_flight--;
-    if (st.is_ok()) counts_.received++, counts_.bytes += bytes;
-    else counts_.failed++, counts_.quarantined++;
+    if (st.is_ok()) {
+      counts_.received++, counts_.bytes += bytes;
+      counts_.seconds.observe(std::chrono::duration<double>(disagg::Clock::now() - since).count());
+    } else {
+      counts_.failed++, counts_.quarantined++, counts_.quarantined_bytes += bytes;
+      const std::string& why = st.message();
+      if (st.code() == StatusCode::kCorrupt) counts_.failed_corrupt++;
+      else if (why.find("deadline") != std::string::npos) counts_.failed_deadline++;
+      else if (why.find("the sender failed") != std::string::npos) counts_.failed_sender++;
+      else counts_.failed_peer++;
+    }
   }
   if (st.is_ok()) {
     sched_.admit_received(loc.request, first);
@@ -120,7 +132,7 @@ void DecodeHandoff::end(const CacheLocation& loc, disagg::Endpoint* ep, Status s
           break;
         }
     }
-    quarantined_.push_back({loc.request, ep});
+    quarantined_.push_back({loc.request, ep, bytes});
   }
 }
 
@@ -149,7 +161,7 @@ void DecodeHandoff::idle() {
     const bool withdrawn = done.transfer->state() == disagg::TransferState::kWithdrawn;
     done.transfer.reset();
     if (withdrawn) withdraw(done.loc, *st);
-    else end(done.loc, done.ep, *st, done.bytes);
+    else end(done.loc, done.ep, *st, done.bytes, done.since);
   }
   // Quarantined memory returns once its peer can no longer write into it (closed endpoint; over shared memory
   // also the peer's process gone).
@@ -165,6 +177,7 @@ void DecodeHandoff::idle() {
     {
       std::lock_guard<std::mutex> lk(mu_);
       counts_.quarantined--;
+      counts_.quarantined_bytes -= quarantined_[i].bytes;
     }
     sched_.release_reserved(quarantined_[i].request);
     quarantined_.erase(quarantined_.begin() + static_cast<std::ptrdiff_t>(i));

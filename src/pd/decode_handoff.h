@@ -21,6 +21,7 @@
 #include "disagg/transfer.h"
 #include "pd/layout.h"
 #include "pd/side.h"
+#include "scheduler/metrics.h"
 #include "scheduler/scheduler.h"
 
 namespace kestrel::pd {
@@ -32,10 +33,16 @@ struct DecodeHandoffOptions {
 };
 
 struct DecodeCounts {
+  uint64_t started = 0;  // reservations advertised to a prefill
   uint64_t received = 0, failed = 0, bytes = 0;
+  // failed, by reason: checksum or size mismatch, deadline, the prefill gave up after its puts began, the peer
+  // failed or fell silent (or no connection)
+  uint64_t failed_corrupt = 0, failed_deadline = 0, failed_sender = 0, failed_peer = 0;
   uint64_t withdrawn = 0;  // the prefill's request ended before any put: memory freed at once, not quarantined
   size_t in_flight = 0;    // reserved, transfer not ended
   size_t quarantined = 0;  // failed, memory not yet returned
+  uint64_t quarantined_bytes = 0;
+  Histogram seconds;  // destinations sent → completion verified, successful hand-offs
   disagg::RegistryCounts registry;
 };
 
@@ -55,6 +62,7 @@ class DecodeHandoff final : public HandoffSide {
   struct Quarantined {
     uint64_t request;
     disagg::Endpoint* ep;  // the endpoint it was advertised through (in retired_); null: nothing advertised
+    uint64_t bytes;
   };
   DecodeHandoff(Scheduler& s, const DecodeHandoffOptions& o) : HandoffSide(o.worker), sched_(s), opts_(o) {}
   Status register_pools();
@@ -63,11 +71,12 @@ class DecodeHandoff final : public HandoffSide {
     disagg::Endpoint* ep;
     uint64_t bytes;
     std::unique_ptr<disagg::IncomingTransfer> transfer;
-    disagg::Clock::time_point until;
+    disagg::Clock::time_point since, until;
   };
   // On the side's thread: start() advertises a reservation; idle() polls every transfer (any order).
   void start_transfer(uint64_t room, uint64_t prefill, const CacheLocation& loc);
-  void end(const CacheLocation& loc, disagg::Endpoint* ep, Status st, uint64_t bytes);
+  void end(const CacheLocation& loc, disagg::Endpoint* ep, Status st, uint64_t bytes,
+           disagg::Clock::time_point since = {});
   void withdraw(const CacheLocation& loc, const Status& st);
   void idle() override;
   void teardown() override;

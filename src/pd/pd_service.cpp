@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "pd/bootstrap.h"
+#include "pd/pd_metrics.h"
 
 namespace kestrel::pd {
 
@@ -63,6 +64,10 @@ Result<uint64_t> PdService::submit(GenerationRequest req) {
     rooms_.erase(room);
   }
   return id;
+}
+
+std::string PdService::extra_metrics() const {
+  return prefill_ ? prefill_metrics_text(prefill_->counts()) : decode_metrics_text(decode_->counts());
 }
 
 // The scheduler's cancel first: a parked request that the prefill side releases then ends as cancelled.

@@ -46,6 +46,8 @@ class PdService final : public EngineService {
   bool ready() const override { return sched_.ready(); }
   int max_context() const override { return sched_.max_context(); }
   void flush_prefix_cache() override { sched_.flush_prefix_cache(); }
+  // The hand-off metrics of this role (pd_metrics.h).
+  std::string extra_metrics() const override;
 
   // Prefill: the bootstrap handshake route, on the HTTP router that listens on the bootstrap port.
   void add_routes(server::Router& router);

@@ -21,6 +21,7 @@ struct PrefillHandoff::Job {
   std::atomic<bool> cancelled{false};   // set by cancel(), read on the side's thread
   uint64_t id = 0;                      // mu_
   bool ended = false;                   // mu_: the final event went out
+  disagg::Clock::time_point parked_at{};
   disagg::Clock::time_point until{};  // destinations deadline, from parking
 };
 
@@ -61,8 +62,10 @@ Result<uint64_t> PrefillHandoff::submit(GenerationRequest req, uint64_t room) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       counts_.in_flight++;
+      counts_.started++;
     }
-    job->until = disagg::Clock::now() + opts_.destinations_timeout;
+    job->parked_at = disagg::Clock::now();
+    job->until = job->parked_at + opts_.destinations_timeout;
     post([this, job] {
       pending_.push_back(job);
       release_cancelled();
@@ -186,7 +189,10 @@ void PrefillHandoff::finish(const Job& job, Outcome outcome, const Status& st, u
     std::lock_guard<std::mutex> lk(mu_);
     counts_.in_flight--;
     switch (outcome) {
-      case Outcome::kHandedOff: counts_.handed_off++, counts_.bytes += bytes; break;
+      case Outcome::kHandedOff:
+        counts_.handed_off++, counts_.bytes += bytes;
+        counts_.seconds.observe(std::chrono::duration<double>(disagg::Clock::now() - job.parked_at).count());
+        break;
       case Outcome::kNoDestinations: counts_.failed++, counts_.no_destinations++; break;
       case Outcome::kTransferFailed: counts_.failed++, counts_.transfer_failed++; break;
       case Outcome::kCancelled: counts_.cancelled++; break;

@@ -17,6 +17,7 @@
 
 #include "pd/layout.h"
 #include "pd/side.h"
+#include "scheduler/metrics.h"
 #include "scheduler/scheduler.h"
 
 namespace kestrel::pd {
@@ -30,11 +31,13 @@ struct PrefillHandoffOptions {
 };
 
 struct PrefillCounts {
+  uint64_t started = 0;  // parked after the first token
   uint64_t handed_off = 0, failed = 0, bytes = 0;
   uint64_t no_destinations = 0, transfer_failed = 0;  // failed, by reason
   uint64_t cancelled = 0;                             // released parked by a client's cancel
   uint64_t withdrawn = 0;                             // decode reservations answered with a withdrawal
   size_t in_flight = 0;  // parked, not yet released
+  Histogram seconds;     // parked → state handed over (completion sent), successful hand-offs
 };
 
 class PrefillHandoff final : public HandoffSide {

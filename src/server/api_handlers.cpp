@@ -235,7 +235,7 @@ void ApiServer::health(const HttpRequest&, const std::shared_ptr<HttpExchange>& 
 
 void ApiServer::metrics(const HttpRequest&, const std::shared_ptr<HttpExchange>& ex) const {
   ex->respond(HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
-                           prometheus_text(engine_.stats(), engine_.ready()), {}});
+                           prometheus_text(engine_.stats(), engine_.ready()) + engine_.extra_metrics(), {}});
 }
 
 void ApiServer::tokenize(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const {

@@ -66,6 +66,11 @@ def test_disconnect_while_the_prompt_runs_frees_both_sides(pd):
         m, ok = nothing_held(s)
         assert ok, (s.base, m)
     assert time.time() - t0 < 20  # the hand-off deadline is 600 s
+    d = decode.metrics()
+    assert d["kestrel_pd_handoffs_in_flight"] == 0 and d["kestrel_pd_quarantined_handoffs"] == 0, d
+    # The decode reservation was withdrawn by the prefill (its request ended first) or, had the prefill already
+    # parked, the parked request was cancelled there and withdrawn the same way.
+    assert d["kestrel_pd_handoffs_withdrawn_total"] >= 1, d
     # The workers are still paired: the next request goes through.
     status, body = chat(router.base, "Hi")
     assert status == 200, body

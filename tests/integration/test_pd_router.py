@@ -123,6 +123,25 @@ def test_router_equals_colocated(pd, colocated):
         assert got["choices"][0]["finish_reason"] == "length"
 
 
+def test_handoff_metrics(pd):
+    """After the parity test's hand-offs (one per prompt): both roles count them, move the same bytes, time each
+    one, and hold nothing."""
+    prefill, decode, _ = pd
+    p, d = prefill.idle_metrics(), decode.idle_metrics()
+    n = len(PROMPTS)
+    assert p['kestrel_pd_role_info{role="prefill"}'] == 1 and d['kestrel_pd_role_info{role="decode"}'] == 1
+    for m in (p, d):
+        assert m["kestrel_pd_handoffs_started_total"] == n, m
+        assert m["kestrel_pd_handoffs_completed_total"] == n, m
+        assert m["kestrel_pd_handoffs_in_flight"] == 0, m
+        assert m["kestrel_pd_handoff_seconds_count"] == n and m["kestrel_pd_handoff_seconds_sum"] > 0, m
+        assert m['kestrel_pd_handoff_seconds_bucket{le="+Inf"}'] == n, m
+        assert sum(v for k, v in m.items() if k.startswith("kestrel_pd_handoffs_failed_total{")) == 0, m
+    assert p["kestrel_pd_transfer_bytes_total"] == d["kestrel_pd_transfer_bytes_total"] > 0
+    assert d["kestrel_pd_quarantined_handoffs"] == 0 and d["kestrel_pd_quarantined_bytes"] == 0
+    assert d["kestrel_pd_registry_held_ranges"] == 0
+
+
 def test_fingerprint_mismatch_is_refused(pd):
     prefill, _, _ = pd
     other = Server(GRID + ["--role", "decode", "--kv-cache-dtype", "bf16"], env={"UCX_TLS": "tcp"})
@@ -146,3 +165,9 @@ def test_killed_decode_gives_a_clear_error_and_the_prefill_holds_nothing(pd):
     assert status >= 500 and "error" in body, body
     m = prefill.idle_metrics(timeout=30)  # parked requests end at the hand-off deadline
     assert m["kestrel_kv_blocks_used"] == 0 and m["kestrel_state_slots_used"] == 0, m
+    deadline = time.time() + 30
+    while m["kestrel_pd_handoffs_in_flight"] != 0 and time.time() < deadline:
+        time.sleep(0.1)
+        m = prefill.metrics()
+    assert m["kestrel_pd_handoffs_in_flight"] == 0, m
+    assert m['kestrel_pd_handoffs_failed_total{reason="no_destinations"}'] >= 1, m

@@ -112,6 +112,7 @@ class Handoff : public ::testing::TestWithParam<const char*> {
     EXPECT_EQ(dc.in_flight, 0u);
     EXPECT_EQ(dc.quarantined, 0u);
     EXPECT_EQ(dc.registry.in_flight, 0u);
+    EXPECT_EQ(dc.quarantined_bytes, 0u);
     EXPECT_EQ(dc.registry.quarantined, 0u);
     EXPECT_EQ(dc.registry.held_ranges, 0u);
   }
@@ -151,7 +152,13 @@ TEST_P(Handoff, DecodeEqualsColocatedBitwise) {
   const DecodeCounts dc = decode_->counts();
   EXPECT_EQ(dc.received, testing::prompt_lengths().size());
   EXPECT_EQ(dc.failed, 0u);
-  EXPECT_EQ(prefill_->counts().handed_off, testing::prompt_lengths().size());
+  EXPECT_EQ(dc.started, testing::prompt_lengths().size());
+  EXPECT_EQ(dc.seconds.n(), static_cast<int64_t>(testing::prompt_lengths().size()));
+  const PrefillCounts pc = prefill_->counts();
+  EXPECT_EQ(pc.handed_off, testing::prompt_lengths().size());
+  EXPECT_EQ(pc.started, pc.handed_off);
+  EXPECT_EQ(pc.bytes, dc.bytes);
+  EXPECT_EQ(pc.seconds.n(), static_cast<int64_t>(pc.handed_off));
   expect_no_leaks();
 }
 
@@ -223,7 +230,8 @@ TEST_P(Handoff, EveryPartOfTheStateMatters) {
 // can no longer write (tcp: connection closed; shared memory: peer process gone, never here).
 class HandoffFault : public Handoff {
  protected:
-  void expect_failed_cleanly(const Collected& got, const char* why) {
+  // `reason`: the DecodeCounts failure counter this failure must land in.
+  void expect_failed_cleanly(const Collected& got, const char* why, uint64_t DecodeCounts::*reason) {
     EXPECT_EQ(got.finish, FinishReason::kError);
     EXPECT_NE(got.error.find("hand-off"), std::string::npos) << got.error;
     EXPECT_NE(got.error.find(why), std::string::npos) << got.error;
@@ -233,6 +241,7 @@ class HandoffFault : public Handoff {
     EXPECT_EQ(ps.state_slots_used, 0);
     const DecodeCounts dc = decode_->counts();
     EXPECT_EQ(dc.failed, 1u);
+    EXPECT_EQ(dc.*reason, 1u);
     if (kestrel::disagg::testing::expected_transports().count("tcp") != 0) {
       expect_no_leaks();
     } else {
@@ -240,6 +249,7 @@ class HandoffFault : public Handoff {
       std::this_thread::sleep_for(200ms);
       const DecodeCounts later = decode_->counts();
       EXPECT_EQ(later.quarantined, 1u);
+      EXPECT_GT(later.quarantined_bytes, 0u);
       EXPECT_EQ(later.registry.quarantined, 1u);
       EXPECT_GT(decode_sched_->stats().kv_blocks_used, 0);
       EXPECT_EQ(decode_sched_->stats().state_slots_used, 1);
@@ -250,13 +260,13 @@ class HandoffFault : public Handoff {
 TEST_P(HandoffFault, DroppedPut) {
   faults_.puts = {{1, {kestrel::disagg::PutFault::Kind::kDrop}}};
   open_pair();
-  expect_failed_cleanly(handed_off(prompt(40, 3), 6, 5), "checksum");
+  expect_failed_cleanly(handed_off(prompt(40, 3), 6, 5), "checksum", &DecodeCounts::failed_corrupt);
 }
 
 TEST_P(HandoffFault, CorruptedByte) {
   faults_.puts = {{0, {kestrel::disagg::PutFault::Kind::kCorrupt, 17}}};
   open_pair();
-  expect_failed_cleanly(handed_off(prompt(40, 3), 6, 5), "checksum");
+  expect_failed_cleanly(handed_off(prompt(40, 3), 6, 5), "checksum", &DecodeCounts::failed_corrupt);
 }
 
 TEST_P(HandoffFault, LostCompletion) {
@@ -264,7 +274,7 @@ TEST_P(HandoffFault, LostCompletion) {
   DecodeHandoffOptions d;
   d.transfer_timeout = 1500ms;
   open_pair({}, d);
-  expect_failed_cleanly(handed_off(prompt(40, 3), 6, 5), "deadline");
+  expect_failed_cleanly(handed_off(prompt(40, 3), 6, 5), "deadline", &DecodeCounts::failed_deadline);
 }
 
 // A decode side that never gets its request's state (no prefill for that room) fails at its deadline, and its
@@ -284,6 +294,8 @@ TEST_P(HandoffFault, NoCounterpartTimesOut) {
   EXPECT_EQ(pres.finish, FinishReason::kError);
   EXPECT_NE(pres.error.find("no destinations"), std::string::npos) << pres.error;
   EXPECT_EQ(settled(*prefill_sched_).kv_blocks_used, 0);
+  EXPECT_EQ(prefill_->counts().no_destinations, 1u);
+  EXPECT_EQ(decode_->counts().failed_deadline, 1u);
 }
 
 // A client cancel while the request is reserved (decode) or parked (prefill). The deadlines are far away (10

@@ -57,14 +57,18 @@ def same_logprobs(a, b):
 
 
 class Router:
-    def __init__(self, prefill, decode):
+    """`prefill` and `decode`: one Server or a list of them; `extra`: more router arguments (a policy)."""
+    def __init__(self, prefill, decode, extra=()):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="sglang-router-", suffix=".log", delete=False)
-        args = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-                "--prefill", prefill.base, str(prefill.port), "--decode", decode.base,
-                "--host", "127.0.0.1", "--port", str(self.port),
-                "--retry-max-retries", "1", "--health-check-interval-secs", "1"]
+        args = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+        for p in (prefill if isinstance(prefill, list) else [prefill]):
+            args += ["--prefill", p.base, str(p.port)]
+        for d in (decode if isinstance(decode, list) else [decode]):
+            args += ["--decode", d.base]
+        args += ["--host", "127.0.0.1", "--port", str(self.port),
+                 "--retry-max-retries", "1", "--health-check-interval-secs", "1", *extra]
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 60
         while time.time() < deadline:

@@ -68,7 +68,8 @@ class Router:
         for d in (decode if isinstance(decode, list) else [decode]):
             args += ["--decode", d.base]
         args += ["--host", "127.0.0.1", "--port", str(self.port),
-                 "--retry-max-retries", "1", "--health-check-interval-secs", "1", *extra]
+                 "--retry-max-retries", "1", "--health-check-interval-secs", "1",
+                 "--prometheus-port", str(free_port()), *extra]  # its default port (29000) may be taken
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 60
         while time.time() < deadline:

@@ -71,17 +71,19 @@ class Router:
                  "--retry-max-retries", "1", "--health-check-interval-secs", "1",
                  "--prometheus-port", str(free_port()), *extra]  # its default port (29000) may be taken
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        # /health answers before the workers are registered (asynchronously); /readiness once they are.
         deadline = time.time() + 60
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError("router exited: " + open(self.log.name).read())
             try:
-                with urllib.request.urlopen(self.base + "/health", timeout=1) as r:
+                with urllib.request.urlopen(self.base + "/readiness", timeout=1) as r:
                     if r.status == 200:
                         return
             except Exception:
-                time.sleep(0.2)
-        raise RuntimeError("router did not become healthy: " + open(self.log.name).read())
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("router did not become ready: " + open(self.log.name).read())
 
     def stop(self):
         self.proc.terminate()

@@ -156,8 +156,8 @@ MUTATIONS["expanded_mla_reuse_unchecked"] = (
 
 MUTATIONS["shared_prefill_never_waited_for"] = (
     "src/scheduler/scheduler.cpp",
-    "  if (!prefix_ || s.generated > 0) return false;",
-    "  if (!prefix_ || s.generated >= 0) return false;",
+    "  if (!prefix_ || s.generated > 0 || s.req.handoff == Handoff::kReceive) return false;",
+    "  if (!prefix_ || s.generated >= 0 || s.req.handoff == Handoff::kReceive) return false;",
     "RequestsArrivingTogetherShareOnePrefill",
     "a request arriving during a prefill of the same prefix never waits for it (both compute it side by side)")
 

@@ -25,6 +25,7 @@
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/w4a8_gemm.h"
 #include "scheduler/scheduler.h"
+#include "pd/pd_service.h"
 #include "server/api_handlers.h"
 #include "server/http_server.h"
 
@@ -175,6 +176,31 @@ int cmd_serve(const std::vector<std::string>& argv) {
   if (cl != nullptr) cell.emplace((*eng)->model(), *cl->comm, ForwardOptions{}, *kv);
   auto sched = Scheduler::create(**eng, sc, cell ? &*cell : nullptr);
   if (!sched) return fail(sched.error());
+  // Prefill / decode roles: the hand-off service in front of the scheduler (destroyed before it).
+  const std::string role = a->str("role");
+  if (role != "both" && role != "prefill" && role != "decode")
+    return usage_error("serve", invalid_argument("--role must be both, prefill or decode"));
+  std::unique_ptr<pd::PdService> pd_service;
+  if (role != "both") {
+    auto handoff_ms = a->integer("handoff-timeout-ms");
+    if (!handoff_ms || *handoff_ms < 100 || *handoff_ms > 3'600'000)
+      return usage_error("serve", invalid_argument("--handoff-timeout-ms must be in 100..3600000"));
+    pd::PdServiceOptions po;
+    po.role = role == "prefill" ? pd::Role::kPrefill : pd::Role::kDecode;
+    // The model's identity by content (the two instances may load it from different paths or hosts).
+    auto fp = cache_fingerprint(dir, kernels::bf16_acts_opt_in() || kernels::mxfp4_int8_enabled(), /*shared_tiers=*/true,
+                                !a->has("quiet"));
+    if (!fp) return fail(fp.error());
+    po.model_fingerprint = *fp;
+    po.prefill.destinations_timeout = po.prefill.transfer_timeout = po.decode.transfer_timeout =
+        std::chrono::milliseconds(*handoff_ms);
+    auto ps = pd::PdService::create(**sched, po);
+    if (!ps) return fail(ps.error());
+    pd_service = std::move(*ps);
+    std::fprintf(stderr, "kestrel serve: role %s, UCX transports %s, fingerprint %s\n", role.c_str(),
+                 std::getenv("UCX_TLS") ? std::getenv("UCX_TLS") : "(UCX default)", pd_service->fingerprint().c_str());
+  }
+  EngineService& service = pd_service ? static_cast<EngineService&>(*pd_service) : static_cast<EngineService&>(**sched);
   K3ChatFormat format(*tok);
   server::ApiConfig ac;
   ac.model_id = a->str("served-model-name");
@@ -183,14 +209,36 @@ int cmd_serve(const std::vector<std::string>& argv) {
   const char* env_key = std::getenv("KESTREL_API_KEY");
   ac.api_key = a->has("api-key") ? a->str("api-key") : env_key ? env_key : "";
   ac.request_timeout = std::chrono::seconds(timeout);
-  server::ApiServer api(ac, **sched, *tok, format);
+  ac.role = role == "prefill" ? "prefill" : role == "decode" ? "decode" : "both";
+  server::ApiServer api(ac, service, *tok, format);
   server::HttpServerOptions ho;
   ho.address = a->str("host");
   ho.port = static_cast<uint16_t>(port);
   ho.threads = static_cast<int>(http_threads);
   ho.max_body_bytes = static_cast<size_t>(body_mib) << 20;
   ho.shutdown_grace = std::chrono::seconds(drain);
-  server::HttpServer http(ho, api.make_router());
+  auto routes = api.make_router();
+  // The prefill's bootstrap handshake: on the API port, or on its own port (--bootstrap-port).
+  std::unique_ptr<server::HttpServer> bootstrap_http;
+  if (pd_service && pd_service->role() == pd::Role::kPrefill) {
+    auto bport = a->has("bootstrap-port") ? a->integer("bootstrap-port") : Result<long long>(port);
+    if (!bport || *bport < 0 || *bport > 65535)
+      return usage_error("serve", invalid_argument("--bootstrap-port must be in 0..65535"));
+    if (a->has("bootstrap-port") && *bport != port) {
+      auto br = std::make_shared<server::Router>();
+      pd_service->add_routes(*br);
+      server::HttpServerOptions bo = ho;
+      bo.port = static_cast<uint16_t>(*bport);
+      bootstrap_http = std::make_unique<server::HttpServer>(bo, br);
+      Status bs = bootstrap_http->start();
+      if (!bs.is_ok()) return fail(bs);
+      std::fprintf(stderr, "kestrel serve: prefill bootstrap on %s:%u\n", bo.address.c_str(),
+                   static_cast<unsigned>(bootstrap_http->port()));
+    } else {
+      pd_service->add_routes(*routes);
+    }
+  }
+  server::HttpServer http(ho, routes);
   Status st = http.start();
   if (!st.is_ok()) return fail(st);
   const bool fast = kernels::bf16_acts_opt_in() || kernels::mxfp4_int8_enabled();
@@ -229,6 +277,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
   http.stop();
   if (cl != nullptr)
     if (const std::string why = (*sched)->failure(); !why.empty()) fail(unavailable(why));
+  if (bootstrap_http) bootstrap_http->stop();
+  pd_service.reset();
   std::fprintf(stderr, "kestrel serve: stopped\n");
   return 0;
 }

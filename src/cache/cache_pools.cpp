@@ -115,6 +115,26 @@ void CachePools::adopt_prefix(SequenceState& s, std::vector<int32_t>& blocks, st
   s.n_tokens = n;
 }
 
+void CachePools::mark_filled(SequenceState& s, std::span<const int32_t> blocks, int64_t n) {
+  KCHECK(s.n_tokens == 0 && static_cast<int64_t>(blocks.size()) >= blocks_for(n), "mark_filled: pages do not cover the tokens");
+  for (int l : geom_.mla_layers) s.mla[static_cast<size_t>(l)].n_tokens = n;
+  for (int l : geom_.sparse_layers) s.mla[static_cast<size_t>(l)].indexer.n_tokens = n;
+  s.n_tokens = n;
+}
+
+std::span<std::byte> CachePools::slot_arena() {
+  return {reinterpret_cast<std::byte*>(slot_mem_.get()), static_cast<size_t>(slot_bytes() * num_slots())};
+}
+
+std::span<std::byte> CachePools::mla_arena() {
+  return {reinterpret_cast<std::byte*>(block_mem_.get()), static_cast<size_t>(mla_block_bytes_ * num_blocks())};
+}
+
+std::span<std::byte> CachePools::index_arena() {
+  if (index_block_bytes_ == 0) return {};
+  return {reinterpret_cast<std::byte*>(index_mem_.get()), static_cast<size_t>(index_block_bytes_ * num_blocks())};
+}
+
 void CachePools::read_block(int32_t b, uint8_t* dst) const {
   KCHECK(b >= 0 && b < num_blocks() && refs_[static_cast<size_t>(b)] > 0, "read of a free MLA block");
   std::memcpy(dst, block_mem_.get() + static_cast<int64_t>(b) * mla_block_bytes_, static_cast<size_t>(mla_block_bytes_));

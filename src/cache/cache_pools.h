@@ -15,6 +15,7 @@
 // thread-safe (owned by the scheduler thread).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -65,6 +66,16 @@ class CachePools {
   // earlier sequence: the blocks are appended to its page table with one more reference each, and every
   // MLA / indexer cache and `s` itself count n_tokens = shared.size() * page_tokens.
   void adopt_prefix(SequenceState& s, std::vector<int32_t>& blocks, std::span<const int32_t> shared);
+  // Disaggregation: `s` (acquired, with blocks for n_tokens) now holds n_tokens tokens that were written into
+  // its slot and pages from outside (another instance's state); every MLA / indexer cache counts them.
+  void mark_filled(SequenceState& s, std::span<const int32_t> blocks, int64_t n_tokens);
+  // The pools' memory, fixed for their life (registered with a transport once): every KDA slot (slot s at
+  // s * slot_bytes()), every block's MLA pages (block b at b * mla_block_bytes()), every block's indexer pages
+  // (b * index_block_bytes(); empty without sparse layers).
+  std::span<std::byte> slot_arena();
+  std::span<std::byte> mla_arena();
+  std::span<std::byte> index_arena();
+  const CacheGeometry& geometry() const { return geom_; }
   void add_ref(int32_t block);
   void drop_ref(int32_t block);  // frees the block at zero
   int32_t refs(int32_t block) const { return refs_[static_cast<size_t>(block)]; }

@@ -6,7 +6,8 @@
 //   kDestinations (decode → prefill): u32 rkey count, per rkey (u32 length, bytes); u32 range count, per range
 //                 (u64 remote address, u64 length, u32 rkey index)
 //   kCompletion   (prefill → decode, after the puts are flushed): u32 status (0 = every range put, else the
-//                 sender gave up), u32 range count, u64 total bytes, u64 checksum (checksum.h) of the source bytes
+//                 sender gave up after the destinations arrived, 2 = withdrawn: the sender's request ended before
+//                 any put and none will come, the ranges are free), u32 range count, u64 total bytes, u64 checksum (checksum.h) of the source bytes
 //   kHeartbeat    (both ways, periodic): empty body
 #pragma once
 
@@ -40,8 +41,12 @@ struct Destinations {
   std::vector<RemoteRange> ranges;            // in the order the sender's sources are listed
 };
 
+inline constexpr uint32_t kCompletionFailed = 1;
+inline constexpr uint32_t kCompletionWithdrawn = 2;
+
 struct Completion {
-  uint32_t status = 0;  // 0: every range was put and flushed; otherwise the sender failed and the data is invalid
+  uint32_t status = 0;  // 0: every range was put and flushed; kCompletionWithdrawn: nothing was put and nothing
+                        // will be; otherwise the sender failed and the data is invalid
   uint32_t ranges = 0;
   uint64_t bytes = 0;
   uint64_t checksum = 0;

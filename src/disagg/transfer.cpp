@@ -16,6 +16,7 @@ const char* to_string(TransferState s) {
     case TransferState::kFlushed: return "flushed";
     case TransferState::kCompleted: return "completed";
     case TransferState::kFailed: return "failed";
+    case TransferState::kWithdrawn: return "withdrawn";
   }
   return "?";
 }
@@ -72,36 +73,52 @@ Status IncomingTransfer::wait(Deadline deadline, std::chrono::milliseconds silen
   if (state_ != TransferState::kAdvertised) {
     return invalid_argument(std::string("disagg: wait on a transfer in state ") + to_string(state_));
   }
+  std::optional<Status> outcome;
+  Status waited = ep_.worker().wait([&] { return (outcome = step(silence)).has_value(); }, deadline,
+                                    "waiting for the completion of transfer " + std::to_string(id_));
+  if (!waited.is_ok()) return fail(waited);
+  return *outcome;
+}
+
+std::optional<Status> IncomingTransfer::poll(Deadline deadline, std::chrono::milliseconds silence) {
+  if (state_ != TransferState::kAdvertised) {
+    return invalid_argument(std::string("disagg: poll on a transfer in state ") + to_string(state_));
+  }
+  if (std::optional<Status> outcome = step(silence)) return outcome;
+  if (deadline.expired()) {
+    return fail(unavailable("disagg: waiting for the completion of transfer " + std::to_string(id_) +
+                            ": deadline passed"));
+  }
+  return std::nullopt;
+}
+
+std::optional<Status> IncomingTransfer::step(std::chrono::milliseconds silence) {
   Worker& worker = ep_.worker();
-  std::optional<Message> message;
-  Status why;
-  auto silent = [&] {
-    if (!ep_.peer()) return false;
+  // Never a stale completion from another peer.
+  if (std::optional<Message> message = worker.take(MessageKind::kCompletion, id_, ep_.peer())) return verify(*message);
+  if (ep_.failed()) return fail(ep_.failure());
+  if (ep_.peer()) {
     Clock::time_point since = advertised_at_;
     if (auto heard = worker.last_heard(*ep_.peer()); heard && *heard > since) since = *heard;
-    return Clock::now() - since > silence;
-  };
-  Status waited = worker.wait(
-      [&] {
-        message = worker.take(MessageKind::kCompletion, id_, ep_.peer());  // never a stale one from another peer
-        if (message) return true;
-        if (ep_.failed()) {
-          why = ep_.failure();
-          return true;
-        }
-        if (silent()) {
-          why = unavailable("disagg: peer silent for more than " + std::to_string(silence.count()) + " ms");
-          ep_.mark_failed(why);
-          return true;
-        }
-        return false;
-      },
-      deadline, "waiting for the completion of transfer " + std::to_string(id_));
-  if (!waited.is_ok()) return fail(waited);
-  if (!message) return fail(why);
+    if (Clock::now() - since > silence) {
+      Status why = unavailable("disagg: peer silent for more than " + std::to_string(silence.count()) + " ms");
+      ep_.mark_failed(why);
+      return fail(why);
+    }
+  }
+  return std::nullopt;
+}
 
-  Result<Completion> c = decode_completion(message->body);
+Status IncomingTransfer::verify(const Message& message) {
+  Result<Completion> c = decode_completion(message.body);
   if (!c) return fail(c.error());
+  if (c->status == kCompletionWithdrawn) {
+    // The sender's word that it never put and never will: the same trust as a completion's.
+    Status freed = registry_.complete(id_);
+    if (!freed.is_ok()) return fail(freed);
+    state_ = TransferState::kWithdrawn;
+    return unavailable("disagg: the sender withdrew transfer " + std::to_string(id_) + " before any put");
+  }
   if (c->status != 0) return fail(unavailable("disagg: the sender failed transfer " + std::to_string(id_)));
   uint64_t bytes = 0;
   Checksum sum;
@@ -134,6 +151,12 @@ Result<Destinations> wait_destinations(Worker& worker, uint64_t id, Deadline dea
   return decode_destinations(m->body);
 }
 
+Status send_withdrawal(Endpoint& ep, uint64_t id, Deadline deadline) {
+  Completion c;
+  c.status = kCompletionWithdrawn;
+  return ep.send(encode_completion(ep.worker().instance(), id, c), MessageKind::kCompletion, deadline);
+}
+
 OutgoingTransfer::OutgoingTransfer(uint64_t id, Endpoint& ep, Destinations destinations,
                                    std::vector<std::span<const std::byte>> sources)
     : id_(id), ep_(ep), destinations_(std::move(destinations)), sources_(std::move(sources)) {}
@@ -142,7 +165,7 @@ Status OutgoingTransfer::fail(Status reason, Deadline deadline) {
   state_ = TransferState::kFailed;
   if (!ep_.failed() && !ep_.closed()) {
     Completion c;
-    c.status = 1;
+    c.status = kCompletionFailed;
     (void)ep_.send(encode_completion(ep_.worker().instance(), id_, c), MessageKind::kCompletion, deadline);
   }
   return reason;

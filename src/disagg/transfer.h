@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -28,7 +29,8 @@
 
 namespace kestrel::disagg {
 
-enum class TransferState { kCreated, kAdvertised, kPosted, kFlushed, kCompleted, kFailed };
+// kWithdrawn (decode side): the sender withdrew before any put, so the ranges were freed, not quarantined.
+enum class TransferState { kCreated, kAdvertised, kPosted, kFlushed, kCompleted, kFailed, kWithdrawn };
 const char* to_string(TransferState s);
 
 struct DestinationRange {
@@ -51,12 +53,19 @@ class IncomingTransfer {
   // kUnavailable for a lost, silent or failing peer or a missed deadline). When the endpoint knows its peer's
   // instance id, `silence` applies and only that peer's completion counts.
   Status wait(Deadline deadline, std::chrono::milliseconds silence);
+  // The non-blocking form of wait() for a caller that drives the worker itself (many transfers on one thread):
+  // nullopt while nothing has happened yet (no completion, the peer neither failed nor silent, the deadline not
+  // passed); otherwise what wait() would return, with the same state change.
+  std::optional<Status> poll(Deadline deadline, std::chrono::milliseconds silence);
 
   uint64_t id() const { return id_; }
   TransferState state() const { return state_; }
 
  private:
   Status fail(Status reason);
+  // One look at the inbox and the peer: nullopt while still waiting, else the outcome.
+  std::optional<Status> step(std::chrono::milliseconds silence);
+  Status verify(const Message& completion);
 
   uint64_t id_;
   Endpoint& ep_;
@@ -68,6 +77,10 @@ class IncomingTransfer {
 
 // Waits for the kDestinations message of transfer `id` on the worker; the sender's instance id goes to *sender.
 Result<Destinations> wait_destinations(Worker& worker, uint64_t id, Deadline deadline, uint64_t* sender);
+
+// Prefill side, for a request that ended before any put to `id` (cancelled, failed): tells the receiver its
+// ranges are free (a completion with status kCompletionWithdrawn).
+Status send_withdrawal(Endpoint& ep, uint64_t id, Deadline deadline);
 
 class OutgoingTransfer {
  public:

@@ -9,6 +9,11 @@ int32_t Sampler::argmax(std::span<const float> logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
+void Sampler::skip_draw() {
+  if (p_.temperature <= 0.0f || p_.top_k == 1) return;
+  std::uniform_real_distribution<double>(0.0, 1.0)(rng_);  // one draw, whatever the bound
+}
+
 int32_t Sampler::sample(std::span<const float> logits) {
   if (p_.temperature <= 0.0f || p_.top_k == 1) return argmax(logits);
   cand_.resize(logits.size());

@@ -22,6 +22,9 @@ class Sampler {
   explicit Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
   int32_t sample(std::span<const float> logits);
   static int32_t argmax(std::span<const float> logits);
+  // Advances the random stream as sample() does for one token (disaggregation: another instance drew the first
+  // token with the same seed, this one continues from there).
+  void skip_draw();
 
  private:
   SamplingParams p_;

@@ -49,6 +49,8 @@ class EngineService {
   virtual int max_context() const = 0;    // prompt + generation limit in tokens
   // Drops every cached prefix (no-op without a prefix cache).
   virtual void flush_prefix_cache() {}
+  // Prometheus text appended to /metrics after the scheduler's (a disaggregated role's hand-off metrics).
+  virtual std::string extra_metrics() const { return {}; }
 };
 
 }  // namespace kestrel

@@ -25,6 +25,22 @@ struct GenerationParams {
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kTimeout, kError };
+
+// Prefill/decode disaggregation (pd/): how a request's cache changes hands.
+//   kSend    (prefill side): after its first token the sequence is parked: its KDA slot and pages are kept and
+//            never written, the request's cache location is reported, and it ends when the hand-off releases it.
+//   kReceive (decode side): admission reserves a KDA slot and the pages of the prompt without computing anything,
+//            reports their location, and the sequence joins the decode batch when the hand-off delivers the
+//            first token (the state having landed in the reserved memory).
+enum class Handoff { kNone, kSend, kReceive };
+
+// Where a parked or reserved sequence's state lies in the scheduler's cache pools (cache/cache_pools.h).
+struct CacheLocation {
+  uint64_t request = 0;
+  int slot = -1;
+  std::vector<int32_t> blocks;  // page table: blocks_for(n_tokens) blocks
+  int64_t n_tokens = 0;         // prompt tokens whose state the cache holds
+};
 const char* finish_reason_name(FinishReason r);
 
 struct TokenLogprob {
@@ -55,6 +71,17 @@ struct GenerationRequest {
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   // Called on the scheduler thread for every event; must not block (post to your own executor).
   std::function<void(const GenerationEvent&)> on_event;
+  Handoff handoff = Handoff::kNone;
+  // The pairing fields a PD router (sglang-router) puts into the request body: the prefill instance's bootstrap
+  // address and a random room shared by the request's prefill and decode halves (docs/disaggregation.md §4).
+  struct Bootstrap {
+    bool present = false;
+    std::string host;
+    int port = 0;
+    uint64_t room = 0;
+  } bootstrap;
+  // kSend / kReceive: called on the scheduler thread once the cache location is fixed; must not block.
+  std::function<void(const CacheLocation&)> on_cache_location;
 };
 
 }  // namespace kestrel

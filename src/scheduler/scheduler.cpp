@@ -58,6 +58,8 @@ Result<uint64_t> Scheduler::submit(GenerationRequest req) {
     return too_large("the prompt has " + std::to_string(req.prompt.size()) + " tokens; the context limit is " +
                      std::to_string(cfg_.max_context));
   if (req.params.max_new_tokens < 1) return invalid_argument("max_tokens must be at least 1");
+  if (req.handoff != Handoff::kNone && !req.on_cache_location)
+    return invalid_argument("a hand-off request needs a cache location callback");
   std::lock_guard<std::mutex> lk(mu_);
   if (!failure_.empty()) return unavailable(failure_);
   if (draining_) return unavailable("the server is shutting down");
@@ -109,6 +111,53 @@ ServiceStats Scheduler::stats() const {
 std::string Scheduler::failure() const {
   std::lock_guard<std::mutex> lk(mu_);
   return failure_;
+}
+
+void Scheduler::release_parked(uint64_t id, const std::string& error) { note({NoteKind::kReleaseParked, id, {}, error}); }
+void Scheduler::admit_received(uint64_t id, const GenerationEvent& first) {
+  note({NoteKind::kAdmitReceived, id, first, ""});
+}
+void Scheduler::fail_received(uint64_t id, const std::string& error) { note({NoteKind::kFailReceived, id, {}, error}); }
+void Scheduler::release_reserved(uint64_t id) { note({NoteKind::kReleaseReserved, id, {}, ""}); }
+
+void Scheduler::note(HandoffNote n) {
+  std::lock_guard<std::mutex> lk(mu_);
+  notes_.push_back(std::move(n));
+  cv_.notify_all();
+}
+
+// A hand-off reported back (scheduler thread).
+void Scheduler::apply_note(HandoffNote& n) {
+  auto& map = n.kind == NoteKind::kReleaseParked ? parked_ : reserved_;
+  auto it = map.find(n.id);
+  if (it == map.end()) return;
+  Seq& s = *it->second;
+  switch (n.kind) {
+    case NoteKind::kReleaseParked:
+      finish(s, s.handoff_cancelled ? FinishReason::kCancelled : !n.error.empty() ? FinishReason::kError : FinishReason::kLength,
+             n.error);
+      map.erase(it);
+      return;
+    case NoteKind::kAdmitReceived: {
+      if (s.final_sent) return;  // failed earlier; only release_reserved frees it
+      std::unique_ptr<Seq> p = std::move(it->second);
+      map.erase(it);
+      running_.push_back(std::move(p));
+      if (s.handoff_cancelled) return finish(s, FinishReason::kCancelled);
+      pools_->mark_filled(s.st, s.blocks, s.prompt_len);
+      s.sampler->skip_draw();
+      n.event.step_sequences = 0;
+      return emit_token(s, n.event);
+    }
+    case NoteKind::kFailReceived:
+      emit_final(s, s.handoff_cancelled ? FinishReason::kCancelled : FinishReason::kError, n.error);
+      return;
+    case NoteKind::kReleaseReserved:
+      if (!s.final_sent) emit_final(s, FinishReason::kError, "the hand-off was abandoned");
+      release(s, false);
+      map.erase(it);
+      return;
+  }
 }
 
 void Scheduler::flush_prefix_tier() {
@@ -163,9 +212,12 @@ bool Scheduler::take_inbox(bool block, std::stop_token& stop) {
   {
     std::unique_lock<std::mutex> lk(mu_);
     if (block)
-      cv_.wait(lk, [&] { return stop.stop_requested() || !inbox_.empty() || !cancels_.empty() || flush_requested_; });
+      cv_.wait(lk, [&] {
+        return stop.stop_requested() || !inbox_.empty() || !cancels_.empty() || !notes_.empty() || flush_requested_;
+      });
     in.swap(inbox_);
     cancels.swap(cancels_);
+    taken_notes_.swap(notes_);
   }
   const auto now = Clock::now();
   for (auto& r : in) {
@@ -194,11 +246,16 @@ bool Scheduler::take_inbox(bool block, std::stop_token& stop) {
     }
     for (auto& s : running_)
       if (s && (id == 0 || s->req.id == id)) finish(*s, FinishReason::kCancelled);
+    for (auto* m : {&parked_, &reserved_})
+      for (auto& [rid, s] : *m)
+        if (id == 0 || rid == id) s->handoff_cancelled = true;
   }
+  for (HandoffNote& n : taken_notes_) apply_note(n);
   running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
-  const bool any = !in.empty() || !cancels.empty();
+  const bool any = !in.empty() || !cancels.empty() || !taken_notes_.empty();
   in.clear();
   cancels.clear();
+  taken_notes_.clear();
   return any;
 }
 
@@ -213,6 +270,10 @@ void Scheduler::admit() {
     s->slot = *pools_->acquire_slot(s->st);
     // The block list never reallocates while decoding (the pools reserve the page tables likewise).
     s->blocks.reserve(static_cast<size_t>(pools_->blocks_for(cfg_.max_context)));
+    if (s->req.handoff == Handoff::kReceive) {
+      if (!reserve(s)) break;
+      continue;
+    }
     attach_prefix(*s);
     running_.push_back(std::move(s));
   }
@@ -224,7 +285,7 @@ void Scheduler::admit() {
 // boundary, and the request then attaches them like any cached prefix. Both would otherwise compute the same
 // tokens side by side. A request never waits for one that has left `running_` (finished, cancelled, preempted).
 bool Scheduler::waits_for_shared_prefill(Seq& s) {
-  if (!prefix_ || s.generated > 0) return false;
+  if (!prefix_ || s.generated > 0 || s.req.handoff == Handoff::kReceive) return false;
   const int64_t B = prefix_->block_tokens(), G = cfg_.prefill_chunk, L = static_cast<int64_t>(s.tokens.size());
   const int64_t max_blocks = (L - 1) / G * G / B;
   if (max_blocks == 0) return false;
@@ -243,6 +304,34 @@ bool Scheduler::waits_for_shared_prefill(Seq& s) {
     return true;
   }
   return false;
+}
+
+// kReceive admission: the pages of the prompt next to the slot, nothing computed; the sequence waits in reserved_
+// for its state. False (the sequence back at the queue's front) when the pages are short.
+bool Scheduler::reserve(std::unique_ptr<Seq>& s) {
+  while (!pools_->grow(s->st, s->blocks, s->prompt_len)) {
+    if (prefix_ && prefix_->make_room(pools_->blocks_for(s->prompt_len) - static_cast<int64_t>(s->blocks.size())))
+      continue;
+    pools_->release(s->st, s->slot, s->blocks);
+    s->slot = -1;
+    waiting_.push_front(std::move(s));
+    return false;
+  }
+  CacheLocation loc{s->req.id, s->slot, s->blocks, s->prompt_len};
+  auto on_location = s->req.on_cache_location;
+  reserved_.emplace(s->req.id, std::move(s));
+  on_location(loc);
+  return true;
+}
+
+// kSend: after the first token the sequence leaves the batch with its memory and waits in parked_.
+void Scheduler::park(Seq& s) {
+  for (auto& p : running_)
+    if (p.get() == &s) {
+      parked_.emplace(s.req.id, std::move(p));
+      break;
+    }
+  s.req.on_cache_location(CacheLocation{s.req.id, s.slot, s.blocks, s.st.n_tokens});
 }
 
 // The chain keys of the first n_blocks full blocks of s.tokens (computed once, extended as needed).
@@ -352,6 +441,15 @@ void Scheduler::release(Seq& s, bool keep_prefix) {
 // Emits the final event and frees the sequence's cache. The caller drops it from its list.
 void Scheduler::finish(Seq& s, FinishReason r, const std::string& error) {
   release(s, r != FinishReason::kError);
+  emit_final(s, r, error);
+  // Mark for removal from running_ (pointer compare in callers).
+  for (auto& p : running_)
+    if (p.get() == &s) p.reset();
+}
+
+void Scheduler::emit_final(Seq& s, FinishReason r, const std::string& error) {
+  if (s.final_sent) return;
+  s.final_sent = true;
   GenerationEvent ev;
   ev.finish = r;
   ev.error = error;
@@ -365,9 +463,6 @@ void Scheduler::finish(Seq& s, FinishReason r, const std::string& error) {
   }
   if (s.req.on_event) s.req.on_event(ev);
   s.req.on_event = nullptr;
-  // Mark for removal from running_ (pointer compare in callers).
-  for (auto& p : running_)
-    if (p.get() == &s) p.reset();
 }
 
 // Recompute-style preemption: drop the cache, keep the tokens (prompt + generated so far); the
@@ -387,7 +482,6 @@ void Scheduler::preempt(Seq& s) {
 void Scheduler::sample_and_emit(Seq& s, std::span<float> logits) {
   s.proc->apply(logits);
   const int32_t tok = s.sampler->sample(logits);
-  s.proc->observe_generated(tok);
   GenerationEvent& ev = token_event_;  // reused: `top` keeps its capacity, so no allocation per token
   ev.token = tok;
   ev.logprob = 0.0f;
@@ -395,6 +489,13 @@ void Scheduler::sample_and_emit(Seq& s, std::span<float> logits) {
   ev.step_sequences = static_cast<int>(runs_.size());
   if (s.req.params.top_logprobs >= 0)
     ev.logprob = LogitsProcessor::logprob_of(logits, tok, s.req.params.top_logprobs, ev.top, lp_scratch_);
+  emit_token(s, ev);
+}
+
+// A token joins the sequence (sampled here, or the first one handed over) and goes to the client.
+void Scheduler::emit_token(Seq& s, const GenerationEvent& ev) {
+  const int32_t tok = ev.token;
+  s.proc->observe_generated(tok);
   s.tokens.push_back(tok);
   s.generated++;
   const auto now = Clock::now();
@@ -407,6 +508,7 @@ void Scheduler::sample_and_emit(Seq& s, std::span<float> logits) {
   s.first_token_sent = true;
   s.last_token = now;
   if (s.req.on_event) s.req.on_event(ev);
+  if (s.req.handoff == Handoff::kSend && s.generated == 1) return park(s);
   const auto& stops = s.req.params.stop_token_ids;
   if (std::find(stops.begin(), stops.end(), tok) != stops.end()) return finish(s, FinishReason::kStop);
   if (s.generated >= s.req.params.max_new_tokens || static_cast<int64_t>(s.tokens.size()) >= cfg_.max_context)
@@ -555,6 +657,10 @@ void Scheduler::loop(std::stop_token stop) {
   for (auto& s : running_)
     if (s) finish(*s, FinishReason::kCancelled);
   for (auto& s : waiting_) finish(*s, FinishReason::kCancelled);
+  for (auto* m : {&parked_, &reserved_})
+    for (auto& [id, s] : *m) finish(*s, FinishReason::kCancelled);
+  parked_.clear();
+  reserved_.clear();
   running_.clear();
   waiting_.clear();
   // A cell's followers leave their loop (not after a failed step: the cell's collective state is unknown).

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "cache/cache_pools.h"
@@ -65,6 +66,22 @@ class Scheduler final : public EngineService {
   // loop has ended.
   void drain(std::chrono::milliseconds bound);
 
+  // Prefill/decode disaggregation (request.h Handoff; pd/). The pools' arenas and geometry are fixed for the
+  // scheduler's life; their contents belong to the scheduler thread, except a parked or reserved sequence's
+  // memory, which belongs to its hand-off until one of the calls below returns it. A cancel of such a request is
+  // applied when its hand-off reports back. Stop the hand-offs before destroying the scheduler.
+  CachePools& pools() { return *pools_; }
+  // kSend: the parked request ends and its memory is freed (no transfer may read it any more): finish kLength
+  // when `error` is empty (its one token was handed off), kError otherwise.
+  void release_parked(uint64_t id, const std::string& error);
+  // kReceive: the state landed in the reserved memory and was verified; `first` (token, logprob, top) is the
+  // request's first token and the sequence joins the decode batch.
+  void admit_received(uint64_t id, const GenerationEvent& first);
+  // kReceive: the hand-off failed; the client gets `error` now, the reserved memory stays taken (a peer may
+  // still write into it) until release_reserved.
+  void fail_received(uint64_t id, const std::string& error);
+  void release_reserved(uint64_t id);
+
  private:
   struct Seq {
     GenerationRequest req;
@@ -90,6 +107,15 @@ class Scheduler final : public EngineService {
     int cached = 0;  // prompt tokens reused at first admission
     int64_t prefill_len = 0;  // tokens to prefill at the last admission (prompt, or prompt + generated after preemption)
     int64_t pending() const { return static_cast<int64_t>(tokens.size()) - st.n_tokens; }
+    bool handoff_cancelled = false;  // parked or reserved when the cancel came
+    bool final_sent = false;
+  };
+  enum class NoteKind { kReleaseParked, kAdmitReceived, kFailReceived, kReleaseReserved };
+  struct HandoffNote {
+    NoteKind kind;
+    uint64_t id;
+    GenerationEvent event;
+    std::string error;
   };
   Scheduler(Engine& e, const SchedulerConfig& c, Cell* cell) : engine_(e), cfg_(c), cell_(cell) {}
   void loop(std::stop_token stop);
@@ -97,6 +123,12 @@ class Scheduler final : public EngineService {
   void admit();
   bool step();
   void finish(Seq& s, FinishReason r, const std::string& error = "");
+  void emit_final(Seq& s, FinishReason r, const std::string& error);
+  void emit_token(Seq& s, const GenerationEvent& ev);
+  void park(Seq& s);
+  bool reserve(std::unique_ptr<Seq>& s);
+  void note(HandoffNote n);
+  void apply_note(HandoffNote& n);
   void preempt(Seq& s);
   void release(Seq& s, bool keep_prefix);
   void sample_and_emit(Seq& s, std::span<float> logits);
@@ -122,6 +154,7 @@ class Scheduler final : public EngineService {
   std::condition_variable cv_;
   std::deque<GenerationRequest> inbox_;
   std::vector<uint64_t> cancels_;
+  std::vector<HandoffNote> notes_;
   uint64_t next_id_ = 1;
   bool draining_ = false;
   std::string failure_;  // set once by fail_cell
@@ -135,6 +168,7 @@ class Scheduler final : public EngineService {
   bool failed_ = false;
   std::deque<std::unique_ptr<Seq>> waiting_;
   std::vector<std::unique_ptr<Seq>> running_;  // admission order (oldest first)
+  std::unordered_map<uint64_t, std::unique_ptr<Seq>> parked_, reserved_;  // hand-offs in progress
   std::mt19937_64 seed_rng_{0x5eed};
   std::vector<SeqRun> runs_;
   std::vector<Seq*> run_seqs_;
@@ -143,6 +177,7 @@ class Scheduler final : public EngineService {
   GenerationEvent token_event_;
   std::deque<GenerationRequest> taken_requests_;  // take_inbox's swap targets, empty between calls
   std::vector<uint64_t> taken_cancels_;
+  std::vector<HandoffNote> taken_notes_;
   std::jthread thread_;
 };
 

@@ -181,6 +181,8 @@ void ApiServer::generate(const std::shared_ptr<HttpExchange>& ex, bool chat, std
   GenerationRequest g;
   g.prompt = std::move(prompt);
   g.cache_salt = s.cache_salt;
+  if (s.bootstrap_room >= 0)
+    g.bootstrap = {true, s.bootstrap_host, s.bootstrap_port, static_cast<uint64_t>(s.bootstrap_room)};
   auto& p = g.params;
   p.temperature = s.temperature;
   p.top_k = s.top_k;
@@ -221,6 +223,7 @@ void ApiServer::models(const HttpRequest&, const std::shared_ptr<HttpExchange>& 
             {"max_model_len", engine_.max_context()}};
   if (!config_.model_root.empty()) m["root"] = config_.model_root;
   if (config_.random_weights) m["random_weights"] = true;
+  m["role"] = config_.role;
   send_json(ex, 200, json{{"object", "list"}, {"data", json::array({m})}});
 }
 
@@ -235,7 +238,7 @@ void ApiServer::health(const HttpRequest&, const std::shared_ptr<HttpExchange>& 
 
 void ApiServer::metrics(const HttpRequest&, const std::shared_ptr<HttpExchange>& ex) const {
   ex->respond(HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
-                           prometheus_text(engine_.stats(), engine_.ready()), {}});
+                           prometheus_text(engine_.stats(), engine_.ready()) + engine_.extra_metrics(), {}});
 }
 
 void ApiServer::tokenize(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const {

@@ -25,6 +25,7 @@ struct ApiConfig {
   std::string api_key;  // empty → no authentication
   std::string model_root;       // where the model was loaded from: /v1/models "root" (empty → omitted)
   bool random_weights = false;  // a generated model: /v1/models says "random_weights": true
+  const char* role = "both";    // PD role (both, prefill, decode): /v1/models says "role"
   std::chrono::milliseconds request_timeout{600'000};  // per generation request (GenerationRequest::deadline)
   SchemaLimits limits;  // served_model is set from model_id
 };

@@ -4,8 +4,6 @@
 
 namespace kestrel::server {
 
-namespace {
-
 void metric(std::string& out, const char* name, const char* type, const char* help, double v) {
   char buf[64];
   snprintf(buf, sizeof buf, "%.17g", v);
@@ -24,6 +22,8 @@ void histogram(std::string& out, const char* name, const char* help, const std::
   snprintf(buf, sizeof buf, "%.17g", sum);
   out += std::string(name) + "_sum " + buf + "\n" + name + "_count " + std::to_string(n) + "\n";
 }
+
+namespace {
 
 // kestrel_prefix_cache_<tier>_*: one lower tier of the prefix cache (host memory L2, disk L3, Redis L4).
 void tier_metrics(std::string& o, const std::string& tier, const TierCounters& t) {

@@ -8,5 +8,9 @@
 namespace kestrel::server {
 
 std::string prometheus_text(const ServiceStats& s, bool ready);
+// One sample with its HELP and TYPE lines; a histogram from upper bounds and cumulative counts.
+void metric(std::string& out, const char* name, const char* type, const char* help, double v);
+void histogram(std::string& out, const char* name, const char* help, const std::vector<double>& bounds,
+               const std::vector<int64_t>& counts, double sum, int64_t n);
 
 }  // namespace kestrel::server

@@ -162,6 +162,9 @@ std::optional<ApiError> parse_sampling(const json& obj, const SchemaLimits& lim,
   f.boolean("stream", s.stream);
   f.str("user", s.user, 1024);
   f.str("cache_salt", s.cache_salt, 1024);
+  f.str("bootstrap_host", s.bootstrap_host, 256);
+  f.integer("bootstrap_port", 1, 65535, s.bootstrap_port);
+  f.integer("bootstrap_room", 0, INT64_MAX, s.bootstrap_room);
   if (chat) {
     f.boolean("logprobs", s.logprobs);
     f.integer("top_logprobs", 0, lim.max_top_logprobs, s.top_logprobs);

@@ -66,6 +66,10 @@ struct SamplingOptions {
   bool include_usage = false;  // stream_options.include_usage
   std::string user;
   std::string cache_salt;  // prefix-cache namespace (vLLM's `cache_salt`): only equal salts share cached prefixes
+  // PD router pairing (sglang-router): the prefill's bootstrap host / port and the request's room.
+  std::string bootstrap_host;
+  int bootstrap_port = 0;
+  int64_t bootstrap_room = -1;  // -1: absent
 };
 
 struct ChatCompletionRequest {

@@ -19,13 +19,14 @@ def free_port():
 
 
 class Server:
-    def __init__(self, extra_args=(), api_key=None, model_args=("--preset", "k3-default")):
+    def __init__(self, extra_args=(), api_key=None, model_args=("--preset", "k3-default"), env=None):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         binary = os.environ.get("KESTREL_BINARY", "build/release/kestrel")
         cache = os.environ.get("KESTREL_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "kestrel-it-cache")
-        env = dict(os.environ, KESTREL_CACHE_DIR=cache, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        env = dict(os.environ, KESTREL_CACHE_DIR=cache, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+                   **(env or {}))
         args = [binary, "serve", "--quiet", "--port", str(self.port), "--cache-mib", "256", "--max-context", "2048",
                 *model_args, *extra_args]
         if api_key:

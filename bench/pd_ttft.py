@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Time to first token through `sglang-router --pd-disaggregation` (1 prefill + 1 decode `kestrel serve`, the state
+handed over by UCX) against one colocated `kestrel serve`, same model and flags, on loopback. Each request is a
+chat completion with max_tokens 1 (greedy, not streamed), so its latency is the TTFT as a client sees it; through
+the router it includes the prefill, the hand-off and the router's two forwards. Requests run one at a time, so
+the instances never compete for the cores. Starts every process itself (ephemeral ports); UCX_TLS from the
+environment (shm or tcp).
+
+    UCX_TLS=tcp python bench/pd_ttft.py --kestrel build/release/kestrel --preset k3-default --words 40 --runs 5
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(base, proc, limit=180):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"{base} exited")
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except Exception:
+            time.sleep(0.2)
+    sys.exit(f"{base} did not become healthy")
+
+
+def start(args, extra):
+    port = free_port()
+    cmd = [args.kestrel, "serve", "--quiet", "--port", str(port), "--preset", args.preset, "--cache-mib",
+           str(args.cache_mib), "--max-context", str(args.max_context), "--no-prefix-cache", *extra]
+    p = subprocess.Popen(cmd, stdout=tempfile.TemporaryFile(), stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    wait_healthy(base, p)
+    return p, base, port
+
+
+def ttft(base, words):
+    body = {"model": "kimi-k3", "messages": [{"role": "user", "content": " ".join(["lighthouse"] * words)}],
+            "max_tokens": 1, "temperature": 0}
+    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    t = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=600) as r:
+        out = json.loads(r.read())
+    return time.perf_counter() - t, out["usage"]["prompt_tokens"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kestrel", default="build/release/kestrel")
+    ap.add_argument("--preset", default="k3-default")
+    ap.add_argument("--words", type=int, default=40, help="prompt words (the k3-default tokenizer: about 12 tokens each)")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--cache-mib", type=int, default=256)
+    ap.add_argument("--max-context", type=int, default=2048)
+    args = ap.parse_args()
+    procs = []
+    try:
+        col, col_base, _ = start(args, [])
+        pre, _, pre_port = start(args, ["--role", "prefill"])
+        dec, dec_base, _ = start(args, ["--role", "decode"])
+        procs += [col, pre, dec]
+        rport = free_port()
+        router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+                                   "--prefill", f"http://127.0.0.1:{pre_port}", str(pre_port), "--decode", dec_base,
+                                   "--host", "127.0.0.1", "--port", str(rport)],
+                                  stdout=tempfile.TemporaryFile(), stderr=subprocess.STDOUT)
+        procs.append(router)
+        wait_healthy(f"http://127.0.0.1:{rport}", router)
+        for name, base in (("colocated", col_base), ("router 1P+1D", f"http://127.0.0.1:{rport}")):
+            ttft(base, 4)  # warm-up (and the decode instance's handshake)
+            ts, n = [], 0
+            for _ in range(args.runs):
+                dt, n = ttft(base, args.words)
+                ts.append(dt * 1000)
+            print(f"{name:>13}: prompt {n} tokens, TTFT median {statistics.median(ts):.0f} ms, "
+                  f"min {min(ts):.0f} ms, max {max(ts):.0f} ms ({args.runs} runs, UCX_TLS={os.environ.get('UCX_TLS', '')})")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+#include "pd/decode_handoff.h"
+
+#include "disagg/transfer.h"
+#include "pd/first_token.h"
+#include "pd/prefill_handoff.h"
+
+namespace kestrel::pd {
+
+Result<std::unique_ptr<DecodeHandoff>> DecodeHandoff::create(Scheduler& scheduler, const DecodeHandoffOptions& options) {
+  auto p = std::unique_ptr<DecodeHandoff>(new DecodeHandoff(scheduler, options));
+  Status s = p->start([q = p.get()] { return q->register_pools(); });
+  if (!s.is_ok()) return s;
+  return p;
+}
+
+DecodeHandoff::~DecodeHandoff() { stop(); }
+
+// Its transfers fail at their next poll and quarantine their memory with it; idle() destroys it when unreferenced.
+void DecodeHandoff::retire(std::unique_ptr<disagg::Endpoint> ep) {
+  ep->mark_failed(unavailable("hand-off: replaced by a new connection to the same prefill"));
+  retired_.push_back(std::move(ep));
+}
+
+void DecodeHandoff::teardown() {
+  pending_.clear();
+  quarantined_.clear();
+  retired_.clear();
+  for (auto& r : regions_) r.reset();
+}
+
+// On the side's thread, once: every pool is registered for the life of this object.
+Status DecodeHandoff::register_pools() {
+  CachePools& pools = sched_.pools();
+  const size_t record_bytes = static_cast<size_t>(pools.num_slots()) * kRecordBytes;
+  records_.reset(new std::byte[record_bytes]());
+  const std::span<std::byte> arenas[] = {pools.slot_arena(), pools.mla_arena(), pools.index_arena(),
+                                         {records_.get(), record_bytes}};
+  for (int i = 0; i < 4; ++i) {
+    if (arenas[i].empty()) continue;
+    auto r = disagg::Region::map(worker(), arenas[i].data(), arenas[i].size());
+    if (!r) return r.error();
+    regions_[i] = std::move(*r);
+  }
+  return Status();
+}
+
+Result<uint64_t> DecodeHandoff::submit(GenerationRequest req, uint64_t room, uint64_t prefill) {
+  req.handoff = Handoff::kReceive;
+  req.on_cache_location = [this, room, prefill](const CacheLocation& loc) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      counts_.in_flight++;
+      counts_.started++;
+    }
+    post([this, room, prefill, loc] { start_transfer(room, prefill, loc); });
+  };
+  return sched_.submit(std::move(req));
+}
+
+bool DecodeHandoff::connected(uint64_t prefill) {
+  return call<bool>([this, prefill] {
+    disagg::Endpoint* ep = endpoint(prefill);
+    return ep != nullptr && !ep->failed();
+  });
+}
+
+DecodeCounts DecodeHandoff::counts() {
+  auto reg = call<disagg::RegistryCounts>([this] { return registry_.counts(); });
+  std::lock_guard<std::mutex> lk(mu_);
+  DecodeCounts c = counts_;
+  c.registry = reg;
+  return c;
+}
+
+void DecodeHandoff::start_transfer(uint64_t room, uint64_t prefill, const CacheLocation& loc) {
+  disagg::Endpoint* ep = endpoint(prefill);
+  if (ep == nullptr || ep->failed()) {
+    return end(loc, nullptr, unavailable("hand-off: no open connection to prefill instance " + std::to_string(prefill)), 0);
+  }
+  std::vector<disagg::DestinationRange> ranges;
+  uint64_t bytes = 0;
+  for (const PoolRange& r : handoff_layout(sched_.pools(), loc)) {
+    ranges.push_back({regions_[static_cast<int>(r.pool)].get(), r.offset, r.length});
+    bytes += r.length;
+  }
+  auto in = std::make_unique<disagg::IncomingTransfer>(transfer_id(room), *ep, registry_, std::move(ranges));
+  const auto since = disagg::Clock::now();
+  const auto until = since + opts_.transfer_timeout;
+  Status st = in->advertise(disagg::Deadline(until));
+  if (!st.is_ok()) return end(loc, ep, st, bytes);
+  pending_.push_back({loc, ep, bytes, std::move(in), since, until});
+}
+
+// The transfer of `loc` ended: admit with the first token from its verified record, or fail and quarantine.
+void DecodeHandoff::end(const CacheLocation& loc, disagg::Endpoint* ep, Status st, uint64_t bytes,
+                        disagg::Clock::time_point since) {
+  GenerationEvent first;
+  if (st.is_ok()) {
+    auto rec = decode_first_token(std::span<const std::byte, kRecordBytes>(
+        records_.get() + static_cast<size_t>(loc.slot) * kRecordBytes, kRecordBytes));
+    if (rec) first = std::move(*rec);
+    else st = rec.error();  // verified bytes with a bad record: not a compatible prefill
+  }
+  {
+    // Counted before the scheduler hears of it: a client that saw the outcome sees the counts that go with it.
+    std::lock_guard<std::mutex> lk(mu_);
+    counts_.in_flight--;
+    if (st.is_ok()) {
+      counts_.received++, counts_.bytes += bytes;
+      counts_.seconds.observe(std::chrono::duration<double>(disagg::Clock::now() - since).count());
+    } else {
+      counts_.failed++, counts_.quarantined++, counts_.quarantined_bytes += bytes;
+      const std::string& why = st.message();
+      if (st.code() == StatusCode::kCorrupt) counts_.failed_corrupt++;
+      else if (why.find("deadline") != std::string::npos) counts_.failed_deadline++;
+      else if (why.find("the sender failed") != std::string::npos) counts_.failed_sender++;
+      else counts_.failed_peer++;
+    }
+  }
+  if (st.is_ok()) {
+    sched_.admit_received(loc.request, first);
+  } else {
+    sched_.fail_received(loc.request, "hand-off from prefill failed: " + st.message());
+    // The memory may still be written: it stays quarantined with the connection, which is given up now (failing
+    // the other transfers on it); idle() returns the memory once the peer can no longer write.
+    if (ep != nullptr) {
+      ep->mark_failed(st);
+      for (auto it = endpoints_.begin(); it != endpoints_.end(); ++it)
+        if (it->second.get() == ep) {
+          retired_.push_back(std::move(it->second));
+          endpoints_.erase(it);
+          break;
+        }
+    }
+    quarantined_.push_back({loc.request, ep, bytes});
+  }
+}
+
+// The prefill's request ended before any put (cancelled there, or failed): the memory is free at once and the
+// connection stays open.
+void DecodeHandoff::withdraw(const CacheLocation& loc, const Status& st) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    counts_.in_flight--;
+    counts_.withdrawn++;
+  }
+  sched_.fail_received(loc.request, "the prefill instance ended the request before its hand-off (" + st.message() + ")");
+  sched_.release_reserved(loc.request);
+}
+
+void DecodeHandoff::idle() {
+  for (size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    std::optional<Status> st = p.transfer->poll(disagg::Deadline(p.until), opts_.silence);
+    if (!st) {
+      ++i;
+      continue;
+    }
+    Pending done = std::move(p);
+    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    const bool withdrawn = done.transfer->state() == disagg::TransferState::kWithdrawn;
+    done.transfer.reset();
+    if (withdrawn) withdraw(done.loc, *st);
+    else end(done.loc, done.ep, *st, done.bytes, done.since);
+  }
+  // Quarantined memory returns once its peer can no longer write into it (closed endpoint; over shared memory
+  // also the peer's process gone).
+  for (auto& ep : retired_)
+    if (!ep->closed()) (void)ep->close(disagg::Deadline::after(std::chrono::milliseconds(1)));
+  for (size_t i = 0; i < quarantined_.size();) {
+    disagg::Endpoint* ep = quarantined_[i].ep;
+    if (ep != nullptr && ep->peer_may_write()) {
+      ++i;
+      continue;
+    }
+    if (ep != nullptr) (void)registry_.release_closed(*ep);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      counts_.quarantined--;
+      counts_.quarantined_bytes -= quarantined_[i].bytes;
+    }
+    sched_.release_reserved(quarantined_[i].request);
+    quarantined_.erase(quarantined_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  // A retired endpoint goes when nothing refers to it any more.
+  std::erase_if(retired_, [&](const std::unique_ptr<disagg::Endpoint>& ep) {
+    if (!ep->closed()) return false;
+    for (const Quarantined& q : quarantined_)
+      if (q.ep == ep.get()) return false;
+    for (const Pending& p : pending_)
+      if (p.ep == ep.get()) return false;
+    return true;
+  });
+}
+
+}  // namespace kestrel::pd

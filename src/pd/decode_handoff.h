@@ -1,0 +1,99 @@
+// The decode side of a hand-off. The scheduler's pools (KDA slots, MLA pages, DSA indexer pages) and a record
+// arena (one first-token record per slot) are registered with UCX once, at creation. submit() queues a request
+// with Handoff::kReceive: admission reserves a slot and the prompt's pages; this side sends their addresses for
+// the request's room to the prefill instance, waits for the completion, verifies sizes and checksum over the
+// received bytes, and only then admits the request into the decode batch with the first token from its record.
+//
+// When the prefill's request ends before its hand-off (cancelled by its client, failed), the prefill withdraws it
+// and the reserved memory returns at once; the client gets kCancelled (cancelled here too) or kError.
+//
+// On failure (deadline, silent or dead peer, checksum mismatch, the prefill gave up) the client gets a kError
+// event at once. The reserved memory stays quarantined while the peer may still write into it: the connection to
+// that peer is closed, and the memory returns to the pools when the registry says the peer can no longer write
+// (tcp: at the close; shared memory: once the peer's process has exited too). A new connect() is needed for the
+// peer after that.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "disagg/region_registry.h"
+#include "disagg/transfer.h"
+#include "pd/layout.h"
+#include "pd/side.h"
+#include "scheduler/metrics.h"
+#include "scheduler/scheduler.h"
+
+namespace kestrel::pd {
+
+struct DecodeHandoffOptions {
+  disagg::WorkerOptions worker;
+  std::chrono::milliseconds transfer_timeout{10000};  // destinations sent → completion verified
+  std::chrono::milliseconds silence{2000};            // no message (heartbeats included) from the prefill
+};
+
+struct DecodeCounts {
+  uint64_t started = 0;  // reservations advertised to a prefill
+  uint64_t received = 0, failed = 0, bytes = 0;
+  // failed, by reason: checksum or size mismatch, deadline, the prefill gave up after its puts began, the peer
+  // failed or fell silent (or no connection)
+  uint64_t failed_corrupt = 0, failed_deadline = 0, failed_sender = 0, failed_peer = 0;
+  uint64_t withdrawn = 0;  // the prefill's request ended before any put: memory freed at once, not quarantined
+  size_t in_flight = 0;    // reserved, transfer not ended
+  size_t quarantined = 0;  // failed, memory not yet returned
+  uint64_t quarantined_bytes = 0;
+  Histogram seconds;  // destinations sent → completion verified, successful hand-offs
+  disagg::RegistryCounts registry;
+};
+
+class DecodeHandoff final : public HandoffSide {
+ public:
+  // The scheduler must outlive this object.
+  static Result<std::unique_ptr<DecodeHandoff>> create(Scheduler& scheduler, const DecodeHandoffOptions& options);
+  ~DecodeHandoff() override;
+
+  // `prefill` is the instance id of the (connected) prefill side that holds the request of `room`.
+  Result<uint64_t> submit(GenerationRequest req, uint64_t room, uint64_t prefill);
+  DecodeCounts counts();
+  // Whether the endpoint to this prefill instance is open (false after a failure gave it up).
+  bool connected(uint64_t prefill);
+
+ private:
+  struct Quarantined {
+    uint64_t request;
+    disagg::Endpoint* ep;  // the endpoint it was advertised through (in retired_); null: nothing advertised
+    uint64_t bytes;
+  };
+  DecodeHandoff(Scheduler& s, const DecodeHandoffOptions& o) : HandoffSide(o.worker), sched_(s), opts_(o) {}
+  Status register_pools();
+  struct Pending {
+    CacheLocation loc;
+    disagg::Endpoint* ep;
+    uint64_t bytes;
+    std::unique_ptr<disagg::IncomingTransfer> transfer;
+    disagg::Clock::time_point since, until;
+  };
+  // On the side's thread: start() advertises a reservation; idle() polls every transfer (any order).
+  void start_transfer(uint64_t room, uint64_t prefill, const CacheLocation& loc);
+  void end(const CacheLocation& loc, disagg::Endpoint* ep, Status st, uint64_t bytes,
+           disagg::Clock::time_point since = {});
+  void withdraw(const CacheLocation& loc, const Status& st);
+  void idle() override;
+  void teardown() override;
+  void retire(std::unique_ptr<disagg::Endpoint> ep) override;
+
+  Scheduler& sched_;
+  DecodeHandoffOptions opts_;
+  std::unique_ptr<std::byte[]> records_;
+  // Registered regions by Pool (null for an empty pool).
+  std::unique_ptr<disagg::Region> regions_[4];
+  disagg::RegionRegistry registry_;
+  std::vector<Pending> pending_;
+  std::vector<Quarantined> quarantined_;
+  // Endpoints given up after a failure: closed, kept while a quarantined or pending transfer refers to them.
+  std::vector<std::unique_ptr<disagg::Endpoint>> retired_;
+  std::mutex mu_;
+  DecodeCounts counts_;
+};
+
+}  // namespace kestrel::pd

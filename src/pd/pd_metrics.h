@@ -1,0 +1,16 @@
+// Prometheus text of a disaggregated role's hand-offs (appended to /metrics by PdService): started, completed,
+// failed by reason, cancelled, withdrawn, in flight, bytes moved, a latency histogram, and on the decode side the
+// memory quarantined after failures.
+#pragma once
+
+#include <string>
+
+#include "pd/decode_handoff.h"
+#include "pd/prefill_handoff.h"
+
+namespace kestrel::pd {
+
+std::string prefill_metrics_text(const PrefillCounts& c);
+std::string decode_metrics_text(const DecodeCounts& c);
+
+}  // namespace kestrel::pd

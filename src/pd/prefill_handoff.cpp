@@ -1,0 +1,204 @@
+#include "pd/prefill_handoff.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+
+#include "disagg/transfer.h"
+#include "pd/first_token.h"
+
+namespace kestrel::pd {
+
+using std::chrono::milliseconds;
+
+uint64_t transfer_id(uint64_t room) { return room | (uint64_t{1} << 63); }
+
+struct PrefillHandoff::Job {
+  uint64_t room = 0;
+  GenerationEvent first;
+  CacheLocation loc;
+  bool parked = false;                  // scheduler thread
+  std::atomic<bool> cancelled{false};   // set by cancel(), read on the side's thread
+  uint64_t id = 0;                      // mu_
+  bool ended = false;                   // mu_: the final event went out
+  disagg::Clock::time_point parked_at{};
+  disagg::Clock::time_point until{};  // destinations deadline, from parking
+};
+
+Result<std::unique_ptr<PrefillHandoff>> PrefillHandoff::create(Scheduler& scheduler, const PrefillHandoffOptions& options) {
+  auto p = std::unique_ptr<PrefillHandoff>(new PrefillHandoff(scheduler, options));
+  CachePools& pools = scheduler.pools();
+  const size_t largest = static_cast<size_t>(std::max({pools.mla_block_bytes(), pools.index_block_bytes(),
+                                                       pools.slot_bytes(), static_cast<int64_t>(kRecordBytes)}));
+  if (!options.zeroed_parts.empty()) p->zeros_.assign(largest, std::byte{0});
+  Status s = p->start([] { return Status(); });
+  if (!s.is_ok()) return s;
+  return p;
+}
+
+PrefillHandoff::~PrefillHandoff() { stop(); }
+
+Result<uint64_t> PrefillHandoff::submit(GenerationRequest req, uint64_t room) {
+  auto job = std::make_shared<Job>();
+  job->room = room;
+  req.handoff = Handoff::kSend;
+  auto user = std::move(req.on_event);
+  req.on_event = [this, job, user](const GenerationEvent& ev) {
+    if (ev.finish == FinishReason::kNone && job->first.token < 0) job->first = ev;
+    if (ev.finish != FinishReason::kNone) {
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        job->ended = true;
+        if (job->id != 0) jobs_.erase(job->id);
+      }
+      // Ended before parking (cancelled or failed while computing): the decode side's reservation is withdrawn.
+      if (!job->parked) post([this, room = job->room] { withdraw_later(room); });
+    }
+    if (user) user(ev);
+  };
+  req.on_cache_location = [this, job](const CacheLocation& loc) {
+    job->parked = true;
+    job->loc = loc;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      counts_.in_flight++;
+      counts_.started++;
+    }
+    job->parked_at = disagg::Clock::now();
+    job->until = job->parked_at + opts_.destinations_timeout;
+    post([this, job] {
+      pending_.push_back(job);
+      release_cancelled();
+    });
+  };
+  auto id = sched_.submit(std::move(req));
+  if (id) {
+    std::lock_guard<std::mutex> lk(mu_);
+    job->id = *id;
+    if (!job->ended) jobs_[*id] = job;
+  }
+  return id;
+}
+
+// The flag first (a job not yet parked sees it when it parks), then the side's thread releases a parked job now.
+void PrefillHandoff::cancel(uint64_t id) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return;
+    it->second->cancelled = true;
+  }
+  post([this] { release_cancelled(); });
+}
+
+void PrefillHandoff::release_cancelled() {
+  for (size_t i = 0; i < pending_.size();) {
+    if (!pending_[i]->cancelled) {
+      ++i;
+      continue;
+    }
+    const std::shared_ptr<Job> job = pending_[i];
+    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    withdraw_later(job->room);
+    finish(*job, Outcome::kCancelled, unavailable("hand-off: cancelled by the client"), 0);
+  }
+}
+
+// The decode side may have reserved memory for this room (or may still): its destinations are answered with a
+// withdrawal until the destinations deadline.
+void PrefillHandoff::withdraw_later(uint64_t room) {
+  ended_.push_back({room, disagg::Clock::now() + opts_.destinations_timeout});
+}
+
+PrefillCounts PrefillHandoff::counts() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return counts_;
+}
+
+void PrefillHandoff::idle() {
+  for (size_t i = 0; i < ended_.size();) {
+    std::optional<disagg::Message> m = worker().take(disagg::MessageKind::kDestinations, transfer_id(ended_[i].room));
+    if (!m && disagg::Clock::now() < ended_[i].until) {
+      ++i;
+      continue;
+    }
+    if (m) {
+      disagg::Endpoint* ep = endpoint(m->header.sender);
+      if (ep != nullptr && !ep->failed() &&
+          send_withdrawal(*ep, transfer_id(ended_[i].room), disagg::Deadline::after(opts_.transfer_timeout)).is_ok()) {
+        std::lock_guard<std::mutex> lk(mu_);
+        counts_.withdrawn++;
+      }
+    }
+    ended_.erase(ended_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  for (size_t i = 0; i < pending_.size();) {
+    Job& job = *pending_[i];
+    std::optional<disagg::Message> m = worker().take(disagg::MessageKind::kDestinations, transfer_id(job.room));
+    if (!m && disagg::Clock::now() < job.until) {
+      ++i;
+      continue;
+    }
+    const std::shared_ptr<Job> held = pending_[i];
+    pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    Status st;
+    uint64_t bytes = 0;
+    if (!m) {
+      st = unavailable("hand-off: no destinations from a decode instance for room " + std::to_string(job.room) +
+                       " within " + std::to_string(opts_.destinations_timeout.count()) + " ms");
+    } else if (auto dst = disagg::decode_destinations(m->body); !dst) {
+      st = dst.error();
+    } else {
+      st = transfer(job, m->header.sender, std::move(*dst), bytes);
+    }
+    finish(job, st.is_ok() ? Outcome::kHandedOff : m ? Outcome::kTransferFailed : Outcome::kNoDestinations, st, bytes);
+  }
+}
+
+// Puts the request's state into the destinations, flushes, sends the completion (bounded by transfer_timeout).
+Status PrefillHandoff::transfer(Job& job, uint64_t decode, disagg::Destinations dst, uint64_t& bytes) {
+  disagg::Endpoint* ep = endpoint(decode);
+  if (ep == nullptr || ep->failed()) {
+    return unavailable("hand-off: no open connection to decode instance " + std::to_string(decode));
+  }
+  std::array<std::byte, kRecordBytes> record{};
+  Status st = encode_first_token(job.first, record);
+  if (!st.is_ok()) return st;
+  CachePools& pools = sched_.pools();
+  const std::span<std::byte> arenas[] = {pools.slot_arena(), pools.mla_arena(), pools.index_arena(), record};
+  std::vector<std::span<const std::byte>> sources;
+  for (const PoolRange& r : handoff_layout(pools, job.loc)) {
+    const bool zero = std::find(opts_.zeroed_parts.begin(), opts_.zeroed_parts.end(), r.part) != opts_.zeroed_parts.end();
+    // The record is this request's own buffer here (the layout's offset is a slot's record on the decode side).
+    const size_t offset = r.pool == Pool::kRecord ? 0 : r.offset;
+    sources.push_back(zero ? std::span<const std::byte>(zeros_.data(), r.length)
+                           : std::span<const std::byte>(arenas[static_cast<int>(r.pool)].subspan(offset, r.length)));
+    bytes += r.length;
+  }
+  disagg::OutgoingTransfer out(transfer_id(job.room), *ep, std::move(dst), std::move(sources));
+  st = out.run(disagg::Deadline::after(opts_.transfer_timeout));
+  // A failed put closed the endpoint before returning (disagg/put.h): no put reads the pages now. The peer needs
+  // a new connection.
+  if (ep->failed() || ep->closed()) endpoints_.erase(decode);
+  return st;
+}
+
+// Counted before the scheduler hears of it: a client that saw the request end sees the counts that go with it.
+void PrefillHandoff::finish(const Job& job, Outcome outcome, const Status& st, uint64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    counts_.in_flight--;
+    switch (outcome) {
+      case Outcome::kHandedOff:
+        counts_.handed_off++, counts_.bytes += bytes;
+        counts_.seconds.observe(std::chrono::duration<double>(disagg::Clock::now() - job.parked_at).count());
+        break;
+      case Outcome::kNoDestinations: counts_.failed++, counts_.no_destinations++; break;
+      case Outcome::kTransferFailed: counts_.failed++, counts_.transfer_failed++; break;
+      case Outcome::kCancelled: counts_.cancelled++; break;
+    }
+  }
+  sched_.release_parked(job.loc.request, st.is_ok() ? "" : st.message());
+}
+
+}  // namespace kestrel::pd

@@ -1,0 +1,82 @@
+// The prefill side of a hand-off. submit() runs a request on the scheduler with Handoff::kSend: the prompt is
+// computed and the first token sampled as usual, then the sequence is parked; this side waits for the decode
+// side's destinations for the request's room, puts the request's state (layout.h) and first-token record into
+// them, flushes, sends the completion, and releases the parked sequence (its pages and slot are free only when
+// no put can read them any more). The client sees the first token, then a final event: kLength when the state
+// was handed over, kError with the reason otherwise.
+//
+// Cancellation: cancel() (after the scheduler's own cancel) releases a parked request at once. A request that
+// ends without a hand-off (cancelled, failed) leaves its room here until the destinations deadline: destinations
+// that arrive for it are answered with a withdrawal, so the decode side frees its reservation at once.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "pd/layout.h"
+#include "pd/side.h"
+#include "scheduler/metrics.h"
+#include "scheduler/scheduler.h"
+
+namespace kestrel::pd {
+
+struct PrefillHandoffOptions {
+  disagg::WorkerOptions worker;
+  std::chrono::milliseconds destinations_timeout{10000};  // parked, waiting for the decode side's destinations
+  std::chrono::milliseconds transfer_timeout{10000};      // puts + flush + completion
+  // Tests only: these parts are sent as zeros (sizes and checksum stay consistent) to prove they matter.
+  std::vector<Part> zeroed_parts;
+};
+
+struct PrefillCounts {
+  uint64_t started = 0;  // parked after the first token
+  uint64_t handed_off = 0, failed = 0, bytes = 0;
+  uint64_t no_destinations = 0, transfer_failed = 0;  // failed, by reason
+  uint64_t cancelled = 0;                             // released parked by a client's cancel
+  uint64_t withdrawn = 0;                             // decode reservations answered with a withdrawal
+  size_t in_flight = 0;  // parked, not yet released
+  Histogram seconds;     // parked → state handed over (completion sent), successful hand-offs
+};
+
+class PrefillHandoff final : public HandoffSide {
+ public:
+  // The scheduler must outlive this object.
+  static Result<std::unique_ptr<PrefillHandoff>> create(Scheduler& scheduler, const PrefillHandoffOptions& options);
+  ~PrefillHandoff() override;
+
+  // `room` is the router's bootstrap room; the transfer id is derived from it (disagg: room | 1 << 63).
+  Result<uint64_t> submit(GenerationRequest req, uint64_t room);
+  // A client's cancel of a request submitted here (call after Scheduler::cancel).
+  void cancel(uint64_t id);
+  PrefillCounts counts();
+
+ private:
+  struct Job;
+  struct Ended {
+    uint64_t room;
+    disagg::Clock::time_point until;
+  };
+  enum class Outcome { kHandedOff, kNoDestinations, kTransferFailed, kCancelled };
+  PrefillHandoff(Scheduler& s, const PrefillHandoffOptions& o) : HandoffSide(o.worker), sched_(s), opts_(o) {}
+  // On the side's thread: parked requests wait for their destinations (any order, each with its deadline).
+  void idle() override;
+  Status transfer(Job& job, uint64_t decode, disagg::Destinations dst, uint64_t& bytes);
+  void finish(const Job& job, Outcome outcome, const Status& st, uint64_t bytes);
+  void release_cancelled();          // side's thread: cancelled parked jobs
+  void withdraw_later(uint64_t room);  // side's thread
+
+  Scheduler& sched_;
+  PrefillHandoffOptions opts_;
+  std::vector<std::byte> zeros_;
+  std::vector<std::shared_ptr<Job>> pending_;  // side's thread only
+  std::vector<Ended> ended_;                   // side's thread only
+  std::unordered_map<uint64_t, std::shared_ptr<Job>> jobs_;  // request id → job, until its final event (mu_)
+  std::mutex mu_;
+  PrefillCounts counts_;
+};
+
+uint64_t transfer_id(uint64_t room);
+
+}  // namespace kestrel::pd

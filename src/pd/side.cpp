@@ -1,0 +1,98 @@
+#include "pd/side.h"
+
+#include <chrono>
+
+namespace kestrel::pd {
+
+HandoffSide::HandoffSide(const disagg::WorkerOptions& options) : options_(options) {}
+
+HandoffSide::~HandoffSide() { stop(); }
+
+Status HandoffSide::start(std::function<Status()> setup) {
+  std::promise<Status> started;
+  auto fut = started.get_future();
+  thread_ = std::thread([this, &started, setup = std::move(setup)] {
+    auto w = disagg::Worker::create(options_);
+    if (!w) {
+      started.set_value(w.error());
+      return;
+    }
+    worker_ = std::move(*w);
+    instance_ = worker_->instance();
+    auto a = worker_->address();
+    if (!a) {
+      started.set_value(a.error());
+      return;
+    }
+    address_ = std::move(*a);
+    Status s = setup();
+    const bool ok = s.is_ok();
+    started.set_value(std::move(s));
+    if (ok) loop();
+  });
+  Status s = fut.get();
+  if (!s.is_ok()) {
+    thread_.join();
+    thread_ = std::thread();
+  }
+  return s;
+}
+
+void HandoffSide::stop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void HandoffSide::post(std::function<void()> task) {
+  std::lock_guard<std::mutex> lk(mu_);
+  tasks_.push_back(std::move(task));
+}
+
+void HandoffSide::loop() {
+  while (true) {
+    std::deque<std::function<void()>> tasks;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (stopping_) break;
+      tasks.swap(tasks_);
+    }
+    const bool busy = worker_->progress();
+    for (auto& t : tasks) t();
+    idle();
+    if (!busy && tasks.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  teardown();
+  // Endpoints close (bounded) before the worker goes.
+  for (auto& [peer, ep] : endpoints_) (void)ep->close(disagg::Deadline::after(std::chrono::milliseconds(1000)));
+  endpoints_.clear();
+  worker_.reset();
+}
+
+Status HandoffSide::connect(std::span<const std::byte> peer_address, uint64_t peer_instance) {
+  std::vector<std::byte> addr(peer_address.begin(), peer_address.end());
+  return call<Status>([this, addr = std::move(addr), peer_instance]() -> Status {
+    auto ep = disagg::Endpoint::connect_address(*worker_, addr);
+    if (!ep) return ep.error();
+    (*ep)->set_peer(peer_instance);
+    if (auto old = endpoints_.find(peer_instance); old != endpoints_.end()) retire(std::move(old->second));
+    endpoints_[peer_instance] = std::move(*ep);
+    return Status();
+  });
+}
+
+std::vector<std::string> HandoffSide::transports(uint64_t peer_instance) {
+  return call<std::vector<std::string>>([this, peer_instance] {
+    disagg::Endpoint* ep = endpoint(peer_instance);
+    return ep == nullptr ? std::vector<std::string>{} : ep->transports();
+  });
+}
+
+disagg::Endpoint* HandoffSide::endpoint(uint64_t peer) {
+  auto it = endpoints_.find(peer);
+  return it == endpoints_.end() ? nullptr : it->second.get();
+}
+
+}  // namespace kestrel::pd

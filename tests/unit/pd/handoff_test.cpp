@@ -1,0 +1,376 @@
+// The hand-off in one process: a prefill scheduler and a decode scheduler, each on its own engine loaded from the
+// same tiny checkpoint (K3 hybrid KDA + MLA, K3 with DSA layers, DeepSeek V3 pure MLA), their hand-off sides
+// connected over the transports UCX_TLS selects (ctest runs this binary with UCX_TLS=shm and UCX_TLS=tcp).
+//   - Parity: the decoded tokens, logprobs and top logprobs equal a colocated run bit for bit (prompts of one
+//     token, a page boundary ± 1, several chunks), and both schedulers end with no page, slot or transfer held.
+//   - The state matters: a prefill that sends zeros instead of the KDA conv state, the recurrent state, the
+//     indexer keys or the MLA pages (sizes and checksum consistent, so the transfer itself succeeds) gives
+//     different logprobs: the parity test would catch a part left out.
+//   - Faults: a dropped put, a corrupted byte, a lost completion fail the request with a clear error and nothing
+//     is admitted; over tcp the quarantined memory returns once the connection is closed; over shared memory it
+//     stays quarantined while the peer process (here: this one) lives.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "common/test_util.h"
+#include "disagg/pair.h"
+#include "pd/decode_handoff.h"
+#include "pd/prefill_handoff.h"
+#include "pd_util.h"
+
+namespace kestrel::pd {
+namespace {
+
+using namespace std::chrono_literals;
+using kestrel::testing::Client;
+using testing::bit_equal;
+using testing::Collected;
+using testing::config;
+using testing::prompt;
+using testing::settled;
+
+class Handoff : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    dir_ = std::make_unique<kestrel::testing::TempDir>();
+    kestrel::testing::make_checkpoint(GetParam(), dir_->path());
+    auto p = Engine::load(dir_->path());
+    ASSERT_TRUE(p) << p.error().message();
+    prefill_engine_ = std::move(*p);
+    auto d = Engine::load(dir_->path());
+    ASSERT_TRUE(d) << d.error().message();
+    decode_engine_ = std::move(*d);
+  }
+  void TearDown() override { close_pair(); }
+
+  const CacheGeometry& geometry() const { return prefill_engine_->model().cache_geometry(); }
+
+  Collected colocated(const std::vector<int32_t>& ids, int max_new) {
+    auto s = Scheduler::create(*prefill_engine_, config());
+    EXPECT_TRUE(s) << s.error().message();
+    Client c;
+    EXPECT_TRUE((*s)->submit(c.make(ids, max_new)));
+    return c.wait();
+  }
+
+  void open_pair(PrefillHandoffOptions po = {}, DecodeHandoffOptions dopt = {}) {
+    auto ps = Scheduler::create(*prefill_engine_, config());
+    ASSERT_TRUE(ps) << ps.error().message();
+    prefill_sched_ = std::move(*ps);
+    auto ds = Scheduler::create(*decode_engine_, config());
+    ASSERT_TRUE(ds) << ds.error().message();
+    decode_sched_ = std::move(*ds);
+    po.worker.faults = &faults_;
+    auto p = PrefillHandoff::create(*prefill_sched_, po);
+    ASSERT_TRUE(p) << p.error().message();
+    prefill_ = std::move(*p);
+    auto d = DecodeHandoff::create(*decode_sched_, dopt);
+    ASSERT_TRUE(d) << d.error().message();
+    decode_ = std::move(*d);
+    ASSERT_TRUE(decode_->connect(prefill_->address(), prefill_->instance()).is_ok());
+    ASSERT_TRUE(prefill_->connect(decode_->address(), decode_->instance()).is_ok());
+  }
+  // Hand-offs first (they hold the schedulers' memory), then the schedulers.
+  void close_pair() {
+    prefill_.reset();
+    decode_.reset();
+    prefill_sched_.reset();
+    decode_sched_.reset();
+  }
+
+  // One request through the pair; the decode side's events (the first token included) are returned, the prefill
+  // side's are checked: the same first token, then kLength (handed off) or kError.
+  Collected handed_off(const std::vector<int32_t>& ids, int max_new, uint64_t room, Collected* prefill_out = nullptr) {
+    Client pc, dc;
+    auto d = decode_->submit(dc.make(ids, max_new), room, prefill_->instance());
+    EXPECT_TRUE(d) << d.error().message();
+    auto p = prefill_->submit(pc.make(ids, max_new), room);
+    EXPECT_TRUE(p) << p.error().message();
+    Collected dres = dc.wait(), pres = pc.wait();
+    EXPECT_EQ(pres.tokens.size(), 1u) << "the prefill side generates exactly the first token";
+    if (!pres.tokens.empty() && dres.finish != FinishReason::kError) {
+      EXPECT_FALSE(dres.tokens.empty());
+      if (!dres.tokens.empty()) {
+        EXPECT_EQ(pres.tokens[0], dres.tokens[0]);
+      }
+    }
+    if (prefill_out != nullptr) *prefill_out = pres;
+    return dres;
+  }
+
+  // Both schedulers hold nothing, no transfer is in flight or quarantined.
+  void expect_no_leaks() {
+    const ServiceStats ps = settled(*prefill_sched_), ds = settled(*decode_sched_);
+    EXPECT_EQ(ps.kv_blocks_used, 0);
+    EXPECT_EQ(ps.state_slots_used, 0);
+    EXPECT_EQ(ds.kv_blocks_used, 0);
+    EXPECT_EQ(ds.state_slots_used, 0);
+    EXPECT_EQ(prefill_->counts().in_flight, 0u);
+    const DecodeCounts dc = decode_->counts();
+    EXPECT_EQ(dc.in_flight, 0u);
+    EXPECT_EQ(dc.quarantined, 0u);
+    EXPECT_EQ(dc.registry.in_flight, 0u);
+    EXPECT_EQ(dc.quarantined_bytes, 0u);
+    EXPECT_EQ(dc.registry.quarantined, 0u);
+    EXPECT_EQ(dc.registry.held_ranges, 0u);
+  }
+
+  std::unique_ptr<kestrel::testing::TempDir> dir_;
+  std::unique_ptr<Engine> prefill_engine_, decode_engine_;
+  std::unique_ptr<Scheduler> prefill_sched_, decode_sched_;
+  std::unique_ptr<PrefillHandoff> prefill_;
+  std::unique_ptr<DecodeHandoff> decode_;
+  kestrel::disagg::testing::ScriptedFaults faults_;
+};
+
+TEST_P(Handoff, DecodeEqualsColocatedBitwise) {
+  open_pair();
+  for (const char* side : {"decode", "prefill"}) {
+    const uint64_t peer = std::string(side) == "decode" ? prefill_->instance() : decode_->instance();
+    auto& h = std::string(side) == "decode" ? static_cast<HandoffSide&>(*decode_) : static_cast<HandoffSide&>(*prefill_);
+    std::vector<std::string> lanes = h.transports(peer);
+    ASSERT_FALSE(lanes.empty());
+    const std::set<std::string> allowed = kestrel::disagg::testing::expected_transports();
+    for (const std::string& t : lanes) {
+      if (!allowed.empty()) {
+        EXPECT_TRUE(allowed.count(t)) << side << " lane uses " << t;
+      }
+    }
+  }
+  uint64_t room = 1;
+  for (int n : testing::prompt_lengths()) {
+    SCOPED_TRACE("prompt of " + std::to_string(n) + " tokens");
+    const std::vector<int32_t> ids = prompt(n, n);
+    const Collected want = colocated(ids, 8);
+    ASSERT_EQ(want.tokens.size(), 8u);
+    const Collected got = handed_off(ids, 8, room++);
+    EXPECT_EQ(got.finish, FinishReason::kLength) << got.error;
+    EXPECT_TRUE(bit_equal(got, want)) << "hand-off changed the generation";
+  }
+  const DecodeCounts dc = decode_->counts();
+  EXPECT_EQ(dc.received, testing::prompt_lengths().size());
+  EXPECT_EQ(dc.failed, 0u);
+  EXPECT_EQ(dc.started, testing::prompt_lengths().size());
+  EXPECT_EQ(dc.seconds.n(), static_cast<int64_t>(testing::prompt_lengths().size()));
+  const PrefillCounts pc = prefill_->counts();
+  EXPECT_EQ(pc.handed_off, testing::prompt_lengths().size());
+  EXPECT_EQ(pc.started, pc.handed_off);
+  EXPECT_EQ(pc.bytes, dc.bytes);
+  EXPECT_EQ(pc.seconds.n(), static_cast<int64_t>(pc.handed_off));
+  expect_no_leaks();
+}
+
+// Seeded sampling continues the prefill's random stream: the decode side skips the one draw the prefill made.
+TEST_P(Handoff, SeededSamplingEqualsColocated) {
+  open_pair();
+  const std::vector<int32_t> ids = prompt(37, 12);
+  Client c;
+  auto s = Scheduler::create(*prefill_engine_, config());
+  ASSERT_TRUE(s);
+  ASSERT_TRUE((*s)->submit(c.make(ids, 10, /*temperature=*/0.9f)));
+  const Collected want = c.wait();
+  s->reset();
+  Client pc, dc;
+  ASSERT_TRUE(decode_->submit(dc.make(ids, 10, 0.9f), 55, prefill_->instance()));
+  ASSERT_TRUE(prefill_->submit(pc.make(ids, 10, 0.9f), 55));
+  const Collected got = dc.wait();
+  EXPECT_EQ(pc.wait().finish, FinishReason::kLength);
+  EXPECT_TRUE(bit_equal(got, want)) << "sampled tokens diverged after the hand-off";
+  expect_no_leaks();
+}
+
+// Several requests handed off at once (both sides' schedulers batch them) still equal their colocated runs.
+TEST_P(Handoff, ConcurrentHandoffsEqualColocated) {
+  open_pair();
+  const int kN = 3;
+  std::vector<Collected> want;
+  for (int i = 0; i < kN; ++i) want.push_back(colocated(prompt(20 + 13 * i, 40 + i), 6));
+  Client pc[kN], dc[kN];
+  for (int i = 0; i < kN; ++i) {
+    ASSERT_TRUE(decode_->submit(dc[i].make(prompt(20 + 13 * i, 40 + i), 6), 100 + i, prefill_->instance()));
+  }
+  for (int i = 0; i < kN; ++i) ASSERT_TRUE(prefill_->submit(pc[i].make(prompt(20 + 13 * i, 40 + i), 6), 100 + i));
+  for (int i = 0; i < kN; ++i) {
+    const Collected got = dc[i].wait();
+    EXPECT_TRUE(bit_equal(got, want[static_cast<size_t>(i)])) << "request " << i << ": " << got.error << " tokens " << got.tokens.size();
+    const Collected p = pc[i].wait();
+    EXPECT_EQ(p.finish, FinishReason::kLength) << p.error;
+  }
+  expect_no_leaks();
+}
+
+// Each part of the state, sent as zeros while everything else is right, changes the output: leaving any of them
+// out of the hand-off cannot pass the parity test.
+TEST_P(Handoff, EveryPartOfTheStateMatters) {
+  std::vector<std::pair<Part, const char*>> parts = {{Part::kMla, "MLA pages"}};
+  if (!geometry().kda_layers.empty()) {
+    parts.push_back({Part::kConv, "KDA conv state"});
+    parts.push_back({Part::kRecurrent, "KDA recurrent state"});
+  }
+  if (!geometry().sparse_layers.empty()) parts.push_back({Part::kIndex, "DSA indexer keys"});
+  const std::vector<int32_t> ids = prompt(40, 9);
+  const Collected want = colocated(ids, 6);
+  for (auto [part, name] : parts) {
+    SCOPED_TRACE(name);
+    PrefillHandoffOptions po;
+    po.zeroed_parts = {part};
+    open_pair(po);
+    const Collected got = handed_off(ids, 6, 7);
+    EXPECT_EQ(got.finish, FinishReason::kLength) << "the transfer itself succeeds: " << got.error;
+    EXPECT_FALSE(bit_equal(got, want)) << name << " sent as zeros, yet the output is unchanged";
+    expect_no_leaks();
+    close_pair();
+  }
+}
+
+// A fault on the data path fails the request cleanly: the decode client gets an error naming the hand-off,
+// nothing is decoded, the prefill's pages are freed; the decode's reserved memory is quarantined until the peer
+// can no longer write (tcp: connection closed; shared memory: peer process gone, never here).
+class HandoffFault : public Handoff {
+ protected:
+  // `reason`: the DecodeCounts failure counter this failure must land in.
+  void expect_failed_cleanly(const Collected& got, const char* why, uint64_t DecodeCounts::*reason) {
+    EXPECT_EQ(got.finish, FinishReason::kError);
+    EXPECT_NE(got.error.find("hand-off"), std::string::npos) << got.error;
+    EXPECT_NE(got.error.find(why), std::string::npos) << got.error;
+    EXPECT_TRUE(got.tokens.empty()) << "a token was emitted from an unverified state";
+    const ServiceStats ps = settled(*prefill_sched_);
+    EXPECT_EQ(ps.kv_blocks_used, 0);
+    EXPECT_EQ(ps.state_slots_used, 0);
+    const DecodeCounts dc = decode_->counts();
+    EXPECT_EQ(dc.failed, 1u);
+    EXPECT_EQ(dc.*reason, 1u);
+    if (kestrel::disagg::testing::expected_transports().count("tcp") != 0) {
+      expect_no_leaks();
+    } else {
+      // Shared memory, one process: the writer (this process) lives, so the memory must stay held.
+      std::this_thread::sleep_for(200ms);
+      const DecodeCounts later = decode_->counts();
+      EXPECT_EQ(later.quarantined, 1u);
+      EXPECT_GT(later.quarantined_bytes, 0u);
+      EXPECT_EQ(later.registry.quarantined, 1u);
+      EXPECT_GT(decode_sched_->stats().kv_blocks_used, 0);
+      EXPECT_EQ(decode_sched_->stats().state_slots_used, 1);
+    }
+  }
+};
+
+TEST_P(HandoffFault, DroppedPut) {
+  faults_.puts = {{1, {kestrel::disagg::PutFault::Kind::kDrop}}};
+  open_pair();
+  expect_failed_cleanly(handed_off(prompt(40, 3), 6, 5), "checksum", &DecodeCounts::failed_corrupt);
+}
+
+TEST_P(HandoffFault, CorruptedByte) {
+  faults_.puts = {{0, {kestrel::disagg::PutFault::Kind::kCorrupt, 17}}};
+  open_pair();
+  expect_failed_cleanly(handed_off(prompt(40, 3), 6, 5), "checksum", &DecodeCounts::failed_corrupt);
+}
+
+TEST_P(HandoffFault, LostCompletion) {
+  faults_.dropped_kinds = {static_cast<uint16_t>(kestrel::disagg::MessageKind::kCompletion)};
+  DecodeHandoffOptions d;
+  d.transfer_timeout = 1500ms;
+  open_pair({}, d);
+  expect_failed_cleanly(handed_off(prompt(40, 3), 6, 5), "deadline", &DecodeCounts::failed_deadline);
+}
+
+// A decode side that never gets its request's state (no prefill for that room) fails at its deadline, and its
+// prefill-side counterpart (destinations never came) at its own.
+TEST_P(HandoffFault, NoCounterpartTimesOut) {
+  PrefillHandoffOptions p;
+  p.destinations_timeout = 800ms;
+  DecodeHandoffOptions d;
+  d.transfer_timeout = 800ms;
+  open_pair(p, d);
+  Client pc, dc;
+  ASSERT_TRUE(decode_->submit(dc.make(prompt(30, 1), 4), 21, prefill_->instance()));
+  ASSERT_TRUE(prefill_->submit(pc.make(prompt(30, 1), 4), 22));
+  const Collected dres = dc.wait(), pres = pc.wait();
+  EXPECT_EQ(dres.finish, FinishReason::kError);
+  EXPECT_TRUE(dres.tokens.empty());
+  EXPECT_EQ(pres.finish, FinishReason::kError);
+  EXPECT_NE(pres.error.find("no destinations"), std::string::npos) << pres.error;
+  EXPECT_EQ(settled(*prefill_sched_).kv_blocks_used, 0);
+  EXPECT_EQ(prefill_->counts().no_destinations, 1u);
+  EXPECT_EQ(decode_->counts().failed_deadline, 1u);
+}
+
+// A client cancel while the request is reserved (decode) or parked (prefill). The deadlines are far away (10
+// minutes): everything here ends because of the cancel, or the test runs into its own time limit.
+TEST_P(HandoffFault, CancelWhileHandedOff) {
+  PrefillHandoffOptions p;
+  p.destinations_timeout = std::chrono::minutes(10);
+  p.transfer_timeout = std::chrono::minutes(10);
+  DecodeHandoffOptions d;
+  d.transfer_timeout = std::chrono::minutes(10);
+  open_pair(p, d);
+  // Decode side reserved, cancelled before its prefill even starts; the transfer still completes (the memory is
+  // the peer's to write until then), the decode request ends cancelled with nothing decoded.
+  Client pc, dc;
+  auto did = decode_->submit(dc.make(prompt(30, 4), 6), 31, prefill_->instance());
+  ASSERT_TRUE(did);
+  for (int i = 0; i < 500 && decode_->counts().registry.in_flight == 0; ++i) std::this_thread::sleep_for(5ms);
+  decode_sched_->cancel(*did);
+  ASSERT_TRUE(prefill_->submit(pc.make(prompt(30, 4), 6), 31));
+  const Collected dres = dc.wait();
+  EXPECT_EQ(dres.finish, FinishReason::kCancelled);
+  EXPECT_TRUE(dres.tokens.empty());
+  EXPECT_EQ(pc.wait().finish, FinishReason::kLength);
+  // Prefill side parked (first token out), cancelled: released at once, not at its deadline.
+  Client lone;
+  auto pid = prefill_->submit(lone.make(prompt(30, 5), 6), 32);
+  ASSERT_TRUE(pid);
+  for (int i = 0; i < 1000 && lone.tokens_so_far() == 0; ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(lone.tokens_so_far(), 1u);
+  prefill_sched_->cancel(*pid);
+  prefill_->cancel(*pid);
+  EXPECT_EQ(lone.wait().finish, FinishReason::kCancelled);
+  EXPECT_EQ(prefill_->counts().cancelled, 1u);
+  // The decode side that asks for that room afterwards gets a withdrawal: its reservation returns at once (not
+  // quarantined), the request ends with a clear error, and the connection stays usable.
+  Client late;
+  ASSERT_TRUE(decode_->submit(late.make(prompt(30, 5), 6), 32, prefill_->instance()));
+  const Collected lres = late.wait();
+  EXPECT_EQ(lres.finish, FinishReason::kError);
+  EXPECT_NE(lres.error.find("ended the request before its hand-off"), std::string::npos) << lres.error;
+  EXPECT_EQ(decode_->counts().withdrawn, 1u);
+  EXPECT_EQ(prefill_->counts().withdrawn, 1u);
+  EXPECT_TRUE(decode_->connected(prefill_->instance()));
+  expect_no_leaks();
+  // Cancelled on the prefill side while its prompt still runs (before parking): the decode reservation made for
+  // the room is withdrawn too.
+  Client early_p, early_d;
+  ASSERT_TRUE(decode_->submit(early_d.make(prompt(300, 6), 6), 33, prefill_->instance()));
+  auto eid = prefill_->submit(early_p.make(prompt(300, 6), 6), 33);
+  ASSERT_TRUE(eid);
+  prefill_sched_->cancel(*eid);
+  prefill_->cancel(*eid);
+  const Collected ep = early_p.wait(), ed = early_d.wait();
+  EXPECT_EQ(ep.finish, FinishReason::kCancelled);
+  if (ep.tokens.empty()) {  // cancelled before its first token: withdrawn from the not-parked path
+    EXPECT_EQ(ed.finish, FinishReason::kError);
+  }
+  EXPECT_TRUE(ed.tokens.empty());
+  EXPECT_EQ(decode_->counts().withdrawn, 2u);
+  EXPECT_EQ(decode_->counts().quarantined, 0u);
+  // And a normal hand-off still works on the same connection.
+  const Collected again = handed_off(prompt(20, 7), 4, 34);
+  EXPECT_EQ(again.finish, FinishReason::kLength);
+  expect_no_leaks();
+}
+
+std::string name(const ::testing::TestParamInfo<const char*>& info) {
+  std::string n = info.param;
+  for (char& c : n)
+    if (c == '-') c = '_';
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Handoff, ::testing::Values("k3-tiny", "k3-tiny-dsa", "deepseek-v3-tiny"), name);
+INSTANTIATE_TEST_SUITE_P(Models, HandoffFault, ::testing::Values("k3-tiny"), name);
+
+}  // namespace
+}  // namespace kestrel::pd

@@ -126,6 +126,8 @@ const std::vector<CommandSpec>& command_specs() {
         {"top-k", "K", "", "experts per token (default: the preset's)"},
         {"attn-res-block", "N", "", "layers per attention-residual block (default: the preset's)"},
         {"layers", "N", "", "layers, every 4th and the last MLA (default: the preset's)"},
+        {"vt-heads", "N", "", "K3 vision tower attention heads (default: the preset's)"},
+        {"vt-qkv", "N", "", "K3 vision tower q/k/v width, a multiple of --vt-heads (default: the preset's)"},
         {"bf16-experts", "", "", "BF16 experts instead of MXFP4"}}},
       {"plan",
        "Memory per device, cache capacity and roofline throughput of a prefill/decode layout (reads config.json).",

@@ -125,9 +125,13 @@ void Model::emit_logits(std::span<const SeqRun> runs, const float* h, const floa
 }
 
 void Model::forward(const int32_t* ids, int64_t T, SequenceState& st, std::vector<float>& logits,
-                        const ForwardOptions& o) {
-  one_.assign(1, SeqRun{ids, T, &st, o.all_logits});
+                        const ForwardOptions& o, const float* media) {
+  one_.assign(1, SeqRun{ids, T, &st, o.all_logits, media});
   forward_batch(one_, logits, o);
+}
+
+Result<std::vector<float>> Model::encode_images(std::span<const VisionImage>) const {
+  return unsupported(cfg_.model_type + " model without a vision tower: image input is not supported");
 }
 
 Result<std::unique_ptr<Model>> load_model(const std::string& dir) {

@@ -79,6 +79,7 @@ const std::vector<CommandSpec>& command_specs() {
         {"preset", "NAME", "", "a generated RANDOM-weight model instead of the shipped default (k3-default, k3-bench, ...)"},
         {"prompt", "TEXT", "Hello, Kestrel!", "text prompt, encoded with the model's tokenizer (special tokens as text)"},
         {"prompt-ids", "1,2,3", "", "prompt as token ids instead of --prompt"},
+        {"image", "FILE", "", "PNG/JPEG/WebP image placed before the prompt (repeatable; K3 with a vision tower)"},
         {"max-tokens", "N", "16", "tokens to generate"},
         {"temperature", "T", "0", "sampling temperature (0: greedy)"},
         {"top-k", "K", "0", "keep the K most likely tokens (0: all)"},

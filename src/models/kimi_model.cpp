@@ -185,11 +185,13 @@ void KimiModel::forward_batch(std::span<const SeqRun> runs, std::vector<float>& 
   int64_t t = 0;
   for (const SeqRun& r : runs) {
     const float* media = r.media;
+    int64_t rows_left = media != nullptr ? r.media_rows : 0;
     for (int64_t i = 0; i < r.T; ++i, ++t) {
       KCHECK(r.ids[i] >= 0 && r.ids[i] < c.vocab_size, "token id out of range (callers validate)");
-      if (media != nullptr && r.ids[i] == cfg_.media_pad_id) {  // image embedding at its <|media_pad|>
+      if (rows_left > 0 && r.ids[i] == cfg_.media_pad_id) {  // image embedding at its <|media_pad|>
         std::copy(media, media + D, h_.data() + t * D);
         media += D;
+        --rows_left;
       } else {
         kernels::decode_row(embed_, r.ids[i], h_.data() + t * D);
       }

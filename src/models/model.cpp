@@ -125,8 +125,8 @@ void Model::emit_logits(std::span<const SeqRun> runs, const float* h, const floa
 }
 
 void Model::forward(const int32_t* ids, int64_t T, SequenceState& st, std::vector<float>& logits,
-                        const ForwardOptions& o, const float* media) {
-  one_.assign(1, SeqRun{ids, T, &st, o.all_logits, media});
+                        const ForwardOptions& o, const float* media, int64_t media_rows) {
+  one_.assign(1, SeqRun{ids, T, &st, o.all_logits, media, media_rows});
   forward_batch(one_, logits, o);
 }
 

@@ -43,9 +43,11 @@ struct SeqRun {
   int64_t T = 0;
   SequenceState* st = nullptr;
   bool all_logits = false;  // logits for every token of this run (else only its last)
-  // Image embeddings [pads in ids, hidden]: row k replaces the token embedding at the k-th <|media_pad|> of ids
-  // (config().media_pad_id). Null: every id takes its own embedding. Callers check the count (Engine).
+  // Image embeddings [media_rows, hidden]: row k replaces the token embedding at the k-th <|media_pad|> of ids
+  // (config().media_pad_id); pads after the last row take their own embedding (a generated pad). Null: every id
+  // takes its own embedding.
   const float* media = nullptr;
+  int64_t media_rows = 0;
 };
 
 // Sizes the cache pools need.
@@ -98,9 +100,9 @@ class Model {
   // Tests: the DSA selection of `layer` in the last forward_batch, [tokens of the batch, index_topk]
   // (positions within each sequence, ascending, −1 padded); empty for layers without an indexer.
   virtual std::span<const int32_t> last_topk(size_t /*layer*/) const { return {}; }
-  // Runs T tokens of one sequence; logits: [T or 1, vocab]. media: as SeqRun::media.
+  // Runs T tokens of one sequence; logits: [T or 1, vocab]. media, media_rows: as in SeqRun.
   void forward(const int32_t* ids, int64_t T, SequenceState& st, std::vector<float>& logits,
-               const ForwardOptions& opt = {}, const float* media = nullptr);
+               const ForwardOptions& opt = {}, const float* media = nullptr, int64_t media_rows = 0);
   // Whether the checkpoint's vision tower is loaded (K3 with vision_tower.* tensors).
   virtual bool has_vision() const { return false; }
   // The images of one request through the vision tower and projector as one batch: [sum of tokens, hidden],

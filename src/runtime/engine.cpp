@@ -51,8 +51,9 @@ Result<std::vector<float>> Engine::prefill_media(SequenceState& seq, std::span<c
   const float* rows = media.empty() ? nullptr : media.data();
   for (int64_t s = 0; s < n; s += chunk) {
     const int64_t T = std::min(chunk, n - s);
-    model_->forward(ids.data() + s, T, seq, part, o, rows);
-    if (rows != nullptr) rows += std::count(ids.begin() + s, ids.begin() + s + T, pad) * D;
+    const int64_t pads = rows != nullptr ? std::count(ids.begin() + s, ids.begin() + s + T, pad) : 0;
+    model_->forward(ids.data() + s, T, seq, part, o, rows, pads);
+    if (rows != nullptr) rows += pads * D;
     if (all_logits) out.insert(out.end(), part.begin(), part.end());
   }
   return all_logits ? out : part;

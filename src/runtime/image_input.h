@@ -4,6 +4,7 @@
 // and all of them run through the model's vision tower + projector as one batch.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -25,6 +26,9 @@ struct ImageRequestLimits {
 
 struct PreparedImages {
   std::vector<media::PreprocessedImage> images;
+  // Per image: SHA-256 of "kestrel-image-v1", the encoded bytes, the preprocessing config and the patch grid, each
+  // length-prefixed (docs/vision.md §8): the image's identity in the prefix cache.
+  std::vector<std::array<uint8_t, 32>> hashes;
   std::vector<std::string> prompts;  // expanded placeholder text per image, in order
   int64_t tokens = 0;                // <|media_pad|> positions in all prompts
 };

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 
 #include "chat/stream_decoder.h"
@@ -136,9 +137,22 @@ void ApiServer::chat_completions(const HttpRequest& req, const std::shared_ptr<H
   in.tool_choice = r.tool_choice;
   in.reasoning = r.reasoning;
   in.add_generation_prompt = r.add_generation_prompt;
+  std::vector<std::string> urls;
+  for (const auto& m : r.messages)
+    for (const auto& p : m.content_parts)
+      if (p.kind == ContentPart::Kind::kImageUrl) urls.push_back(p.url);
+  std::optional<ImageBatch> images;
+  if (!urls.empty()) {
+    if (config_.images == nullptr)
+      return send_error(ex, bad_request("This model does not take images (no vision tower)", "messages"));
+    auto batch = config_.images->prepare(urls);
+    if (!batch) return send_error(ex, bad_request("Invalid image: " + batch.error().message(), "messages"));
+    images = std::move(*batch);
+    in.image_prompts = &images->prompts;
+  }
   auto prompt = format_.render(in);
   if (!prompt) return send_error(ex, bad_request("Cannot render the messages: " + prompt.error().message(), "messages"));
-  generate(ex, /*chat=*/true, std::move(*prompt), r.sampling, r.reasoning, {}, r.model);
+  generate(ex, /*chat=*/true, std::move(*prompt), r.sampling, r.reasoning, {}, r.model, images ? &*images : nullptr);
 }
 
 void ApiServer::completions(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const {
@@ -163,7 +177,7 @@ void ApiServer::completions(const HttpRequest& req, const std::shared_ptr<HttpEx
 
 void ApiServer::generate(const std::shared_ptr<HttpExchange>& ex, bool chat, std::vector<int32_t> prompt,
                          const SamplingOptions& s, const ReasoningOptions& reasoning, std::string echo,
-                         const std::string& model) const {
+                         const std::string& model, const ImageBatch* images) const {
   if (!engine_.ready())
     return send_error(ex, ApiError{503, "The model is not ready yet", "server_error", {}, "not_ready"});
   const int ctx = engine_.max_context();
@@ -179,6 +193,20 @@ void ApiServer::generate(const std::shared_ptr<HttpExchange>& ex, bool chat, std
                                           std::to_string(plen) + " tokens) exceeds the context limit " +
                                           std::to_string(ctx), "max_tokens", "context_length_exceeded"));
   GenerationRequest g;
+  if (images != nullptr) {
+    // Each image's placeholder is one run of <|media_pad|>; its hash keys the prefix cache at the run's start.
+    const auto pad = tok_.special_id("<|media_pad|>");
+    int64_t pads = 0;
+    for (size_t i = 0; pad && i < prompt.size(); ++i) {
+      if (prompt[i] != *pad) continue;
+      if ((i == 0 || prompt[i - 1] != *pad) && g.image_keys.size() < images->hashes.size())
+        g.image_keys.push_back({static_cast<int64_t>(i), images->hashes[g.image_keys.size()]});
+      ++pads;
+    }
+    if (pads != images->tokens || g.image_keys.size() != images->hashes.size())
+      return send_error(ex, bad_request("The rendered prompt does not hold the images' placeholders", "messages"));
+    g.media = images->embeddings;
+  }
   g.prompt = std::move(prompt);
   g.cache_salt = s.cache_salt;
   auto& p = g.params;
@@ -213,6 +241,7 @@ void ApiServer::generate(const std::shared_ptr<HttpExchange>& ex, bool chat, std
   spec.reasoning = reasoning;
   spec.ignore_eos = s.ignore_eos;
   spec.prompt_tokens = plen;
+  spec.image_tokens = images != nullptr ? static_cast<int>(images->tokens) : 0;
   run_completion_job(ex, engine_, tok_, chat ? &format_ : nullptr, std::move(spec), std::move(g));
 }
 
@@ -231,8 +260,9 @@ void ApiServer::health(const HttpRequest&, const std::shared_ptr<HttpExchange>& 
 }
 
 void ApiServer::metrics(const HttpRequest&, const std::shared_ptr<HttpExchange>& ex) const {
-  ex->respond(HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
-                           prometheus_text(engine_.stats(), engine_.ready()), {}});
+  std::string text = prometheus_text(engine_.stats(), engine_.ready());
+  if (config_.images != nullptr) text += prometheus_image_text(config_.images->metrics());
+  ex->respond(HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", std::move(text), {}});
 }
 
 void ApiServer::tokenize(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const {

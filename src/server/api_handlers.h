@@ -16,6 +16,7 @@
 #include "scheduler/engine_service.h"
 #include "server/chat_format.h"
 #include "server/http_server.h"
+#include "server/image_service.h"
 #include "server/openai_schema.h"
 
 namespace kestrel::server {
@@ -27,6 +28,8 @@ struct ApiConfig {
   bool random_weights = false;  // a generated model: /v1/models says "random_weights": true
   std::chrono::milliseconds request_timeout{600'000};  // per generation request (GenerationRequest::deadline)
   SchemaLimits limits;  // served_model is set from model_id
+  // Chat requests with image_url parts go through it; null: such requests are refused (400). Must outlive the server.
+  const ImageService* images = nullptr;
 };
 
 class ApiServer {
@@ -45,9 +48,10 @@ class ApiServer {
   void detokenize(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
   bool authorized(const HttpRequest& req) const;
   // Shared tail of both completion routes: limits, params, submit.
+  // `images`: the chat request's images (prompt already holds their placeholders), or null.
   void generate(const std::shared_ptr<HttpExchange>& ex, bool chat, std::vector<int32_t> prompt,
                 const SamplingOptions& s, const ReasoningOptions& reasoning, std::string echo,
-                const std::string& model) const;
+                const std::string& model, const ImageBatch* images = nullptr) const;
 
   ApiConfig config_;
   EngineService& engine_;

@@ -110,4 +110,18 @@ std::string prometheus_text(const ServiceStats& s, bool ready) {
   return o;
 }
 
+std::string prometheus_image_text(const ImageMetrics& m) {
+  std::string o;
+  metric(o, "kestrel_images_total", "counter", "Images encoded by the vision tower.", double(m.images_total));
+  metric(o, "kestrel_image_tokens_total", "counter", "Image tokens (<|media_pad|> positions) of the encoded images.",
+         double(m.image_tokens_total));
+  metric(o, "kestrel_images_rejected_total", "counter", "Requests refused for an image (format, limits, URL).",
+         double(m.rejected_total));
+  metric(o, "kestrel_image_encodes_total", "counter", "Vision tower batches run (one per request with images).",
+         double(m.encodes_total));
+  metric(o, "kestrel_image_encode_seconds_total", "counter", "Wall time of the vision tower + projector batches.",
+         m.encode_seconds_sum);
+  return o;
+}
+
 }  // namespace kestrel::server

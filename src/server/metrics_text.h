@@ -4,9 +4,12 @@
 #include <string>
 
 #include "scheduler/engine_service.h"
+#include "server/image_service.h"
 
 namespace kestrel::server {
 
 std::string prometheus_text(const ServiceStats& s, bool ready);
+// kestrel_images_* / kestrel_image_*: the image path (server/image_service.h).
+std::string prometheus_image_text(const ImageMetrics& m);
 
 }  // namespace kestrel::server

@@ -148,8 +148,8 @@ TEST_F(VisionPromptTest, BatchedWithTextOnlyRequestIsBitIdenticalToAlone) {
   const std::vector<int32_t> text = {12, 13, 14, 15, 16, 17, 18};
   Model& m = engine_->model();
   SequenceState s1 = engine_->new_sequence(), s2 = engine_->new_sequence();
-  const SeqRun runs[] = {{r.ids.data(), static_cast<int64_t>(r.ids.size()), &s1, true, r.media.data()},
-                         {text.data(), static_cast<int64_t>(text.size()), &s2, true, nullptr}};
+  const SeqRun runs[] = {{r.ids.data(), static_cast<int64_t>(r.ids.size()), &s1, true, r.media.data(), r.images.tokens},
+                         {text.data(), static_cast<int64_t>(text.size()), &s2, true, nullptr, 0}};
   std::vector<float> batched;
   m.forward_batch(runs, batched);
   const int64_t V = engine_->config().text.vocab_size;
@@ -178,6 +178,25 @@ TEST_F(VisionPromptTest, RequestLimitsAreCheckedBeforeTheTower) {
   p = prepare_images(broken, ImageRequestLimits{});
   ASSERT_FALSE(p);
   EXPECT_EQ(p.error().message().rfind("image 2: ", 0), 0u) << p.error().message();
+}
+
+// The prefix-cache identity of an image: 256 bits over its bytes, the preprocessing config and the grid. Equal
+// files give equal hashes; two different 40x33 images (identical prompt token ids) give different ones.
+TEST_F(VisionPromptTest, ImageHashesFollowTheContent) {
+  const std::vector<std::vector<uint8_t>> files = {fixture("palette.png"), fixture("palette_trns.png"),
+                                                   fixture("palette.png")};
+  auto p = prepare_images(files, ImageRequestLimits{});
+  ASSERT_TRUE(p) << p.error().message();
+  ASSERT_EQ(p->hashes.size(), 3u);
+  EXPECT_EQ(p->prompts[0], p->prompts[1]);
+  EXPECT_NE(p->hashes[0], p->hashes[1]);
+  EXPECT_EQ(p->hashes[0], p->hashes[2]);
+  std::vector<uint8_t> changed = files[0];
+  changed.push_back(0);  // a byte after IEND: same pixels, another file
+  const std::vector<std::vector<uint8_t>> one = {changed};
+  auto q = prepare_images(one, ImageRequestLimits{});
+  ASSERT_TRUE(q) << q.error().message();
+  EXPECT_NE(q->hashes[0], p->hashes[0]);
 }
 
 TEST(VisionPromptNoTower, ImagesAreRefusedByAModelWithoutATower) {

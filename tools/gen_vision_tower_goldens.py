@@ -13,20 +13,25 @@ flash-attention backends, distributed linears, runtime config) are served by the
 only what the CPU path asks for; on a CPU the tower picks PyTorch SDPA by itself and never calls a stubbed
 kernel. The stubs are this script's own code.
 
-Run (from the repository root):
+Run (from the repository root), once per tower config:
 
     TORCHDYNAMO_DISABLE=1 <venv>/bin/python tools/gen_vision_tower_goldens.py --kestrel build/release/kestrel \\
-        --out tests/data/vision/tower_tiny.safetensors
+        --widths tiny --out tests/data/vision/tower_tiny.safetensors
+    TORCHDYNAMO_DISABLE=1 <venv>/bin/python tools/gen_vision_tower_goldens.py --kestrel build/release/kestrel \\
+        --widths real --out tests/data/vision/tower_real_widths.safetensors
 
 Pipeline:
-  1. `kestrel make-model --preset k3-tiny --vt-heads 3 --vt-qkv 96`: the tiny K3 checkpoint with its vision tower
-     in the released layout, 3 heads x 32 so that the q/k/v width (96) differs from the tower width (64) as in K3.
+  1. `kestrel make-model --preset k3-tiny` with the tower flags of CONFIGS below: "tiny" has 3 heads x 32 so that
+     the q/k/v width (96) differs from the tower width (64) as in K3; "real" has K3's tower widths (1024, q/k/v
+     1536 = 12 x 128, MLP 4096, 64 x 64 position grid) with 2 of the 27 blocks, and a projector from 4096 to the
+     tiny text width (256). The flags are stored in the golden's metadata; the C++ test generates the same
+     checkpoint from them.
   2. The tower and projector built from the checkpoint's vision_config and loaded name for name (bf16 -> fp32).
-  3. Three images of patch grids 8x8 (the position grid's own size: no interpolation), 2x4 and 6x2
-     (interpolated), as ONE batch; pixel values from an integer hash (`pixel_values` below, re-computed by the
-     C++ test) so the golden holds no input pixels.
-Output (safetensors): grids I32 [3, 3]; embed F32 [patches, 64] (patch embedding + position grid);
-merged F32 [tokens, 256] (tower output after the final norm and the 2x2 merger); projected F32 [tokens, 256]
+  3. The images of CONFIGS as ONE batch (for "tiny": 8x8, the position grid's own size, and 2x4, 6x2,
+     interpolated; for "real": 4x4 and 2x6, interpolated from 64x64); pixel values from an integer hash
+     (`pixel_values` below, re-computed by the C++ test) so the golden holds no input pixels.
+Output (safetensors): grids I32 [images, 3]; embed F32 [patches, hidden] (patch embedding + position grid);
+merged F32 [tokens, 4 * hidden] (tower output after the final norm and the 2x2 merger); projected F32 [tokens, 256]
 (projector output, the text width). fp32 everywhere, 2 threads, deterministic algorithms.
 """
 import argparse
@@ -47,8 +52,11 @@ from safetensors.torch import load_file
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from golden_command import recorded_command  # noqa: E402
 
-GRIDS = [(1, 8, 8), (1, 2, 4), (1, 6, 2)]
-VT_HEADS, VT_QKV = 3, 96
+CONFIGS = {
+    "tiny": dict(flags=["--vt-heads", "3", "--vt-qkv", "96"], grids=[(1, 8, 8), (1, 2, 4), (1, 6, 2)]),
+    "real": dict(flags=["--vt-layers", "2", "--vt-hidden", "1024", "--vt-intermediate", "4096", "--vt-heads", "12",
+                        "--vt-qkv", "1536", "--vt-pos-grid", "64"], grids=[(1, 4, 4), (1, 2, 6)]),
+}
 
 
 def pixel_values(image_index, patches, patch):
@@ -132,6 +140,7 @@ def load_sglang_file(module_name, relative_path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kestrel", required=True, help="the kestrel binary (make-model)")
+    ap.add_argument("--widths", choices=sorted(CONFIGS), required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if os.environ.get("TORCHDYNAMO_DISABLE") != "1":
@@ -148,8 +157,8 @@ def main():
 
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "model")
-        subprocess.run([args.kestrel, "make-model", "--preset", "k3-tiny", "--vt-heads", str(VT_HEADS),
-                        "--vt-qkv", str(VT_QKV), "--out", model], check=True)
+        subprocess.run([args.kestrel, "make-model", "--preset", "k3-tiny", *CONFIGS[args.widths]["flags"],
+                        "--out", model], check=True)
         with open(os.path.join(model, "config.json")) as f:
             vision_config = json.load(f)["vision_config"]
         weights = {}
@@ -168,8 +177,9 @@ def main():
     projector.load_state_dict(proj_sd, strict=True)
 
     patch = vision_config["patch_size"]
-    pv = torch.from_numpy(np.concatenate([pixel_values(i, t * h * w, patch) for i, (t, h, w) in enumerate(GRIDS)]))
-    grids = torch.tensor(GRIDS, dtype=torch.int64)
+    grid_list = CONFIGS[args.widths]["grids"]
+    pv = torch.from_numpy(np.concatenate([pixel_values(i, t * h * w, patch) for i, (t, h, w) in enumerate(grid_list)]))
+    grids = torch.tensor(grid_list, dtype=torch.int64)
     with torch.no_grad():
         embed = tower.patch_embed(pv, grids)
         merged_list = tower(pv, grids)
@@ -177,7 +187,7 @@ def main():
         projected = projector(merged_list)
         # Self-check of the reference: each image alone gives what it gives in the batch (to fp32 noise).
         alone, start = [], 0
-        for i, g in enumerate(GRIDS):
+        for i, g in enumerate(grid_list):
             n = g[0] * g[1] * g[2]
             m = tower(pv[start:start + n], torch.tensor([g]))[0]
             alone.append(m.reshape(m.shape[0], -1))
@@ -190,11 +200,12 @@ def main():
                      "KimiK3MultiModalProjector, kimi_vl_moonvit.py tpool_patch_merger; fp32, CPU, SDPA",
         "torch": torch.__version__,
         "command": recorded_command("gen_vision_tower_goldens.py"),
-        "checkpoint": f"kestrel make-model --preset k3-tiny --vt-heads {VT_HEADS} --vt-qkv {VT_QKV}",
+        "checkpoint": "kestrel make-model --preset k3-tiny " + " ".join(CONFIGS[args.widths]["flags"]),
+        "make_model_flags": json.dumps(CONFIGS[args.widths]["flags"]),
         "pixel_values": "pixel_values(image_index, patches, patch) of this script, images in grid order",
         "reference_alone_vs_batch_max_abs": repr(alone_vs_batch),
     }
-    out = {"grids": np.array(GRIDS, dtype=np.int32), "embed": embed.numpy().astype(np.float32),
+    out = {"grids": np.array(grid_list, dtype=np.int32), "embed": embed.numpy().astype(np.float32),
            "merged": merged.numpy().astype(np.float32), "projected": projected.numpy().astype(np.float32)}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     save_file(out, args.out, metadata=meta)

@@ -1,21 +1,26 @@
 // The K3 vision tower + projector (layers/vision_tower, layers/vision_projector) against an independent
-// implementation: tests/data/vision/tower_tiny.safetensors, written by tools/gen_vision_tower_goldens.py from
-// sglang 0.5.23's kimi_k3_vl.py (KimiK3VisionTower, KimiK3MultiModalProjector) run in PyTorch fp32 on the same
-// generated checkpoint (k3-tiny with a 3-head, 96-wide q/k/v tower: q/k/v width != tower width as in K3) and
-// the same pixels (an integer hash, re-computed here). Three images of different grids in one batch: 8x8 (the
-// position grid's own size) and 2x4, 6x2 (bilinear interpolation).
+// implementation: goldens written by tools/gen_vision_tower_goldens.py from sglang 0.5.23's kimi_k3_vl.py
+// (KimiK3VisionTower, KimiK3MultiModalProjector) run in PyTorch fp32 on the same generated checkpoint (the
+// make-model flags are in each golden's metadata) and the same pixels (an integer hash, re-computed here):
+//   tower_tiny.safetensors         k3-tiny with a 3-head, 96-wide q/k/v tower (q/k/v width != tower width as in
+//                                  K3); three images in one batch: 8x8 (the position grid's own size) and 2x4, 6x2
+//                                  (bilinear interpolation).
+//   tower_real_widths.safetensors  K3's tower widths (1024, q/k/v 12 x 128, MLP 4096, 64x64 position grid) with 2
+//                                  of the 27 blocks; images 4x4 and 2x6 interpolated from 64x64.
 //
 // Tolerances: both sides run fp32 on the same bf16 weights; differences come from summation order (blocked
 // GEMMs vs PyTorch's, SDPA's flash kernel vs one softmax pass), libm vs SLEEF cos/sin/tanh/erf, and the norm's
 // mean of squares (double here). Per stage the bound is max |Δ| ≤ 1e-5 · max |reference| and cosine ≥ 1 − 1e-10.
-// Measured (max |Δ| / max |ref|): embed 1.2e-6 / 2.06, tower 1.7e-6 / 3.26, projector 3.1e-6 / 3.75, i.e. ~5e-7
-// relative. Checked to fail: encoder norm eps 1e-5 instead of 2^-23 (tower 8.3e-5 / 3.26), RoPE row/column
+// Measured (max |Δ| / max |ref|), tiny: embed 1.2e-6 / 2.06, tower 1.7e-6 / 3.26, projector 3.1e-6 / 3.75; real
+// widths: 1.1e-6 / 1.96, 2.6e-6 / 4.14, 2.6e-6 / 3.18; i.e. ≤ 1e-6 relative. Checked to fail: encoder norm eps 1e-5 instead of 2^-23 (tower 8.3e-5 / 3.26), RoPE row/column
 // swapped (0.30), bilinear source positions off by 0.1 % (embed 1.2e-2).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>
@@ -46,12 +51,14 @@ std::vector<float> hashed_pixels(uint64_t image, int64_t count) {
 struct Golden {
   std::vector<std::array<int64_t, 3>> grids;
   std::vector<float> embed, merged, projected;
+  std::vector<std::string> make_model_flags;
 };
 
-Golden read_golden() {
-  auto f = SafetensorsFile::open(std::string(KESTREL_TEST_DATA) + "/vision/tower_tiny.safetensors");
+Golden read_golden(const std::string& name) {
+  auto f = SafetensorsFile::open(std::string(KESTREL_TEST_DATA) + "/vision/" + name);
   if (!f) throw std::runtime_error(f.error().message());
   Golden g;
+  g.make_model_flags = nlohmann::json::parse(f->header().metadata.at("make_model_flags")).get<std::vector<std::string>>();
   for (const auto& e : f->header().entries) {
     const TensorView t = f->view(e);
     if (e.name == "grids") {
@@ -84,19 +91,35 @@ void expect_close(const char* stage, const std::vector<float>& got, const std::v
   std::printf("[ %s ] max |diff| %.3g (max |ref| %.3g), 1 - cosine %.3g\n", stage, max_diff, max_ref, 1.0 - cosine);
 }
 
-class VisionTowerTest : public ::testing::Test {
+// The generator spec edits of `kestrel make-model --vt-*` flags.
+void apply_flags(const std::vector<std::string>& flags, GenSpec& s) {
+  const std::map<std::string, int GenSpec::*> fields = {
+      {"--vt-layers", &GenSpec::vt_layers}, {"--vt-hidden", &GenSpec::vt_hidden},
+      {"--vt-intermediate", &GenSpec::vt_intermediate}, {"--vt-heads", &GenSpec::vt_heads},
+      {"--vt-qkv", &GenSpec::vt_qkv}, {"--vt-pos-grid", &GenSpec::vt_pos_grid}};
+  for (size_t i = 0; i + 1 < flags.size(); i += 2) s.*fields.at(flags[i]) = std::stoi(flags[i + 1]);
+}
+
+class VisionTowerTest : public ::testing::TestWithParam<std::string> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new testing::TempDir();
-    testing::make_checkpoint("k3-tiny", dir_->path(), [](GenSpec& s) { s.vt_heads = 3, s.vt_qkv = 96; });
+  // One generated checkpoint per golden, shared by the tests of that golden.
+  static std::map<std::string, std::unique_ptr<testing::TempDir>>& dirs() {
+    static std::map<std::string, std::unique_ptr<testing::TempDir>> d;
+    return d;
   }
-  static void TearDownTestSuite() { delete dir_; }
+  static void TearDownTestSuite() { dirs().clear(); }
 
   void SetUp() override {
-    auto ck = Checkpoint::open(dir_->path());
+    golden_ = read_golden(GetParam());
+    auto& dir = dirs()[GetParam()];
+    if (!dir) {
+      dir = std::make_unique<testing::TempDir>();
+      testing::make_checkpoint("k3-tiny", dir->path(), [&](GenSpec& s) { apply_flags(golden_.make_model_flags, s); });
+    }
+    auto ck = Checkpoint::open(dir->path());
     ASSERT_TRUE(ck) << ck.error().message();
     ck_ = std::make_unique<Checkpoint>(std::move(*ck));
-    auto cfg = load_model_config(dir_->path());
+    auto cfg = load_model_config(dir->path());
     ASSERT_TRUE(cfg) << cfg.error().message();
     auto v = parse_vision_config(cfg->vision_config_json, "config.json");
     ASSERT_TRUE(v) << v.error().message();
@@ -104,7 +127,6 @@ class VisionTowerTest : public ::testing::Test {
     Binder b(*ck_);
     ASSERT_TRUE(tower_.bind(b, vcfg_).is_ok()) << b.status().message();
     ASSERT_TRUE(projector_.bind(b, vcfg_).is_ok()) << b.status().message();
-    golden_ = read_golden();
     const int64_t per_patch = 3 * int64_t{vcfg_.patch_size} * vcfg_.patch_size;
     for (size_t i = 0; i < golden_.grids.size(); ++i) {
       const auto& g = golden_.grids[i];
@@ -113,7 +135,6 @@ class VisionTowerTest : public ::testing::Test {
     for (size_t i = 0; i < golden_.grids.size(); ++i) images_.push_back({pixels_[i].data(), golden_.grids[i]});
   }
 
-  static testing::TempDir* dir_;
   std::unique_ptr<Checkpoint> ck_;
   VisionConfig vcfg_;
   VisionTower tower_;
@@ -122,10 +143,12 @@ class VisionTowerTest : public ::testing::Test {
   std::vector<std::vector<float>> pixels_;
   std::vector<VisionImage> images_;
 };
-testing::TempDir* VisionTowerTest::dir_ = nullptr;
+INSTANTIATE_TEST_SUITE_P(Goldens, VisionTowerTest,
+                         ::testing::Values("tower_tiny.safetensors", "tower_real_widths.safetensors"),
+                         [](const auto& info) { return info.param == "tower_tiny.safetensors" ? "Tiny" : "RealWidths"; });
 
-TEST_F(VisionTowerTest, EveryStageMatchesSglangReference) {
-  ASSERT_EQ(golden_.grids.size(), 3u);
+TEST_P(VisionTowerTest, EveryStageMatchesSglangReference) {
+  ASSERT_GE(golden_.grids.size(), 2u);
   std::vector<float> x, merged, projected;
   tower_.embed(images_, x);
   expect_close("patch embed + position grid", x, golden_.embed);
@@ -141,7 +164,7 @@ TEST_F(VisionTowerTest, EveryStageMatchesSglangReference) {
 
 // Batching is exact: every image alone gives the same bits as in the batch (matrix products are batch-invariant,
 // attention never crosses images).
-TEST_F(VisionTowerTest, ImageAloneEqualsItsRowsInTheBatch) {
+TEST_P(VisionTowerTest, ImageAloneEqualsItsRowsInTheBatch) {
   auto batch = tower_.forward(images_);
   ASSERT_TRUE(batch) << batch.error().message();
   size_t row = 0;
@@ -155,7 +178,7 @@ TEST_F(VisionTowerTest, ImageAloneEqualsItsRowsInTheBatch) {
   EXPECT_EQ(row, batch->size());
 }
 
-TEST_F(VisionTowerTest, RefusesGridsItCannotRun) {
+TEST_P(VisionTowerTest, RefusesGridsItCannotRun) {
   auto msg = [&](std::array<int64_t, 3> g) { return tower_.check_grid(g).message(); };
   EXPECT_TRUE(tower_.check_grid({1, 2, 512}).is_ok());
   EXPECT_NE(msg({2, 4, 4}).find("video input is not supported"), std::string::npos);
@@ -168,7 +191,7 @@ TEST_F(VisionTowerTest, RefusesGridsItCannotRun) {
 }
 
 // Strict binding: a tensor of the released layout with the wrong shape is refused by name.
-TEST_F(VisionTowerTest, BindingIsByReleasedNameAndShape) {
+TEST_P(VisionTowerTest, BindingIsByReleasedNameAndShape) {
   VisionConfig wrong = vcfg_;
   wrong.intermediate *= 2;
   Binder b(*ck_);

@@ -2,8 +2,8 @@
 // equals its stride, i.e. a matrix over flattened 14x14 patches), the learnable position grid bilinearly
 // interpolated to each image's patch grid, pre-norm blocks with 2-D RoPE and bidirectional attention inside each
 // image, the final RMSNorm and the sd2 "tpool" patch merger. Weights are bound by their released names in place
-// (bf16 in the checkpoint, fp32 arithmetic). The images of one request run as one batch: every matrix product
-// covers all their patches, attention runs per image (variable-length segments, nothing crosses images).
+// (bf16 in the checkpoint, fp32 arithmetic). The images of one request run as one batch: every matrix product of
+// the blocks covers all their patches, attention runs per image (variable-length segments, nothing crosses images).
 #pragma once
 
 #include <array>

@@ -1,7 +1,5 @@
 #include "layers/vision_tower.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -135,41 +133,51 @@ void VisionTower::embed(std::span<const VisionImage> images, std::vector<float>&
   }
 }
 
+// Per image and head, in blocks of query rows: scores = Q_block K^T and out = softmax(scores) V as matrix products
+// (kernels::matmul over the head's K and V^T gathered contiguous), so memory stays at block × patches.
 void VisionTower::attention(std::span<const VisionImage> images, float* qkv, float* out) const {
+  constexpr int64_t kQueryBlock = 256;
   const int64_t heads = v_.num_heads, hd = head_dim_, width = 3 * int64_t{v_.qkv_hidden}, qw = v_.qkv_hidden;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  int64_t max_n = 0;
-  for (const VisionImage& im : images) max_n = std::max(max_n, im.patches());
-  std::vector<std::vector<float>> scores(static_cast<size_t>(omp_get_max_threads()));
+  std::vector<float> q, k, vt, s, o;
   int64_t start = 0;
   for (const VisionImage& im : images) {
     const int64_t n = im.patches();
     const float* base = qkv + start * width;
-    kernels::parallel_for_dynamic(heads * n, 16, [&](int64_t job) {
-      const int64_t h = job / n, i = job % n;
-      std::vector<float>& s = scores[static_cast<size_t>(omp_get_thread_num())];
-      s.resize(static_cast<size_t>(max_n));
-      const float* q = base + i * width + h * hd;
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
-        const float* k = base + j * width + qw + h * hd;
-        float dot = 0.0f;
-        for (int64_t d = 0; d < hd; ++d) dot += q[d] * k[d];
-        s[static_cast<size_t>(j)] = dot * scale;
-        mx = std::max(mx, s[static_cast<size_t>(j)]);
+    q.resize(static_cast<size_t>(n * hd));
+    k.resize(q.size());
+    vt.resize(q.size());
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t d = 0; d < hd; ++d) {
+          q[static_cast<size_t>(j * hd + d)] = base[j * width + h * hd + d];
+          k[static_cast<size_t>(j * hd + d)] = base[j * width + qw + h * hd + d];
+          vt[static_cast<size_t>(d * n + j)] = base[j * width + 2 * qw + h * hd + d];
+        }
+      const kernels::WeightMatrix kw{kernels::WeightFormat::kF32, n, hd, k.data()};
+      const kernels::WeightMatrix vw{kernels::WeightFormat::kF32, hd, n, vt.data()};
+      for (int64_t i0 = 0; i0 < n; i0 += kQueryBlock) {
+        const int64_t B = std::min(kQueryBlock, n - i0);
+        s.resize(static_cast<size_t>(B * n));
+        o.resize(static_cast<size_t>(B * hd));
+        kernels::matmul(kw, q.data() + i0 * hd, B, s.data());
+        std::vector<float> sums(static_cast<size_t>(B));
+        kernels::parallel_for(0, B, 1, B * n >= 65536, [&](int64_t i) {
+          float* r = s.data() + i * n;
+          float mx = -INFINITY;
+          for (int64_t j = 0; j < n; ++j) mx = std::max(mx, r[j] *= scale);
+          float sum = 0.0f;
+          for (int64_t j = 0; j < n; ++j) sum += r[j] = std::exp(r[j] - mx);
+          sums[static_cast<size_t>(i)] = sum;
+        });
+        kernels::matmul(vw, s.data(), B, o.data());
+        for (int64_t i = 0; i < B; ++i) {
+          const float inv = 1.0f / sums[static_cast<size_t>(i)];
+          float* dst = out + (start + i0 + i) * qw + h * hd;
+          for (int64_t d = 0; d < hd; ++d) dst[d] = o[static_cast<size_t>(i * hd + d)] * inv;
+        }
       }
-      float sum = 0.0f;
-      for (int64_t j = 0; j < n; ++j) sum += s[static_cast<size_t>(j)] = std::exp(s[static_cast<size_t>(j)] - mx);
-      float* o = out + (start + i) * qw + h * hd;
-      std::fill(o, o + hd, 0.0f);
-      for (int64_t j = 0; j < n; ++j) {
-        const float p = s[static_cast<size_t>(j)];
-        const float* v = base + j * width + 2 * qw + h * hd;
-        for (int64_t d = 0; d < hd; ++d) o[d] += p * v[d];
-      }
-      const float inv = 1.0f / sum;
-      for (int64_t d = 0; d < hd; ++d) o[d] *= inv;
-    });
+    }
     start += n;
   }
 }

@@ -11,8 +11,8 @@
 // Tolerances: both sides run fp32 on the same bf16 weights; differences come from summation order (blocked
 // GEMMs vs PyTorch's, SDPA's flash kernel vs one softmax pass), libm vs SLEEF cos/sin/tanh/erf, and the norm's
 // mean of squares (double here). Per stage the bound is max |Δ| ≤ 1e-5 · max |reference| and cosine ≥ 1 − 1e-10.
-// Measured (max |Δ| / max |ref|), tiny: embed 1.2e-6 / 2.06, tower 1.7e-6 / 3.26, projector 3.1e-6 / 3.75; real
-// widths: 1.1e-6 / 1.96, 2.6e-6 / 4.14, 2.6e-6 / 3.18; i.e. ≤ 1e-6 relative. Checked to fail: encoder norm eps 1e-5 instead of 2^-23 (tower 8.3e-5 / 3.26), RoPE row/column
+// Measured (max |Δ| / max |ref|), tiny: embed 1.2e-6 / 2.06, tower 1.6e-6 / 3.26, projector 2.7e-6 / 3.75; real
+// widths: 1.1e-6 / 1.96, 2.9e-6 / 4.14, 2.7e-6 / 3.18; i.e. ≤ 1e-6 relative. Checked to fail: encoder norm eps 1e-5 instead of 2^-23 (tower 8.3e-5 / 3.26), RoPE row/column
 // swapped (0.30), bilinear source positions off by 0.1 % (embed 1.2e-2).
 #include <gtest/gtest.h>
 

@@ -59,6 +59,8 @@ const std::vector<CommandSpec>& command_specs() {
         {"max-image-mib", "N", "20", "encoded bytes per image, MiB (the data: URL payload)"},
         {"max-image-pixels", "N", "40000000", "pixels per image, checked from the header before decoding"},
         {"max-image-tokens", "N", "16384", "image tokens (<|media_pad|> positions) per request, all images together"},
+        {"image-workers", "N", "1", "threads that decode and encode images (off the HTTP threads)"},
+        {"image-queue", "N", "4", "requests with images waiting for an image worker; more get 429"},
         kQuiet}},
       {"chat",
        "Interactive multi-turn chat on stdin/stdout, streaming (reasoning dimmed, tool calls as JSON; /exit ends).",

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "app/args.h"
@@ -74,7 +75,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
 
   long long port = 0, cache_mib = 0, max_running = 0, max_waiting = 0, batch = 0, chunk = 0, ctx = 0, page = 0,
             timeout = 0, drain = 0, http_threads = 0, body_mib = 0, snapshot_mib = 0, host_mib = 0,
-            disk_mib = 0, redis_timeout_ms = 0, max_images = 0, image_mib = 0, image_pixels = 0, image_tokens = 0;
+            disk_mib = 0, redis_timeout_ms = 0, max_images = 0, image_mib = 0, image_pixels = 0, image_tokens = 0,
+            image_workers = 0, image_queue = 0;
   for (auto [flag, dst, lo, hi] : std::initializer_list<std::tuple<const char*, long long*, long long, long long>>{
            {"port", &port, 0, 65535}, {"cache-mib", &cache_mib, 16, 1 << 22},
            {"max-running", &max_running, 1, 4096}, {"max-waiting", &max_waiting, 0, 1 << 20},
@@ -86,7 +88,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
            {"prefix-cache-disk-mib", &disk_mib, 1, 1 << 26},
            {"prefix-cache-redis-timeout-ms", &redis_timeout_ms, 1, 60000}, {"max-images", &max_images, 0, 256},
            {"max-image-mib", &image_mib, 1, 1024}, {"max-image-pixels", &image_pixels, 1, 1LL << 32},
-           {"max-image-tokens", &image_tokens, 1, 1 << 24}}) {
+           {"max-image-tokens", &image_tokens, 1, 1 << 24}, {"image-workers", &image_workers, 1, 64},
+           {"image-queue", &image_queue, 0, 4096}}) {
     auto v = a->integer(flag);
     if (!v) return usage_error("serve", v.error());
     if (*v < lo || *v > hi)
@@ -156,7 +159,11 @@ int cmd_serve(const std::vector<std::string>& argv) {
   il.per_image.max_pixels = static_cast<uint64_t>(image_pixels);
   il.max_tokens = image_tokens;
   EngineImageService images(**eng, il);
-  if ((*eng)->has_vision() && max_images > 0) ac.images = &images;
+  std::optional<server::ImageQueue> image_pool;
+  if ((*eng)->has_vision() && max_images > 0) {
+    image_pool.emplace(images, server::ImageQueueOptions{static_cast<int>(image_workers), static_cast<int>(image_queue)});
+    ac.images = &*image_pool;
+  }
   server::ApiServer api(ac, **sched, *tok, format);
   server::HttpServerOptions ho;
   ho.address = a->str("host");

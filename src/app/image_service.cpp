@@ -7,16 +7,18 @@
 
 namespace kestrel::app {
 
-Result<server::ImageBatch> EngineImageService::prepare(std::span<const std::string> urls) const {
-  auto batch = prepare_unlocked(urls);
-  if (!batch) {
+Result<server::ImageBatch> EngineImageService::prepare(std::span<const std::string> urls,
+                                                       const std::function<bool()>& stop) const {
+  auto batch = prepare_unlocked(urls, stop);
+  if (!batch && batch.error().code() != StatusCode::kUnavailable) {
     std::lock_guard<std::mutex> lk(metrics_mu_);
     ++metrics_.rejected_total;
   }
   return batch;
 }
 
-Result<server::ImageBatch> EngineImageService::prepare_unlocked(std::span<const std::string> urls) const {
+Result<server::ImageBatch> EngineImageService::prepare_unlocked(std::span<const std::string> urls,
+                                                                const std::function<bool()>& stop) const {
   if (urls.size() > limits_.max_images)
     return invalid_argument(std::to_string(urls.size()) + " images in one request; the limit is " +
                             std::to_string(limits_.max_images));
@@ -31,7 +33,8 @@ Result<server::ImageBatch> EngineImageService::prepare_unlocked(std::span<const 
   const auto t0 = std::chrono::steady_clock::now();
   Result<std::vector<float>> rows = [&] {
     std::lock_guard<std::mutex> lk(encode_mu_);
-    return embed_images(engine_, *prepared);
+    if (stop && stop()) return Result<std::vector<float>>(unavailable("image encoding stopped"));
+    return embed_images(engine_, *prepared, stop);
   }();
   if (!rows) return rows.error();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -216,14 +216,18 @@ void VisionTower::block_forward(const Block& blk, std::span<const VisionImage> i
   for (int64_t i = 0; i < T * D; ++i) x[static_cast<size_t>(i)] += proj[static_cast<size_t>(i)];
 }
 
-void VisionTower::encode(std::span<const VisionImage> images, std::vector<float>& x) const {
+Status VisionTower::encode(std::span<const VisionImage> images, std::vector<float>& x, const StopFn& stop) const {
   std::vector<int64_t> rope_pos;  // (row, column) of every patch in its image
   for (const VisionImage& im : images)
     for (int64_t y = 0; y < im.grid_thw[1]; ++y)
       for (int64_t c = 0; c < im.grid_thw[2]; ++c) rope_pos.push_back(y), rope_pos.push_back(c);
-  for (const Block& blk : blocks_) block_forward(blk, images, rope_pos, x);
+  for (const Block& blk : blocks_) {
+    if (stop && stop()) return unavailable("image encoding stopped");
+    block_forward(blk, images, rope_pos, x);
+  }
   const int64_t T = static_cast<int64_t>(rope_pos.size() / 2);
   kernels::rms_norm(x.data(), final_norm_.data(), T, v_.hidden, kEncoderNormEps, x.data());
+  return Status::ok();
 }
 
 void VisionTower::merge(std::span<const VisionImage> images, const std::vector<float>& x,
@@ -247,11 +251,11 @@ void VisionTower::merge(std::span<const VisionImage> images, const std::vector<f
   }
 }
 
-Result<std::vector<float>> VisionTower::forward(std::span<const VisionImage> images) const {
+Result<std::vector<float>> VisionTower::forward(std::span<const VisionImage> images, const StopFn& stop) const {
   for (const VisionImage& im : images) KESTREL_RETURN_IF_ERROR(check_grid(im.grid_thw));
   std::vector<float> x, merged;
   embed(images, x);
-  encode(images, x);
+  KESTREL_RETURN_IF_ERROR(encode(images, x, stop));
   merge(images, x, merged);
   return merged;
 }

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -23,6 +24,9 @@ struct VisionImage {
   std::array<int64_t, 3> grid_thw = {1, 0, 0};
   int64_t patches() const { return grid_thw[0] * grid_thw[1] * grid_thw[2]; }
 };
+
+// Asked between the tower's blocks: true stops the encoding (a cancelled or timed-out request).
+using StopFn = std::function<bool()>;
 
 class VisionTower {
  public:
@@ -41,14 +45,15 @@ class VisionTower {
   // The stages, for all images at once (x is [total patches, hidden]):
   // patch embedding plus the (interpolated) position grid,
   void embed(std::span<const VisionImage> images, std::vector<float>& x) const;
-  // the blocks and the final norm, in place,
-  void encode(std::span<const VisionImage> images, std::vector<float>& x) const;
+  // the blocks and the final norm, in place (`stop`, when set, is asked before every block: true ends the
+  // encoding with kUnavailable, x left half-done),
+  Status encode(std::span<const VisionImage> images, std::vector<float>& x, const StopFn& stop = {}) const;
   // and the merger: merged [total tokens, merge_h·merge_w·hidden], each image's 2x2 windows in raster order,
   // the window's patches in (row, column) order.
   void merge(std::span<const VisionImage> images, const std::vector<float>& x, std::vector<float>& merged) const;
 
   // All three; every grid must pass check_grid.
-  Result<std::vector<float>> forward(std::span<const VisionImage> images) const;
+  Result<std::vector<float>> forward(std::span<const VisionImage> images, const StopFn& stop = {}) const;
 
   int64_t hidden() const { return v_.hidden; }
   int64_t merged_width() const { return v_.merged_width(); }

@@ -65,9 +65,9 @@ Result<std::unique_ptr<KimiModel>> KimiModel::load(const std::string& dir) {
   return m;
 }
 
-Result<std::vector<float>> KimiModel::encode_images(std::span<const VisionImage> images) const {
-  if (!vision_tower_) return Model::encode_images(images);
-  auto merged = vision_tower_->forward(images);
+Result<std::vector<float>> KimiModel::encode_images(std::span<const VisionImage> images, const StopFn& stop) const {
+  if (!vision_tower_) return Model::encode_images(images, stop);
+  auto merged = vision_tower_->forward(images, stop);
   if (!merged) return merged.error();
   std::vector<float> out;
   vision_projector_.forward(merged->data(), static_cast<int64_t>(merged->size()) / vision_projector_.in_width(), out);

@@ -73,10 +73,10 @@ Result<PreparedImages> prepare_images(std::span<const std::vector<uint8_t>> file
   return out;
 }
 
-Result<std::vector<float>> embed_images(const Engine& engine, const PreparedImages& images) {
+Result<std::vector<float>> embed_images(const Engine& engine, const PreparedImages& images, const StopFn& stop) {
   std::vector<VisionImage> batch;
   for (const media::PreprocessedImage& im : images.images) batch.push_back({im.pixel_values.data(), im.grid_thw});
-  auto rows = engine.encode_images(batch);
+  auto rows = engine.encode_images(batch, stop);
   if (!rows) return rows.error();
   const int64_t D = engine.config().text.hidden_size;
   KCHECK(static_cast<int64_t>(rows->size()) == images.tokens * D, "vision tower rows != the images' token count");

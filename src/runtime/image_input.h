@@ -38,6 +38,7 @@ struct PreparedImages {
 Result<PreparedImages> prepare_images(std::span<const std::vector<uint8_t>> files, const ImageRequestLimits& limits);
 
 // The projected embeddings of every prepared image, in order: [images.tokens, hidden] (one tower batch).
-Result<std::vector<float>> embed_images(const Engine& engine, const PreparedImages& images);
+// `stop` is asked between the tower's blocks (a cancelled request): true ends it with kUnavailable.
+Result<std::vector<float>> embed_images(const Engine& engine, const PreparedImages& images, const StopFn& stop = {});
 
 }  // namespace kestrel

@@ -131,28 +131,47 @@ void ApiServer::chat_completions(const HttpRequest& req, const std::shared_ptr<H
   auto parsed = parse_chat_request(req.body, config_.limits);
   if (!unwrap(parsed, ex)) return;
   auto& r = std::get<ChatCompletionRequest>(parsed);
+  std::vector<std::string> urls;
+  for (const auto& m : r.messages)
+    for (const auto& p : m.content_parts)
+      if (p.kind == ContentPart::Kind::kImageUrl) urls.push_back(p.url);
+  if (urls.empty()) return chat_with_images(ex, r, nullptr);
+  if (config_.images == nullptr)
+    return send_error(ex, bad_request("This model does not take images (no vision tower)", "messages"));
+  auto chat = std::make_shared<ChatCompletionRequest>(std::move(r));
+  std::weak_ptr<HttpExchange> weak = ex;
+  Status queued = config_.images->submit(
+      std::move(urls), std::chrono::steady_clock::now() + config_.request_timeout,
+      [weak] {
+        auto e = weak.lock();
+        return e == nullptr || e->disconnected();
+      },
+      [this, ex, chat](Result<ImageBatch> batch) {
+        ex->post([this, ex, chat, batch = std::move(batch)]() mutable {
+          if (batch) return chat_with_images(ex, *chat, &*batch);
+          if (batch.error().code() == StatusCode::kUnavailable)
+            return send_error(ex, ApiError{503, "Images not ready: " + batch.error().message(), "server_error", {},
+                                           "timeout"});
+          send_error(ex, bad_request("Invalid image: " + batch.error().message(), "messages"));
+        });
+      });
+  if (!queued.is_ok())
+    send_error(ex, ApiError{429, "The server is busy (image queue full), retry later: " + queued.message(),
+                            "rate_limit_error", {}, "queue_full"});
+}
+
+void ApiServer::chat_with_images(const std::shared_ptr<HttpExchange>& ex, const ChatCompletionRequest& r,
+                                 const ImageBatch* images) const {
   RenderInput in;
   in.messages = &r.messages;
   in.tools = &r.tools;
   in.tool_choice = r.tool_choice;
   in.reasoning = r.reasoning;
   in.add_generation_prompt = r.add_generation_prompt;
-  std::vector<std::string> urls;
-  for (const auto& m : r.messages)
-    for (const auto& p : m.content_parts)
-      if (p.kind == ContentPart::Kind::kImageUrl) urls.push_back(p.url);
-  std::optional<ImageBatch> images;
-  if (!urls.empty()) {
-    if (config_.images == nullptr)
-      return send_error(ex, bad_request("This model does not take images (no vision tower)", "messages"));
-    auto batch = config_.images->prepare(urls);
-    if (!batch) return send_error(ex, bad_request("Invalid image: " + batch.error().message(), "messages"));
-    images = std::move(*batch);
-    in.image_prompts = &images->prompts;
-  }
+  if (images != nullptr) in.image_prompts = &images->prompts;
   auto prompt = format_.render(in);
   if (!prompt) return send_error(ex, bad_request("Cannot render the messages: " + prompt.error().message(), "messages"));
-  generate(ex, /*chat=*/true, std::move(*prompt), r.sampling, r.reasoning, {}, r.model, images ? &*images : nullptr);
+  generate(ex, /*chat=*/true, std::move(*prompt), r.sampling, r.reasoning, {}, r.model, images);
 }
 
 void ApiServer::completions(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const {
@@ -261,7 +280,8 @@ void ApiServer::health(const HttpRequest&, const std::shared_ptr<HttpExchange>& 
 
 void ApiServer::metrics(const HttpRequest&, const std::shared_ptr<HttpExchange>& ex) const {
   std::string text = prometheus_text(engine_.stats(), engine_.ready());
-  if (config_.images != nullptr) text += prometheus_image_text(config_.images->metrics());
+  if (config_.images != nullptr)
+    text += prometheus_image_text(config_.images->service().metrics(), config_.images->metrics());
   ex->respond(HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", std::move(text), {}});
 }
 

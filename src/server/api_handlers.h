@@ -4,7 +4,8 @@
 //
 // Every route except /health* and the chat page's files requires `Authorization: Bearer <api_key>` when api_key
 // is set (401 otherwise; constant-time compare). Handlers validate, render / tokenize on the calling I/O thread and
-// hand generation to a CompletionJob. ApiServer holds references: the engine, tokenizer and format must outlive
+// hand generation to a CompletionJob; a chat request's images are first encoded on the ImageQueue, and the request
+// goes on from the exchange's strand when they are ready. ApiServer holds references: the engine, tokenizer and format must outlive
 // it, and it must outlive the HttpServer using its router. Thread-safe (immutable after construction).
 #pragma once
 
@@ -16,7 +17,7 @@
 #include "scheduler/engine_service.h"
 #include "server/chat_format.h"
 #include "server/http_server.h"
-#include "server/image_service.h"
+#include "server/image_queue.h"
 #include "server/openai_schema.h"
 
 namespace kestrel::server {
@@ -28,8 +29,9 @@ struct ApiConfig {
   bool random_weights = false;  // a generated model: /v1/models says "random_weights": true
   std::chrono::milliseconds request_timeout{600'000};  // per generation request (GenerationRequest::deadline)
   SchemaLimits limits;  // served_model is set from model_id
-  // Chat requests with image_url parts go through it; null: such requests are refused (400). Must outlive the server.
-  const ImageService* images = nullptr;
+  // Chat requests with image_url parts are encoded on it (never on the I/O thread); null: such requests are
+  // refused (400). Must outlive the server.
+  ImageQueue* images = nullptr;
 };
 
 class ApiServer {
@@ -40,6 +42,9 @@ class ApiServer {
 
  private:
   void chat_completions(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
+  // The chat request after its images (if any) are ready: render and generate.
+  void chat_with_images(const std::shared_ptr<HttpExchange>& ex, const ChatCompletionRequest& r,
+                        const ImageBatch* images) const;
   void completions(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
   void models(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
   void health(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex, bool ready_check) const;

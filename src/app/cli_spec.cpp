@@ -63,7 +63,7 @@ const std::vector<CommandSpec>& command_specs() {
         {"image-queue", "N", "4", "requests with images waiting for an image worker; more get 429"},
         kQuiet}},
       {"chat",
-       "Interactive multi-turn chat on stdin/stdout, streaming (reasoning dimmed, tool calls as JSON; /exit ends).",
+       "Interactive multi-turn chat on stdin/stdout, streaming (reasoning dimmed, tool calls as JSON; /image PATH attaches an image to the next message; /exit ends).",
        "[MODEL] [flags]",
        "model",
        {kModel,

@@ -42,22 +42,21 @@ void print_load_notes(const Engine& engine, const std::string& dir, bool verbose
   for (const auto& n : engine.load_notes()) std::fprintf(stderr, "kestrel: %s: %s\n", dir.c_str(), n.c_str());
 }
 
-namespace {
-
-// The bytes of an image file, refused before reading when larger than the per-image limit.
-Result<std::vector<uint8_t>> read_image_file(const std::string& path) {
+Result<std::vector<uint8_t>> read_image_file(const std::string& path, const std::string& label) {
   std::error_code ec;
   const auto size = std::filesystem::file_size(path, ec);
-  if (ec) return io_error("--image " + path + ": " + ec.message());
+  if (ec) return io_error(label + ": " + ec.message());
   if (size > media::ImageLimits{}.max_file_bytes)
-    return invalid_argument("--image " + path + ": " + std::to_string(size) + " bytes; the limit is " +
+    return invalid_argument(label + ": " + std::to_string(size) + " bytes; the limit is " +
                             std::to_string(media::ImageLimits{}.max_file_bytes));
   std::ifstream in(path, std::ios::binary);
   std::vector<uint8_t> bytes(static_cast<size_t>(size));
   if (!in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size)))
-    return io_error("--image " + path + ": read failed");
+    return io_error(label + ": read failed");
   return bytes;
 }
+
+namespace {
 
 int fail(const Status& s) {
   std::fprintf(stderr, "kestrel: %s\n", s.message().c_str());
@@ -117,7 +116,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   // image's expanded placeholder goes before the text, with --prompt-ids the ids must hold the pads themselves.
   std::vector<std::vector<uint8_t>> files;
   for (const std::string& path : a->all("image")) {
-    auto bytes = read_image_file(path);
+    auto bytes = read_image_file(path, "--image " + path);
     if (!bytes) return fail(bytes.error());
     files.push_back(std::move(*bytes));
   }

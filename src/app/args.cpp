@@ -168,6 +168,7 @@ std::optional<Args> Args::parse(const std::string& command, const std::vector<st
       if (i + 1 >= argv.size()) return error("--" + k + " needs a value (" + f->meta + ")");
       a.values_[k] = argv[++i];
     }
+    if (!f->meta.empty()) a.all_[k].push_back(a.values_[k]);
   }
   if (!bare.empty()) {
     if (named_too) return error("the " + c->positional + " is given twice: '" + bare + "' and --" + c->positional);

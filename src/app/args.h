@@ -58,6 +58,11 @@ class Args {
   bool has(const std::string& k) const { return values_.count(k) != 0; }
   // The value given, else the declared default.
   std::string str(const std::string& k) const;
+  // Every value given for a flag that may repeat (e.g. --image), in command-line order; empty when not given.
+  std::vector<std::string> all(const std::string& k) const {
+    auto it = all_.find(k);
+    return it == all_.end() ? std::vector<std::string>{} : it->second;
+  }
   Result<long long> integer(const std::string& k) const;
   Result<double> number(const std::string& k) const;
   // For flags whose default depends on other input (a preset, a cluster spec): the value given, else `dflt`.
@@ -68,6 +73,7 @@ class Args {
   const FlagSpec& spec(const std::string& k) const;
   const CommandSpec* cmd_ = nullptr;
   std::map<std::string, std::string> values_;
+  std::map<std::string, std::vector<std::string>> all_;
 };
 
 // The first error among values read with the getters (in argument order), or ok.

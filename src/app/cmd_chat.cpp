@@ -1,7 +1,9 @@
 // `kestrel chat`: interactive multi-turn chat on one model, streaming. Each turn renders the whole
 // conversation with the model's chat format (K3 XTML), prefills it, and streams the reply through
 // the output parser: reasoning dimmed (or hidden with --hide-thinking), content plain, tool calls
-// printed as JSON.
+// printed as JSON. `/image PATH` attaches an image to the next user message (docs/vision.md §7): it is decoded,
+// preprocessed and encoded once, its placeholder rendered at its place in the conversation on every turn and its
+// embedding rows written at the pads; `/exit` ends.
 #include <unistd.h>
 
 #include <cstdio>
@@ -15,6 +17,7 @@
 #include "chat/output_parser.h"
 #include "chat/stream_decoder.h"
 #include "runtime/engine.h"
+#include "runtime/image_input.h"
 #include "runtime/sampler.h"
 
 namespace kestrel::app {
@@ -64,17 +67,52 @@ int cmd_chat(const std::vector<std::string>& argv) {
   const char* dim = tty ? "\x1b[2m" : "";
   const char* reset = tty ? "\x1b[0m" : "";
   Sampler sampler(SamplingParams{static_cast<float>(*temp), 0, static_cast<float>(*top_p), 0.0f, static_cast<uint64_t>(*seed)});
+  // The conversation's images in order: their placeholders and embedding rows; `attached` of them (the last ones)
+  // wait for the next user message.
+  std::vector<std::string> image_prompts;
+  std::vector<float> media;
+  size_t attached = 0;
   std::string line;
   while (true) {
     if (tty) std::printf("\n> "), std::fflush(stdout);
     if (!std::getline(std::cin, line) || line == "/exit") break;
     if (line.empty()) continue;
-    req.messages.push_back(message(chat::Role::kUser, line));
+    if (line.rfind("/image", 0) == 0 && (line.size() == 6 || line[6] == ' ')) {
+      const std::string path = line.size() > 7 ? line.substr(7) : std::string();
+      auto added = [&]() -> Result<int64_t> {
+        if (path.empty()) return invalid_argument("/image needs a file: /image PATH");
+        if (!(*eng)->has_vision()) return unsupported("the model has no vision tower; /image needs one");
+        auto bytes = read_image_file(path, "/image " + path);
+        if (!bytes) return bytes.error();
+        auto prepared = prepare_images(std::span<const std::vector<uint8_t>>(&*bytes, 1), ImageRequestLimits{});
+        if (!prepared) return prepared.error();
+        auto rows = embed_images(**eng, *prepared);
+        if (!rows) return rows.error();
+        image_prompts.push_back(prepared->prompts[0]);
+        media.insert(media.end(), rows->begin(), rows->end());
+        ++attached;
+        return prepared->tokens;
+      }();
+      // A bad file is reported and the chat goes on.
+      if (!added) std::fprintf(stderr, "kestrel chat: %s\n", added.error().message().c_str());
+      else std::fprintf(stderr, "kestrel chat: attached %s (%lld image tokens) to the next message\n", path.c_str(),
+                        static_cast<long long>(*added));
+      continue;
+    }
+    chat::Message user = message(chat::Role::kUser, line);
+    if (attached > 0) {
+      user.has_parts = true;
+      for (size_t i = 0; i < attached; ++i) user.parts.push_back({chat::ContentPart::Kind::kImage, {}});
+      user.parts.push_back({chat::ContentPart::Kind::kText, line});
+      attached = 0;
+    }
+    req.messages.push_back(std::move(user));
+    if (!image_prompts.empty()) req.image_prompts = image_prompts;
     auto segs = chat::render_k3_segments(req);
     if (!segs) return fail(segs.error());
     const std::vector<int32_t> ids = chat::encode_segments(*tok, *segs);
     SequenceState seq = (*eng)->new_sequence();
-    auto logits = (*eng)->prefill(seq, ids, 512);
+    auto logits = media.empty() ? (*eng)->prefill(seq, ids, 512) : (*eng)->prefill_media(seq, ids, media, 512);
     if (!logits) return fail(logits.error());
     std::vector<float> cur = std::move(*logits);
     chat::OutputParser parser(chat::OutputParserOptions{chat::OutputFormat::kKimiK3, req.thinking});

@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +14,7 @@
 #include "chat/stream_decoder.h"
 #include "runtime/cell.h"
 #include "runtime/engine.h"
+#include "runtime/image_input.h"
 #include "runtime/sampler.h"
 
 namespace kestrel::app {
@@ -39,6 +42,20 @@ std::string resolve_model_or_default(const std::string& model_flag, bool verbose
 void print_load_notes(const Engine& engine, const std::string& dir, bool verbose) {
   if (!verbose) return;
   for (const auto& n : engine.load_notes()) std::fprintf(stderr, "kestrel: %s: %s\n", dir.c_str(), n.c_str());
+}
+
+Result<std::vector<uint8_t>> read_image_file(const std::string& path, const std::string& label) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) return io_error(label + ": " + ec.message());
+  if (size > media::ImageLimits{}.max_file_bytes)
+    return invalid_argument(label + ": " + std::to_string(size) + " bytes; the limit is " +
+                            std::to_string(media::ImageLimits{}.max_file_bytes));
+  std::ifstream in(path, std::ios::binary);
+  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  if (!in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size)))
+    return io_error(label + ": read failed");
+  return bytes;
 }
 
 namespace {
@@ -137,9 +154,23 @@ int cmd_generate(const std::vector<std::string>& argv) {
     if (!t) return die(t.error());
     tok.emplace(std::move(*t));
   }
-  Result<std::vector<int32_t>> ids = tok ? Result<std::vector<int32_t>>(tok->encode(a->str("prompt"),
-                                                                                     chat::SpecialMode::kAsText))
-                                         : parse_id_list(a->str("prompt-ids"));
+  // --image files: decoded and preprocessed first (a bad file fails before the model loads); with --prompt each
+  // image's expanded placeholder goes before the text, with --prompt-ids the ids must hold the pads themselves.
+  std::vector<std::vector<uint8_t>> files;
+  for (const std::string& path : a->all("image")) {
+    auto bytes = read_image_file(path, "--image " + path);
+    if (!bytes) return die(bytes.error());
+    files.push_back(std::move(*bytes));
+  }
+  auto images = prepare_images(files, ImageRequestLimits{});
+  if (!images) return die(images.error());
+  Result<std::vector<int32_t>> ids = parse_id_list(a->str("prompt-ids"));
+  if (tok) {
+    std::vector<int32_t> text_ids;
+    for (const std::string& p : images->prompts) tok->encode_append(p, chat::SpecialMode::kAllow, text_ids);
+    tok->encode_append(a->str("prompt"), chat::SpecialMode::kAsText, text_ids);
+    ids = std::move(text_ids);
+  }
   if (!ids) return die(ids.error());
   if (ids->empty()) return die(invalid_argument("the prompt encodes to no tokens"));
 
@@ -147,6 +178,17 @@ int cmd_generate(const std::vector<std::string>& argv) {
   if (!eng) return die(eng.error());
   print_load_notes(**eng, dir, !quiet);
   Engine& e = **eng;
+  std::vector<float> media;
+  double encode_s = 0;
+  if (!files.empty()) {
+    if (cl != nullptr) return die(unsupported("--image in a cell (--ep): images run in one process only"));
+    if (!e.has_vision()) return die(unsupported(dir + ": the model has no vision tower; --image needs one"));
+    const auto te = std::chrono::steady_clock::now();
+    auto rows = embed_images(e, *images);
+    if (!rows) return die(rows.error());
+    encode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - te).count();
+    media = std::move(*rows);
+  }
   SamplingParams sp{static_cast<float>(*temp), static_cast<int>(*top_k), static_cast<float>(*top_p),
                     static_cast<float>(*min_p), static_cast<uint64_t>(*seed)};
   Sampler sampler(sp);
@@ -170,7 +212,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
     return out;
   };
   const auto t0 = std::chrono::steady_clock::now();
-  auto logits = cell ? cell_prefill() : e.prefill(seq, *ids, *chunk);
+  auto logits = cell ? cell_prefill() : e.prefill_media(seq, *ids, media, *chunk);
   if (!logits) return die(logits.error());
   const auto t1 = std::chrono::steady_clock::now();
   std::vector<int32_t> out;
@@ -218,6 +260,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
     nlohmann::json j = {{"model", dir}, {"prompt_ids", *ids}, {"tokens", out}, {"finish_reason", finish},
                         {"prefill_seconds", pre_s}, {"decode_seconds", dec_s},
                         {"weight_bytes", e.model().bound_weight_bytes()}};
+    if (!files.empty()) j["image_tokens"] = images->tokens, j["encode_seconds"] = encode_s;
     if (tok) j["text"] = text;
     if (*top_logits > 0) j["top_logits"] = tops;
     if (cell) j["cell"] = cell_json;

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -19,6 +20,7 @@
 #include "app/cache_fingerprint.h"
 #include "app/commands.h"
 #include "app/host_port.h"
+#include "app/image_service.h"
 #include "app/k3_chat_format.h"
 #include "cache/redis_store.h"
 #include "chat/model_tokenizer.h"
@@ -92,7 +94,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
 
   long long port = 0, cache_mib = 0, max_running = 0, max_waiting = 0, batch = 0, chunk = 0, ctx = 0, page = 0,
             timeout = 0, drain = 0, http_threads = 0, body_mib = 0, snapshot_mib = 0, host_mib = 0,
-            disk_mib = 0, redis_timeout_ms = 0;
+            disk_mib = 0, redis_timeout_ms = 0, max_images = 0, image_mib = 0, image_pixels = 0, image_tokens = 0,
+            image_workers = 0, image_queue = 0;
   for (auto [flag, dst, lo, hi] : std::initializer_list<std::tuple<const char*, long long*, long long, long long>>{
            {"port", &port, 0, 65535}, {"cache-mib", &cache_mib, 16, 1 << 22},
            {"max-running", &max_running, 1, 4096}, {"max-waiting", &max_waiting, 0, 1 << 20},
@@ -102,7 +105,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
            {"http-threads", &http_threads, 1, 256}, {"max-body-mib", &body_mib, 1, 1024},
            {"prefix-cache-snapshot-mib", &snapshot_mib, 0, 1 << 22}, {"prefix-cache-host-mib", &host_mib, 0, 1 << 24},
            {"prefix-cache-disk-mib", &disk_mib, 1, 1 << 26},
-           {"prefix-cache-redis-timeout-ms", &redis_timeout_ms, 1, 60000}}) {
+           {"prefix-cache-redis-timeout-ms", &redis_timeout_ms, 1, 60000}, {"max-images", &max_images, 0, 256},
+           {"max-image-mib", &image_mib, 1, 1024}, {"max-image-pixels", &image_pixels, 1, 1LL << 32},
+           {"max-image-tokens", &image_tokens, 1, 1 << 24}, {"image-workers", &image_workers, 1, 64},
+           {"image-queue", &image_queue, 0, 4096}}) {
     auto v = a->integer(flag);
     if (!v) return usage_error("serve", v.error());
     if (*v < lo || *v > hi)
@@ -210,6 +216,17 @@ int cmd_serve(const std::vector<std::string>& argv) {
   ac.api_key = a->has("api-key") ? a->str("api-key") : env_key ? env_key : "";
   ac.request_timeout = std::chrono::seconds(timeout);
   ac.role = role == "prefill" ? "prefill" : role == "decode" ? "decode" : "both";
+  ImageRequestLimits il;
+  il.max_images = static_cast<size_t>(max_images);
+  il.per_image.max_file_bytes = static_cast<size_t>(image_mib) << 20;
+  il.per_image.max_pixels = static_cast<uint64_t>(image_pixels);
+  il.max_tokens = image_tokens;
+  EngineImageService images(**eng, il);
+  std::optional<server::ImageQueue> image_pool;
+  if ((*eng)->has_vision() && max_images > 0) {
+    image_pool.emplace(images, server::ImageQueueOptions{static_cast<int>(image_workers), static_cast<int>(image_queue)});
+    ac.images = &*image_pool;
+  }
   server::ApiServer api(ac, service, *tok, format);
   server::HttpServerOptions ho;
   ho.address = a->str("host");

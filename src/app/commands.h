@@ -1,6 +1,7 @@
 // CLI subcommands. Each returns the process exit code and prints one-line errors to stderr.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -23,5 +24,8 @@ std::string resolve_model_or_default(const std::string& model_flag, bool verbose
 
 // Prints the model's load notes (one stderr line each, prefixed with the model directory) when verbose.
 void print_load_notes(const Engine& engine, const std::string& dir, bool verbose);
+// The bytes of an image file, refused before reading when larger than the per-image limit; errors start with
+// `label` (e.g. "--image cat.png").
+Result<std::vector<uint8_t>> read_image_file(const std::string& path, const std::string& label);
 
 }  // namespace kestrel::app

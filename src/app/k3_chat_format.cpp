@@ -51,6 +51,7 @@ Result<std::vector<int32_t>> K3ChatFormat::render(const server::RenderInput& in)
   chat::ChatRequest req;
   KESTREL_RETURN_IF_ERROR(apply_reasoning(in.reasoning, req));
   req.add_generation_prompt = in.add_generation_prompt;
+  if (in.image_prompts != nullptr) req.image_prompts = *in.image_prompts;
   switch (in.tool_choice.mode) {
     case server::ToolChoice::Mode::kNone: req.tool_choice = chat::ToolChoice::kNone; break;
     case server::ToolChoice::Mode::kRequired:

@@ -68,6 +68,20 @@ kernels::WeightMatrix Binder::linear(const std::string& name, int64_t out, int64
   return w;
 }
 
+kernels::WeightMatrix Binder::flattened(const std::string& name, const std::vector<int64_t>& shape) {
+  kernels::WeightMatrix w;
+  w.out = shape.empty() ? 0 : shape[0];
+  w.in = 1;
+  for (size_t i = 1; i < shape.size(); ++i) w.in *= shape[i];
+  if (!ok()) return w;
+  if (gguf_ != nullptr) return fail(unsupported("'" + name + ".weight': flattened weights are read from safetensors only")), w;
+  auto t = ckpt_->get(name + ".weight", kFloat, shape);
+  if (!t) return fail(t.error()), w;
+  w.format = format_of(t->dtype);
+  w.data = t->data;
+  return w;
+}
+
 kernels::WeightMatrix Binder::int4_linear(Checkpoint& ck, const std::string& name, int64_t out, int64_t in) {
   kernels::WeightMatrix w;
   w.out = out;

@@ -30,6 +30,10 @@ class Binder {
   //   I32 [out, in/8] + BF16 [out, in/G] + weight_shape [2]  int4 pack-quantized W4A8, G from the
   //                                                          config (set_int4_group_size).
   kernels::WeightMatrix linear(const std::string& name, int64_t out, int64_t in);
+  // Checkpoint only: float tensor `<name>.weight` of exactly `shape`, used in place as an [out, in] matrix with
+  // out = shape[0] and in = the product of the rest (a Conv2d whose kernel equals its stride, over patches
+  // flattened in the kernel's (channel, row, column) order).
+  kernels::WeightMatrix flattened(const std::string& name, const std::vector<int64_t>& shape);
   // GGUF only: kv_b_proj's converter halves in place (GgufWeights::split_kv_b); nullopt otherwise.
   std::optional<std::pair<kernels::WeightMatrix, kernels::WeightMatrix>> split_kv_b(const std::string& name, int64_t heads,
                                                                                   int64_t dn, int64_t dv, int64_t lora) {

@@ -277,6 +277,12 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
     if (!c.text.latent_moe())
       return invalid_argument(label + ": text_config key 'routed_expert_hidden_size': missing required key");
     if (j.contains("vision_config")) c.vision_config_json = j["vision_config"].dump();
+    config_detail::Reader top(j, label);
+    c.media_pad_id = top.opt_int("media_placeholder_token_id", c.text.bos_token_id >= 0 ? c.text.bos_token_id + 21 : -1);
+    KESTREL_RETURN_IF_ERROR(top.status());
+    if (c.media_pad_id >= c.text.vocab_size)
+      return invalid_argument(label + ": key 'media_placeholder_token_id': " + std::to_string(c.media_pad_id) +
+                              " is outside the vocabulary");
   } else if (c.model_type == "kimi_linear") {
     c.arch = Arch::kKimiLinear;
     c.lm_head_name = "lm_head.weight";

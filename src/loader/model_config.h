@@ -122,6 +122,9 @@ struct ModelConfig {
   std::string lm_head_name;   // full tensor name
   TextConfig text;
   std::string vision_config_json;  // kept verbatim for the vision tower (not used by the text path)
+  // K3: the <|media_pad|> id whose prompt positions take image embeddings: media_placeholder_token_id, or
+  // without it the K3 special-token table's (bos_token_id + 21; docs/vision.md §6). -1: none.
+  int media_pad_id = -1;
 };
 
 // Parses config.json text; `label` names the file in errors.

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 #include <set>
+#include <utility>
 
 #include "loader/json_reader.h"
 
@@ -23,7 +24,25 @@ Result<VisionConfig> parse_vision_config(const std::string& json_text, const std
   v.pos_emb_width = r.req_int("init_pos_emb_width");
   v.text_hidden = r.req_int("text_hidden_size");
   v.mm_hidden = r.opt_int("mm_hidden_size", v.hidden);
+  v.projector_ln_eps = r.opt_float("projector_ln_eps", 1e-5f);
+  // Optional keys that choose the architecture: absent means the released value; any other value is refused.
+  const std::pair<const char*, const char*> released_strings[] = {
+      {"pos_emb_type", "divided_fixed"}, {"pos_emb_interpolation_mode", "bilinear"}, {"norm_type", "rmsnorm"},
+      {"mlp_type", "mlp2"},           {"activation_func", "gelu_pytorch_tanh"},     {"merge_type", "sd2_tpool"},
+      {"mm_projector_type", "patchmergerv2"}, {"projector_hidden_act", "gelu"}};
+  for (const auto& [key, released] : released_strings)
+    if (r.has(key)) {
+      const std::string got = r.req_str(key);
+      if (r.status().is_ok() && got != released)
+        return unsupported(label + ": key '" + key + "': '" + got + "' (only the released '" + released +
+                           "' is implemented)");
+    }
+  for (const char* key : {"attn_bias", "linear_bias", "patch_embed_proj_bias"})
+    if (r.opt_bool(key, false))
+      return unsupported(label + ": key '" + key + "': true (the released tower has no biases)");
   KESTREL_RETURN_IF_ERROR(r.status());
+  if (!(v.projector_ln_eps > 0.0f && v.projector_ln_eps < 1.0f))
+    return invalid_argument(label + ": key 'projector_ln_eps': must be in (0, 1)");
   if (!j.contains("merge_kernel_size") || !j["merge_kernel_size"].is_array() || j["merge_kernel_size"].size() != 2 ||
       !j["merge_kernel_size"][0].is_number_integer() || !j["merge_kernel_size"][1].is_number_integer())
     return invalid_argument(label + ": key 'merge_kernel_size': must be a list of two integers");

@@ -25,6 +25,10 @@ struct VisionConfig {
   int merge_h = 0, merge_w = 0;  // merge_kernel_size ([2, 2])
   int mm_hidden = 0;          // mm_hidden_size (1024; defaults to vt_hidden_size)
   int text_hidden = 0;        // text_hidden_size (7168: the language model's hidden size)
+  float projector_ln_eps = 1e-5f;  // projector_ln_eps: the projector's post RMSNorm
+  // The MoonViT3d choices the released config names (pos_emb_type divided_fixed, bilinear pos-emb
+  // interpolation, rmsnorm, mlp2 with gelu_pytorch_tanh, sd2_tpool merge, patchmergerv2 with exact gelu, no
+  // biases) are the only ones Kestrel runs; parse_vision_config refuses any other value.
 
   int64_t merged_width() const { return int64_t{mm_hidden} * merge_h * merge_w; }  // projector input (4096)
 };

@@ -383,6 +383,7 @@ Status generate_checkpoint(const GenSpec& s, const std::string& dir, Progress* p
   if (k3) {
     cfg = {{"architectures", {"KimiK3ForConditionalGeneration"}}, {"model_type", "kimi_k3"},
            {"bos_token_id", s.vocab - 256}, {"eos_token_id", s.vocab - 254}, {"pad_token_id", s.vocab - 1},
+           {"media_placeholder_token_id", s.vocab - 256 + 21},
            {"tie_word_embeddings", false}, {"dtype", "bfloat16"}, {"text_config", text_config(s)},
            {"vision_config", vision}};
   } else {

@@ -41,14 +41,21 @@ Result<std::unique_ptr<KimiModel>> KimiModel::load(const std::string& dir, Exper
   KESTREL_RETURN_IF_ERROR(m->bind(b));
   m->bound_weight_bytes_ = m->ckpt_->bound_bytes();
   if (m->cfg_.arch == Arch::kKimiK3) {
-    // The released K3 checkpoint carries the vision tower and projector: validated, not bound (text only).
+    // The released K3 checkpoint carries the vision tower and projector: the layout is checked against
+    // vision_config (one clear error per wrong tensor), then every tensor is bound by its released name.
     auto vision = check_vision_tensors(*m->ckpt_, m->cfg_.vision_config_json, m->cfg_.text.hidden_size);
     if (!vision) return vision.error();
     if (vision->tensors > 0) {
+      auto vc = parse_vision_config(m->cfg_.vision_config_json, dir + "/config.json");
+      if (!vc) return vc.error();
+      if (m->cfg_.media_pad_id < 0)
+        return invalid_argument(dir + "/config.json: a vision tower but no media_placeholder_token_id or bos_token_id");
+      m->vision_tower_ = std::make_unique<VisionTower>();
+      KESTREL_RETURN_IF_ERROR(m->vision_tower_->bind(b, *vc));
+      KESTREL_RETURN_IF_ERROR(m->vision_projector_.bind(b, *vc));
       char note[256];
-      std::snprintf(note, sizeof note, "vision tower + projector: %lld tensors, %.2f M params, match vision_config; "
-                    "not loaded (text input only)", static_cast<long long>(vision->tensors),
-                    static_cast<double>(vision->params) / 1e6);
+      std::snprintf(note, sizeof note, "vision tower + projector: %lld tensors, %.2f M params, loaded (image input)",
+                    static_cast<long long>(vision->tensors), static_cast<double>(vision->params) / 1e6);
       m->load_notes_.push_back(note);
     }
   }
@@ -58,6 +65,15 @@ Result<std::unique_ptr<KimiModel>> KimiModel::load(const std::string& dir, Exper
     return corrupt(m->ckpt_->file_of(unused.front()) + ": unexpected tensor '" + unused.front() + "' (" +
                    std::to_string(unused.size()) + " tensor(s) not used by " + m->cfg_.model_type + ")");
   return m;
+}
+
+Result<std::vector<float>> KimiModel::encode_images(std::span<const VisionImage> images, const StopFn& stop) const {
+  if (!vision_tower_) return Model::encode_images(images, stop);
+  auto merged = vision_tower_->forward(images, stop);
+  if (!merged) return merged.error();
+  std::vector<float> out;
+  vision_projector_.forward(merged->data(), static_cast<int64_t>(merged->size()) / vision_projector_.in_width(), out);
+  return out;
 }
 
 Result<std::unique_ptr<KimiModel>> KimiModel::load_gguf(const std::string& path) {
@@ -169,11 +185,20 @@ void KimiModel::forward_batch(std::span<const SeqRun> runs, std::vector<float>& 
   runs_ = runs;
   h_.resize(static_cast<size_t>(T * D));
   int64_t t = 0;
-  for (const SeqRun& r : runs)
+  for (const SeqRun& r : runs) {
+    const float* media = r.media;
+    int64_t rows_left = media != nullptr ? r.media_rows : 0;
     for (int64_t i = 0; i < r.T; ++i, ++t) {
       KCHECK(r.ids[i] >= 0 && r.ids[i] < c.vocab_size, "token id out of range (callers validate)");
-      kernels::decode_row(embed_, r.ids[i], h_.data() + t * D);
+      if (rows_left > 0 && r.ids[i] == cfg_.media_pad_id) {  // image embedding at its <|media_pad|>
+        std::copy(media, media + D, h_.data() + t * D);
+        media += D;
+        --rows_left;
+      } else {
+        kernels::decode_row(embed_, r.ids[i], h_.data() + t * D);
+      }
     }
+  }
   if (cfg_.arch == Arch::kKimiK3) forward_k3(T, o);
   else forward_linear(T, o);
   // h_ now holds the pre-final-norm stream; gather the rows that need logits.

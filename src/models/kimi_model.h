@@ -13,6 +13,8 @@
 #include "layers/ffn.h"
 #include "layers/kda_layer.h"
 #include "layers/mla_layer.h"
+#include "layers/vision_projector.h"
+#include "layers/vision_tower.h"
 #include "loader/checkpoint.h"
 #include "loader/model_config.h"
 #include "models/model.h"
@@ -30,6 +32,8 @@ class KimiModel final : public Model {
   void forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions& opt = {}) override;
   double indexer_seconds() const override;
   std::span<const int32_t> last_topk(size_t layer) const override;
+  bool has_vision() const override { return vision_tower_ != nullptr; }
+  Result<std::vector<float>> encode_images(std::span<const VisionImage> images, const StopFn& stop = {}) const override;
 
  private:
   struct Layer {
@@ -51,6 +55,8 @@ class KimiModel final : public Model {
   kernels::WeightMatrix embed_, lm_head_;
   std::vector<float> final_norm_, out_res_c_;
   std::vector<Layer> layers_;
+  std::unique_ptr<VisionTower> vision_tower_;  // K3 checkpoints with vision_tower.* tensors
+  VisionProjector vision_projector_;
   // Scratch [T, hidden] buffers (not reentrant).
   std::vector<float> h_, normed_, sub_, mix_;
   std::vector<std::vector<float>> bank_;

@@ -125,12 +125,17 @@ void Model::emit_logits(std::span<const SeqRun> runs, const float* h, const floa
 }
 
 void Model::forward(const int32_t* ids, int64_t T, SequenceState& st, std::vector<float>& logits,
-                        const ForwardOptions& o) {
-  one_.assign(1, SeqRun{ids, T, &st, o.all_logits});
+                        const ForwardOptions& o, const float* media, int64_t media_rows) {
+  one_.assign(1, SeqRun{ids, T, &st, o.all_logits, media, media_rows});
   forward_batch(one_, logits, o);
 }
 
+Result<std::vector<float>> Model::encode_images(std::span<const VisionImage>, const StopFn&) const {
+  return unsupported(cfg_.model_type + " model without a vision tower: image input is not supported");
+}
+
 Result<std::unique_ptr<Model>> load_model(const std::string& dir, ExpertShard* shard) {
+
   std::error_code ec;
   if (std::filesystem::is_regular_file(dir, ec)) {  // a GGUF file (kimi-k3 / kimi-linear)
     if (shard != nullptr && shard->size > 1)

@@ -13,6 +13,7 @@
 #include "layers/expert_shard.h"
 #include "layers/kda_layer.h"
 #include "layers/mla_layer.h"
+#include "layers/vision_tower.h"
 #include "loader/model_config.h"
 
 namespace kestrel {
@@ -43,6 +44,11 @@ struct SeqRun {
   int64_t T = 0;
   SequenceState* st = nullptr;
   bool all_logits = false;  // logits for every token of this run (else only its last)
+  // Image embeddings [media_rows, hidden]: row k replaces the token embedding at the k-th <|media_pad|> of ids
+  // (config().media_pad_id); pads after the last row take their own embedding (a generated pad). Null: every id
+  // takes its own embedding.
+  const float* media = nullptr;
+  int64_t media_rows = 0;
 };
 
 // Sizes the cache pools need.
@@ -76,7 +82,7 @@ class Model {
   virtual ~Model() = default;
   const ModelConfig& config() const { return cfg_; }
   const CacheGeometry& cache_geometry() const { return geom_; }
-  // One line each about what loading found and left aside (e.g. a vision tower not loaded); the commands
+  // One line each about what loading found and left aside (e.g. the vision tower it loaded); the commands
   // print them unless --quiet.
   const std::vector<std::string>& load_notes() const { return load_notes_; }
   // A standalone sequence that owns its storage (pages of kOwnPageTokens tokens, grown on demand), its
@@ -98,9 +104,16 @@ class Model {
   // Tests: the DSA selection of `layer` in the last forward_batch, [tokens of the batch, index_topk]
   // (positions within each sequence, ascending, −1 padded); empty for layers without an indexer.
   virtual std::span<const int32_t> last_topk(size_t /*layer*/) const { return {}; }
-  // Runs T tokens of one sequence; logits: [T or 1, vocab].
+  // Runs T tokens of one sequence; logits: [T or 1, vocab]. media, media_rows: as in SeqRun.
   void forward(const int32_t* ids, int64_t T, SequenceState& st, std::vector<float>& logits,
-               const ForwardOptions& opt = {});
+               const ForwardOptions& opt = {}, const float* media = nullptr, int64_t media_rows = 0);
+  // Whether the checkpoint's vision tower is loaded (K3 with vision_tower.* tensors).
+  virtual bool has_vision() const { return false; }
+  // The images of one request through the vision tower and projector as one batch: [sum of tokens, hidden],
+  // image by image in order. Unsupported without a tower; an error for a grid the tower cannot run.
+  // `stop` is asked between the tower's blocks (layers/vision_tower.h).
+  virtual Result<std::vector<float>> encode_images(std::span<const VisionImage> images,
+                                                   const StopFn& stop = {}) const;
   // Runs several sequences in one step: token-wise work (projections, MoE, norms, lm_head) over the
   // concatenated tokens so weights are read once; attention per sequence. Logits rows are emitted
   // run by run (T rows when all_logits, else 1). Pool-backed sequences must already have pages for

@@ -1,5 +1,7 @@
 #include "runtime/engine.h"
 
+#include <algorithm>
+
 namespace kestrel {
 
 Result<std::unique_ptr<Engine>> Engine::load(const std::string& dir, ExpertShard* shard) {
@@ -21,16 +23,37 @@ Status Engine::check_ids(std::span<const int32_t> ids) const {
 
 Result<std::vector<float>> Engine::prefill(SequenceState& seq, std::span<const int32_t> ids, int64_t chunk,
                                            bool all_logits, const ForwardOptions& base) {
+  return prefill_media(seq, ids, {}, chunk, all_logits, base);
+}
+
+Result<std::vector<float>> Engine::prefill_media(SequenceState& seq, std::span<const int32_t> ids,
+                                                 std::span<const float> media, int64_t chunk, bool all_logits,
+                                                 const ForwardOptions& base) {
   if (ids.empty()) return invalid_argument("prefill needs at least one token");
   KESTREL_RETURN_IF_ERROR(check_ids(ids));
-  const int64_t n = static_cast<int64_t>(ids.size());
+  const int64_t n = static_cast<int64_t>(ids.size()), D = config().text.hidden_size;
+  const int32_t pad = config().media_pad_id;
+  if (!media.empty()) {
+    if (!model_->has_vision()) return unsupported("image embeddings given to a model without a vision tower");
+    const int64_t pads = std::count(ids.begin(), ids.end(), pad);
+    if (static_cast<int64_t>(media.size()) % D != 0 || static_cast<int64_t>(media.size()) / D != pads)
+      return invalid_argument(
+          "the prompt has " + std::to_string(pads) + " <|media_pad|> positions (id " + std::to_string(pad) +
+          ") but the images give " +
+          (static_cast<int64_t>(media.size()) % D == 0
+               ? std::to_string(static_cast<int64_t>(media.size()) / D) + " embedding rows"
+               : std::to_string(media.size()) + " values (not whole rows of " + std::to_string(D) + ")"));
+  }
   if (chunk <= 0) chunk = n;
   std::vector<float> out, part;
   ForwardOptions o = base;
   o.all_logits = all_logits;
+  const float* rows = media.empty() ? nullptr : media.data();
   for (int64_t s = 0; s < n; s += chunk) {
     const int64_t T = std::min(chunk, n - s);
-    model_->forward(ids.data() + s, T, seq, part, o);
+    const int64_t pads = rows != nullptr ? std::count(ids.begin() + s, ids.begin() + s + T, pad) : 0;
+    model_->forward(ids.data() + s, T, seq, part, o, rows, pads);
+    if (rows != nullptr) rows += pads * D;
     if (all_logits) out.insert(out.end(), part.begin(), part.end());
   }
   return all_logits ? out : part;

@@ -22,6 +22,17 @@ class Engine {
   // tokens' logits when `all_logits` ([n, vocab]).
   Result<std::vector<float>> prefill(SequenceState& seq, std::span<const int32_t> ids, int64_t chunk = 0,
                                      bool all_logits = false, const ForwardOptions& base = {});
+  // The same with image embeddings media [rows, hidden] (encode_images) written at the prompt's <|media_pad|>
+  // positions in order; the number of pads in ids must equal the number of rows.
+  Result<std::vector<float>> prefill_media(SequenceState& seq, std::span<const int32_t> ids,
+                                           std::span<const float> media, int64_t chunk = 0, bool all_logits = false,
+                                           const ForwardOptions& base = {});
+  // One request's images through the model's vision tower and projector, as one batch: [sum of tokens, hidden].
+  // `stop` is asked between the tower's blocks: true ends it with kUnavailable.
+  Result<std::vector<float>> encode_images(std::span<const VisionImage> images, const StopFn& stop = {}) const {
+    return model_->encode_images(images, stop);
+  }
+  bool has_vision() const { return model_->has_vision(); }
   Result<std::vector<float>> decode(SequenceState& seq, int32_t id, const ForwardOptions& base = {});
   // Allocation-free form for steady-state decode: `logits` is reused.
   Status decode_into(SequenceState& seq, int32_t id, std::vector<float>& logits, const ForwardOptions& base = {});

@@ -1,9 +1,11 @@
 // What the server hands the scheduler, and what comes back. Plain data; no engine types.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -61,6 +63,13 @@ struct GenerationEvent {
   int step_sequences = 0;  // token events: sequences in the forward that produced this token (1 = ran alone)
 };
 
+// An image of the prompt for the prefix cache: a 256-bit hash of its content (bytes, preprocessing config, grid)
+// bound into the block key at `position`, its first <|media_pad|>.
+struct ImageKey {
+  int64_t position = 0;
+  std::array<uint8_t, 32> hash{};
+};
+
 struct GenerationRequest {
   uint64_t id = 0;  // assigned by the scheduler on submit
   std::vector<int32_t> prompt;
@@ -68,6 +77,10 @@ struct GenerationRequest {
   // Prefix-cache namespace of the request (OpenAI-style `cache_salt`): requests share cached prefixes only
   // with requests of the same salt.
   std::string cache_salt;
+  // Images: their embeddings [pads in prompt, hidden], row k taken at the prompt's k-th <|media_pad|>, and one key
+  // per image, by position. Null / empty for text-only requests.
+  std::shared_ptr<const std::vector<float>> media;
+  std::vector<ImageKey> image_keys;
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   // Called on the scheduler thread for every event; must not block (post to your own executor).
   std::function<void(const GenerationEvent&)> on_event;

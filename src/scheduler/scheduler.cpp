@@ -60,6 +60,7 @@ Result<uint64_t> Scheduler::submit(GenerationRequest req) {
   if (req.params.max_new_tokens < 1) return invalid_argument("max_tokens must be at least 1");
   if (req.handoff != Handoff::kNone && !req.on_cache_location)
     return invalid_argument("a hand-off request needs a cache location callback");
+  KESTREL_RETURN_IF_ERROR(check_media(req));
   std::lock_guard<std::mutex> lk(mu_);
   if (!failure_.empty()) return unavailable(failure_);
   if (draining_) return unavailable("the server is shutting down");
@@ -70,6 +71,27 @@ Result<uint64_t> Scheduler::submit(GenerationRequest req) {
   inbox_.push_back(std::move(req));
   cv_.notify_all();
   return id;
+}
+
+// Images: one embedding row per <|media_pad|> of the prompt, and image keys at pad positions in order (they enter
+// the prefix-cache key chain, so a hit implies the same images).
+Status Scheduler::check_media(const GenerationRequest& req) const {
+  if (!req.media && req.image_keys.empty()) return Status::ok();
+  const int32_t pad = engine_.config().media_pad_id;
+  const int64_t D = engine_.config().text.hidden_size;
+  const int64_t pads = std::count(req.prompt.begin(), req.prompt.end(), pad);
+  if (!req.media || !engine_.has_vision() || static_cast<int64_t>(req.media->size()) != pads * D)
+    return invalid_argument("the prompt has " + std::to_string(pads) + " image positions but " +
+                            std::to_string(req.media ? req.media->size() / static_cast<size_t>(D) : 0) +
+                            " image embedding rows");
+  int64_t last = -1;
+  for (const ImageKey& k : req.image_keys) {
+    if (k.position <= last || k.position >= static_cast<int64_t>(req.prompt.size()) ||
+        req.prompt[static_cast<size_t>(k.position)] != pad)
+      return invalid_argument("image key at position " + std::to_string(k.position) + " is not an image position");
+    last = k.position;
+  }
+  return Status::ok();
 }
 
 void Scheduler::cancel(uint64_t id) {
@@ -228,6 +250,7 @@ bool Scheduler::take_inbox(bool block, std::stop_token& stop) {
     s->tokens = r.prompt;
     s->prompt_len = static_cast<int64_t>(r.prompt.size());
     if (prefix_) s->root = chain_root(cfg_.cache_fingerprint, r.cache_salt);
+    for (const ImageKey& k : r.image_keys) s->extra_keys.push_back({k.position, k.hash});
     if (!r.params.has_seed) r.params.seed = seed_rng_();
     SamplingParams sp{r.params.temperature, r.params.top_k, r.params.top_p, r.params.min_p, r.params.seed};
     s->sampler = std::make_unique<Sampler>(sp);
@@ -338,7 +361,8 @@ void Scheduler::park(Seq& s) {
 std::span<const Digest> Scheduler::keys_for(Seq& s, int64_t n_blocks) {
   const int64_t B = prefix_->block_tokens();
   if (static_cast<int64_t>(s.keys.size()) < n_blocks)
-    extend_block_keys(s.root, std::span<const int32_t>(s.tokens.data(), static_cast<size_t>(n_blocks * B)), B, s.keys);
+    extend_block_keys(s.root, std::span<const int32_t>(s.tokens.data(), static_cast<size_t>(n_blocks * B)), B, s.keys,
+                      s.extra_keys);
   return std::span<const Digest>(s.keys.data(), static_cast<size_t>(n_blocks));
 }
 
@@ -547,6 +571,12 @@ bool Scheduler::step() {
       preempt(*victim);
     }
     runs_.push_back(SeqRun{s.tokens.data() + s.st.n_tokens, T, &s.st, false});
+    if (s.req.media) {  // image rows from the first <|media_pad|> not yet in the cache
+      const int32_t pad = engine_.config().media_pad_id;
+      const auto prompt_end = s.tokens.begin() + s.prompt_len, at = s.tokens.begin() + std::min(s.st.n_tokens, s.prompt_len);
+      runs_.back().media = s.req.media->data() + std::count(s.tokens.begin(), at, pad) * engine_.config().text.hidden_size;
+      runs_.back().media_rows = std::count(at, prompt_end, pad);
+    }
     run_seqs_.push_back(&s);
     budget -= T;
     return true;

@@ -99,6 +99,7 @@ class Scheduler final : public EngineService {
     // where the prefill is cut so a KDA snapshot can be taken there (ascending), the snapshot held for the
     // generation end and the boundary it holds.
     Digest root{};
+    std::vector<BlockExtraKey> extra_keys;  // the request's image keys
     std::vector<Digest> keys;
     std::vector<int64_t> cuts;  // pairs: (boundary recorded, tokens fed when the state is taken)
     int32_t held = -1;
@@ -121,6 +122,7 @@ class Scheduler final : public EngineService {
   void loop(std::stop_token stop);
   bool take_inbox(bool block, std::stop_token& stop);
   void admit();
+  Status check_media(const GenerationRequest& req) const;
   bool step();
   void finish(Seq& s, FinishReason r, const std::string& error = "");
   void emit_final(Seq& s, FinishReason r, const std::string& error);

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 
 #include "chat/stream_decoder.h"
@@ -130,15 +131,47 @@ void ApiServer::chat_completions(const HttpRequest& req, const std::shared_ptr<H
   auto parsed = parse_chat_request(req.body, config_.limits);
   if (!unwrap(parsed, ex)) return;
   auto& r = std::get<ChatCompletionRequest>(parsed);
+  std::vector<std::string> urls;
+  for (const auto& m : r.messages)
+    for (const auto& p : m.content_parts)
+      if (p.kind == ContentPart::Kind::kImageUrl) urls.push_back(p.url);
+  if (urls.empty()) return chat_with_images(ex, r, nullptr);
+  if (config_.images == nullptr)
+    return send_error(ex, bad_request("This model does not take images (no vision tower)", "messages"));
+  auto chat = std::make_shared<ChatCompletionRequest>(std::move(r));
+  std::weak_ptr<HttpExchange> weak = ex;
+  Status queued = config_.images->submit(
+      std::move(urls), std::chrono::steady_clock::now() + config_.request_timeout,
+      [weak] {
+        auto e = weak.lock();
+        return e == nullptr || e->disconnected();
+      },
+      [this, ex, chat](Result<ImageBatch> batch) {
+        ex->post([this, ex, chat, batch = std::move(batch)]() mutable {
+          if (batch) return chat_with_images(ex, *chat, &*batch);
+          if (batch.error().code() == StatusCode::kUnavailable)
+            return send_error(ex, ApiError{503, "Images not ready: " + batch.error().message(), "server_error", {},
+                                           "timeout"});
+          send_error(ex, bad_request("Invalid image: " + batch.error().message(), "messages"));
+        });
+      });
+  if (!queued.is_ok())
+    send_error(ex, ApiError{429, "The server is busy (image queue full), retry later: " + queued.message(),
+                            "rate_limit_error", {}, "queue_full"});
+}
+
+void ApiServer::chat_with_images(const std::shared_ptr<HttpExchange>& ex, const ChatCompletionRequest& r,
+                                 const ImageBatch* images) const {
   RenderInput in;
   in.messages = &r.messages;
   in.tools = &r.tools;
   in.tool_choice = r.tool_choice;
   in.reasoning = r.reasoning;
   in.add_generation_prompt = r.add_generation_prompt;
+  if (images != nullptr) in.image_prompts = &images->prompts;
   auto prompt = format_.render(in);
   if (!prompt) return send_error(ex, bad_request("Cannot render the messages: " + prompt.error().message(), "messages"));
-  generate(ex, /*chat=*/true, std::move(*prompt), r.sampling, r.reasoning, {}, r.model);
+  generate(ex, /*chat=*/true, std::move(*prompt), r.sampling, r.reasoning, {}, r.model, images);
 }
 
 void ApiServer::completions(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const {
@@ -163,7 +196,7 @@ void ApiServer::completions(const HttpRequest& req, const std::shared_ptr<HttpEx
 
 void ApiServer::generate(const std::shared_ptr<HttpExchange>& ex, bool chat, std::vector<int32_t> prompt,
                          const SamplingOptions& s, const ReasoningOptions& reasoning, std::string echo,
-                         const std::string& model) const {
+                         const std::string& model, const ImageBatch* images) const {
   if (!engine_.ready())
     return send_error(ex, ApiError{503, "The model is not ready yet", "server_error", {}, "not_ready"});
   const int ctx = engine_.max_context();
@@ -179,6 +212,20 @@ void ApiServer::generate(const std::shared_ptr<HttpExchange>& ex, bool chat, std
                                           std::to_string(plen) + " tokens) exceeds the context limit " +
                                           std::to_string(ctx), "max_tokens", "context_length_exceeded"));
   GenerationRequest g;
+  if (images != nullptr) {
+    // Each image's placeholder is one run of <|media_pad|>; its hash keys the prefix cache at the run's start.
+    const auto pad = tok_.special_id("<|media_pad|>");
+    int64_t pads = 0;
+    for (size_t i = 0; pad && i < prompt.size(); ++i) {
+      if (prompt[i] != *pad) continue;
+      if ((i == 0 || prompt[i - 1] != *pad) && g.image_keys.size() < images->hashes.size())
+        g.image_keys.push_back({static_cast<int64_t>(i), images->hashes[g.image_keys.size()]});
+      ++pads;
+    }
+    if (pads != images->tokens || g.image_keys.size() != images->hashes.size())
+      return send_error(ex, bad_request("The rendered prompt does not hold the images' placeholders", "messages"));
+    g.media = images->embeddings;
+  }
   g.prompt = std::move(prompt);
   g.cache_salt = s.cache_salt;
   if (s.bootstrap_room >= 0)
@@ -215,6 +262,7 @@ void ApiServer::generate(const std::shared_ptr<HttpExchange>& ex, bool chat, std
   spec.reasoning = reasoning;
   spec.ignore_eos = s.ignore_eos;
   spec.prompt_tokens = plen;
+  spec.image_tokens = images != nullptr ? static_cast<int>(images->tokens) : 0;
   run_completion_job(ex, engine_, tok_, chat ? &format_ : nullptr, std::move(spec), std::move(g));
 }
 
@@ -237,8 +285,10 @@ void ApiServer::health(const HttpRequest&, const std::shared_ptr<HttpExchange>& 
 }
 
 void ApiServer::metrics(const HttpRequest&, const std::shared_ptr<HttpExchange>& ex) const {
-  ex->respond(HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
-                           prometheus_text(engine_.stats(), engine_.ready()) + engine_.extra_metrics(), {}});
+  std::string text = prometheus_text(engine_.stats(), engine_.ready()) + engine_.extra_metrics();
+  if (config_.images != nullptr)
+    text += prometheus_image_text(config_.images->service().metrics(), config_.images->metrics());
+  ex->respond(HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", std::move(text), {}});
 }
 
 void ApiServer::tokenize(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const {

@@ -4,7 +4,8 @@
 //
 // Every route except /health* and the chat page's files requires `Authorization: Bearer <api_key>` when api_key
 // is set (401 otherwise; constant-time compare). Handlers validate, render / tokenize on the calling I/O thread and
-// hand generation to a CompletionJob. ApiServer holds references: the engine, tokenizer and format must outlive
+// hand generation to a CompletionJob; a chat request's images are first encoded on the ImageQueue, and the request
+// goes on from the exchange's strand when they are ready. ApiServer holds references: the engine, tokenizer and format must outlive
 // it, and it must outlive the HttpServer using its router. Thread-safe (immutable after construction).
 #pragma once
 
@@ -16,6 +17,7 @@
 #include "scheduler/engine_service.h"
 #include "server/chat_format.h"
 #include "server/http_server.h"
+#include "server/image_queue.h"
 #include "server/openai_schema.h"
 
 namespace kestrel::server {
@@ -28,6 +30,9 @@ struct ApiConfig {
   const char* role = "both";    // PD role (both, prefill, decode): /v1/models says "role"
   std::chrono::milliseconds request_timeout{600'000};  // per generation request (GenerationRequest::deadline)
   SchemaLimits limits;  // served_model is set from model_id
+  // Chat requests with image_url parts are encoded on it (never on the I/O thread); null: such requests are
+  // refused (400). Must outlive the server.
+  ImageQueue* images = nullptr;
 };
 
 class ApiServer {
@@ -38,6 +43,9 @@ class ApiServer {
 
  private:
   void chat_completions(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
+  // The chat request after its images (if any) are ready: render and generate.
+  void chat_with_images(const std::shared_ptr<HttpExchange>& ex, const ChatCompletionRequest& r,
+                        const ImageBatch* images) const;
   void completions(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
   void models(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
   void health(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex, bool ready_check) const;
@@ -46,9 +54,10 @@ class ApiServer {
   void detokenize(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
   bool authorized(const HttpRequest& req) const;
   // Shared tail of both completion routes: limits, params, submit.
+  // `images`: the chat request's images (prompt already holds their placeholders), or null.
   void generate(const std::shared_ptr<HttpExchange>& ex, bool chat, std::vector<int32_t> prompt,
                 const SamplingOptions& s, const ReasoningOptions& reasoning, std::string echo,
-                const std::string& model) const;
+                const std::string& model, const ImageBatch* images = nullptr) const;
 
   ApiConfig config_;
   EngineService& engine_;

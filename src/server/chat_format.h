@@ -71,6 +71,9 @@ struct RenderInput {
   ToolChoice tool_choice;
   ReasoningOptions reasoning;
   bool add_generation_prompt = true;
+  // The request's images, in order: each image part (or placeholder in the text) is rendered as the next of these
+  // expanded placeholders. Null: image parts are rendered without pixels (the format's plain placeholder).
+  const std::vector<std::string>* image_prompts = nullptr;
 };
 
 struct ToolCallDelta {

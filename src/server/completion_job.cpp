@@ -253,9 +253,11 @@ class Job : public std::enable_shared_from_this<Job> {
   }
 
   json usage() const {
-    return json{{"prompt_tokens", prompt_tokens_}, {"completion_tokens", completion_tokens_},
-                {"total_tokens", prompt_tokens_ + completion_tokens_},
-                {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}}};
+    json u = {{"prompt_tokens", prompt_tokens_}, {"completion_tokens", completion_tokens_},
+              {"total_tokens", prompt_tokens_ + completion_tokens_},
+              {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}}};
+    if (spec_.image_tokens > 0) u["prompt_tokens_details"]["image_tokens"] = spec_.image_tokens;
+    return u;
   }
 
   json envelope() const {

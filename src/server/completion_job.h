@@ -35,6 +35,7 @@ struct JobSpec {
   // the text after it streams as plain content until max_tokens or another limit.
   bool ignore_eos = false;
   int prompt_tokens = 0;
+  int image_tokens = 0;  // of which image positions (usage.prompt_tokens_details.image_tokens when > 0)
 };
 
 // Starts the job; answers through `ex` (errors from submit included). `base.params.seed` is offset by the

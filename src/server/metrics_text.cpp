@@ -110,4 +110,28 @@ std::string prometheus_text(const ServiceStats& s, bool ready) {
   return o;
 }
 
+std::string prometheus_image_text(const ImageMetrics& m, const ImageQueueMetrics& q) {
+  std::string o;
+  metric(o, "kestrel_images_total", "counter", "Images encoded by the vision tower.", double(m.images_total));
+  metric(o, "kestrel_image_tokens_total", "counter", "Image tokens (<|media_pad|> positions) of the encoded images.",
+         double(m.image_tokens_total));
+  metric(o, "kestrel_images_rejected_total", "counter", "Requests refused for an image (format, limits, URL).",
+         double(m.rejected_total));
+  metric(o, "kestrel_image_encodes_total", "counter", "Vision tower batches run (one per request with images).",
+         double(m.encodes_total));
+  metric(o, "kestrel_image_encode_seconds_total", "counter", "Wall time of the vision tower + projector batches.",
+         m.encode_seconds_sum);
+  metric(o, "kestrel_image_requests_waiting", "gauge", "Requests with images waiting for an image worker.",
+         double(q.waiting));
+  metric(o, "kestrel_image_requests_running", "gauge", "Requests with images being decoded and encoded now.",
+         double(q.running));
+  metric(o, "kestrel_image_requests_refused_total", "counter", "Requests with images refused: image queue full (429).",
+         double(q.refused_total));
+  metric(o, "kestrel_image_requests_cancelled_total", "counter",
+         "Requests whose client went away before their images were ready.", double(q.cancelled_total));
+  metric(o, "kestrel_image_requests_timed_out_total", "counter",
+         "Requests whose deadline passed before their images were ready (503).", double(q.timed_out_total));
+  return o;
+}
+
 }  // namespace kestrel::server

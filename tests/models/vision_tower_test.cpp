@@ -1,0 +1,205 @@
+// The K3 vision tower + projector (layers/vision_tower, layers/vision_projector) against an independent
+// implementation: goldens written by tools/gen_vision_tower_goldens.py from sglang 0.5.23's kimi_k3_vl.py
+// (KimiK3VisionTower, KimiK3MultiModalProjector) run in PyTorch fp32 on the same generated checkpoint (the
+// make-model flags are in each golden's metadata) and the same pixels (an integer hash, re-computed here):
+//   tower_tiny.safetensors         k3-tiny with a 3-head, 96-wide q/k/v tower (q/k/v width != tower width as in
+//                                  K3); three images in one batch: 8x8 (the position grid's own size) and 2x4, 6x2
+//                                  (bilinear interpolation).
+//   tower_real_widths.safetensors  K3's tower widths (1024, q/k/v 12 x 128, MLP 4096, 64x64 position grid) with 2
+//                                  of the 27 blocks; images 4x4 and 2x6 interpolated from 64x64.
+//
+// Tolerances: both sides run fp32 on the same bf16 weights; differences come from summation order (blocked
+// GEMMs vs PyTorch's, SDPA's flash kernel vs one softmax pass), libm vs SLEEF cos/sin/tanh/erf, and the norm's
+// mean of squares (double here). Per stage the bound is max |Δ| ≤ 1e-5 · max |reference| and cosine ≥ 1 − 1e-10.
+// Measured (max |Δ| / max |ref|), tiny: embed 1.2e-6 / 2.06, tower 1.6e-6 / 3.26, projector 2.7e-6 / 3.75; real
+// widths: 1.1e-6 / 1.96, 2.9e-6 / 4.14, 2.7e-6 / 3.18; i.e. ≤ 1e-6 relative. Checked to fail: encoder norm eps 1e-5 instead of 2^-23 (tower 8.3e-5 / 3.26), RoPE row/column
+// swapped (0.30), bilinear source positions off by 0.1 % (embed 1.2e-2).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/test_util.h"
+#include "layers/binder.h"
+#include "layers/vision_projector.h"
+#include "layers/vision_tower.h"
+#include "loader/checkpoint.h"
+#include "loader/model_config.h"
+#include "loader/safetensors.h"
+#include "loader/vision_config.h"
+
+namespace kestrel {
+namespace {
+
+// tools/gen_vision_tower_goldens.py pixel_values(): (u − 127.5) / 127.5 in double, rounded to float, with u the
+// top byte of ((image · 1000003 + k) · 2654435761) mod 2^32.
+std::vector<float> hashed_pixels(uint64_t image, int64_t count) {
+  std::vector<float> v(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k) {
+    const uint64_t h = ((image * 1000003u + static_cast<uint64_t>(k)) * 2654435761u) & 0xFFFFFFFFu;
+    v[static_cast<size_t>(k)] = static_cast<float>((static_cast<double>(h >> 24) - 127.5) / 127.5);
+  }
+  return v;
+}
+
+struct Golden {
+  std::vector<std::array<int64_t, 3>> grids;
+  std::vector<float> embed, merged, projected;
+  std::vector<std::string> make_model_flags;
+};
+
+Golden read_golden(const std::string& name) {
+  auto f = SafetensorsFile::open(std::string(KESTREL_TEST_DATA) + "/vision/" + name);
+  if (!f) throw std::runtime_error(f.error().message());
+  Golden g;
+  g.make_model_flags = nlohmann::json::parse(f->header().metadata.at("make_model_flags")).get<std::vector<std::string>>();
+  for (const auto& e : f->header().entries) {
+    const TensorView t = f->view(e);
+    if (e.name == "grids") {
+      const int32_t* p = static_cast<const int32_t*>(t.data);
+      for (int64_t i = 0; i < e.shape[0]; ++i) g.grids.push_back({p[3 * i], p[3 * i + 1], p[3 * i + 2]});
+      continue;
+    }
+    const float* p = static_cast<const float*>(t.data);
+    std::vector<float> v(p, p + t.numel());
+    if (e.name == "embed") g.embed = v;
+    else if (e.name == "merged") g.merged = v;
+    else if (e.name == "projected") g.projected = v;
+  }
+  return g;
+}
+
+void expect_close(const char* stage, const std::vector<float>& got, const std::vector<float>& want) {
+  ASSERT_EQ(got.size(), want.size()) << stage;
+  double max_ref = 0, max_diff = 0, dot = 0, ng = 0, nw = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
+    max_diff = std::max(max_diff, std::fabs(static_cast<double>(got[i]) - want[i]));
+    dot += static_cast<double>(got[i]) * want[i];
+    ng += static_cast<double>(got[i]) * got[i];
+    nw += static_cast<double>(want[i]) * want[i];
+  }
+  const double cosine = dot / std::sqrt(ng * nw);
+  EXPECT_LE(max_diff, 1e-5 * max_ref) << stage << ": max |diff| " << max_diff << ", max |ref| " << max_ref;
+  EXPECT_GE(cosine, 1.0 - 1e-10) << stage << ": cosine " << cosine;
+  std::printf("[ %s ] max |diff| %.3g (max |ref| %.3g), 1 - cosine %.3g\n", stage, max_diff, max_ref, 1.0 - cosine);
+}
+
+// The generator spec edits of `kestrel make-model --vt-*` flags.
+void apply_flags(const std::vector<std::string>& flags, GenSpec& s) {
+  const std::map<std::string, int GenSpec::*> fields = {
+      {"--vt-layers", &GenSpec::vt_layers}, {"--vt-hidden", &GenSpec::vt_hidden},
+      {"--vt-intermediate", &GenSpec::vt_intermediate}, {"--vt-heads", &GenSpec::vt_heads},
+      {"--vt-qkv", &GenSpec::vt_qkv}, {"--vt-pos-grid", &GenSpec::vt_pos_grid}};
+  for (size_t i = 0; i + 1 < flags.size(); i += 2) s.*fields.at(flags[i]) = std::stoi(flags[i + 1]);
+}
+
+class VisionTowerTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  // One generated checkpoint per golden, shared by the tests of that golden.
+  static std::map<std::string, std::unique_ptr<testing::TempDir>>& dirs() {
+    static std::map<std::string, std::unique_ptr<testing::TempDir>> d;
+    return d;
+  }
+  static void TearDownTestSuite() { dirs().clear(); }
+
+  void SetUp() override {
+    golden_ = read_golden(GetParam());
+    auto& dir = dirs()[GetParam()];
+    if (!dir) {
+      dir = std::make_unique<testing::TempDir>();
+      testing::make_checkpoint("k3-tiny", dir->path(), [&](GenSpec& s) { apply_flags(golden_.make_model_flags, s); });
+    }
+    auto ck = Checkpoint::open(dir->path());
+    ASSERT_TRUE(ck) << ck.error().message();
+    ck_ = std::make_unique<Checkpoint>(std::move(*ck));
+    auto cfg = load_model_config(dir->path());
+    ASSERT_TRUE(cfg) << cfg.error().message();
+    auto v = parse_vision_config(cfg->vision_config_json, "config.json");
+    ASSERT_TRUE(v) << v.error().message();
+    vcfg_ = *v;
+    Binder b(*ck_);
+    ASSERT_TRUE(tower_.bind(b, vcfg_).is_ok()) << b.status().message();
+    ASSERT_TRUE(projector_.bind(b, vcfg_).is_ok()) << b.status().message();
+    const int64_t per_patch = 3 * int64_t{vcfg_.patch_size} * vcfg_.patch_size;
+    for (size_t i = 0; i < golden_.grids.size(); ++i) {
+      const auto& g = golden_.grids[i];
+      pixels_.push_back(hashed_pixels(i, g[0] * g[1] * g[2] * per_patch));
+    }
+    for (size_t i = 0; i < golden_.grids.size(); ++i) images_.push_back({pixels_[i].data(), golden_.grids[i]});
+  }
+
+  std::unique_ptr<Checkpoint> ck_;
+  VisionConfig vcfg_;
+  VisionTower tower_;
+  VisionProjector projector_;
+  Golden golden_;
+  std::vector<std::vector<float>> pixels_;
+  std::vector<VisionImage> images_;
+};
+INSTANTIATE_TEST_SUITE_P(Goldens, VisionTowerTest,
+                         ::testing::Values("tower_tiny.safetensors", "tower_real_widths.safetensors"),
+                         [](const auto& info) { return info.param == "tower_tiny.safetensors" ? "Tiny" : "RealWidths"; });
+
+TEST_P(VisionTowerTest, EveryStageMatchesSglangReference) {
+  ASSERT_GE(golden_.grids.size(), 2u);
+  std::vector<float> x, merged, projected;
+  tower_.embed(images_, x);
+  expect_close("patch embed + position grid", x, golden_.embed);
+  tower_.encode(images_, x);
+  tower_.merge(images_, x, merged);
+  expect_close("tower (blocks, final norm, tpool merge)", merged, golden_.merged);
+  projector_.forward(merged.data(), static_cast<int64_t>(merged.size()) / projector_.in_width(), projected);
+  expect_close("projector", projected, golden_.projected);
+  auto whole = tower_.forward(images_);
+  ASSERT_TRUE(whole) << whole.error().message();
+  EXPECT_EQ(*whole, merged);
+}
+
+// Batching is exact: every image alone gives the same bits as in the batch (matrix products are batch-invariant,
+// attention never crosses images).
+TEST_P(VisionTowerTest, ImageAloneEqualsItsRowsInTheBatch) {
+  auto batch = tower_.forward(images_);
+  ASSERT_TRUE(batch) << batch.error().message();
+  size_t row = 0;
+  for (const VisionImage& im : images_) {
+    auto alone = tower_.forward(std::span<const VisionImage>(&im, 1));
+    ASSERT_TRUE(alone) << alone.error().message();
+    const std::vector<float> slice(batch->begin() + static_cast<long>(row), batch->begin() + static_cast<long>(row + alone->size()));
+    EXPECT_EQ(*alone, slice);
+    row += alone->size();
+  }
+  EXPECT_EQ(row, batch->size());
+}
+
+TEST_P(VisionTowerTest, RefusesGridsItCannotRun) {
+  auto msg = [&](std::array<int64_t, 3> g) { return tower_.check_grid(g).message(); };
+  EXPECT_TRUE(tower_.check_grid({1, 2, 512}).is_ok());
+  EXPECT_NE(msg({2, 4, 4}).find("video input is not supported"), std::string::npos);
+  EXPECT_NE(msg({1, 3, 4}).find("not a multiple of the merge kernel 2x2"), std::string::npos);
+  EXPECT_NE(msg({1, 2, 514}).find("outside 1..512"), std::string::npos);
+  EXPECT_NE(msg({1, 0, 2}).find("outside 1..512"), std::string::npos);
+  std::vector<float> px(3 * 14 * 14 * 6);
+  const VisionImage odd{px.data(), {1, 3, 2}};
+  EXPECT_FALSE(tower_.forward(std::span<const VisionImage>(&odd, 1)));
+}
+
+// Strict binding: a tensor of the released layout with the wrong shape is refused by name.
+TEST_P(VisionTowerTest, BindingIsByReleasedNameAndShape) {
+  VisionConfig wrong = vcfg_;
+  wrong.intermediate *= 2;
+  Binder b(*ck_);
+  VisionTower t;
+  const Status s = t.bind(b, wrong);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("vision_tower.encoder.blocks.0.mlp.fc0.weight"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace kestrel

@@ -172,8 +172,9 @@ void Tokenizer::encode_valid(std::string_view text, SpecialMode mode, std::vecto
     size_t len = 0;
     const bool space = is_python_space(utf8_decode_valid(text.data() + pos, &len));
     if (chunk_chars == caps_->max_chunk_chars) {  // new outer chunk: flush and restart the run state
-      encode_segment(text.substr(slice_start, pos - slice_start), mode, out);
-      slice_start = pos;
+      const size_t cut = cut_outside_special(text, slice_start, pos, mode);
+      encode_segment(text.substr(slice_start, cut - slice_start), mode, out);
+      slice_start = cut;
       chunk_chars = 0;
     }
     if (chunk_chars == 0) {
@@ -184,14 +185,31 @@ void Tokenizer::encode_valid(std::string_view text, SpecialMode mode, std::vecto
       run_len = 1;
       run_is_space = space;
     } else if (++run_len > caps_->max_run_chars) {
-      encode_segment(text.substr(slice_start, pos - slice_start), mode, out);
-      slice_start = pos;
+      const size_t cut = cut_outside_special(text, slice_start, pos, mode);
+      encode_segment(text.substr(slice_start, cut - slice_start), mode, out);
+      slice_start = cut;
       run_len = 1;
     }
     ++chunk_chars;
     pos += len;
   }
   encode_segment(text.substr(slice_start), mode, out);
+}
+
+// A cut at byte `pos` of a run, moved back to the start of an allowed special token that would straddle it. The
+// reference cuts the rendered text blindly, but it expands an image's <|media_pad|> run at the id level, so no
+// reference run ever holds thousands of pads; here they are rendered as text, and a cut inside one would turn
+// it into ordinary tokens. Text without special tokens (and kAsText) is cut exactly as the reference cuts it.
+size_t Tokenizer::cut_outside_special(std::string_view text, size_t from, size_t pos, SpecialMode mode) const {
+  if (mode == SpecialMode::kAsText || specials_.empty()) return pos;
+  const size_t longest = specials_.front().text.size();
+  size_t p = pos > from + longest ? pos - longest : from;
+  while (true) {
+    const auto [at, index] = find_special(text, p);
+    if (index < 0 || at >= pos) return pos;
+    if (at + specials_[static_cast<size_t>(index)].text.size() > pos) return at;
+    p = at + 1;
+  }
 }
 
 std::pair<size_t, int32_t> Tokenizer::find_special(std::string_view text, size_t from) const {

@@ -93,6 +93,7 @@ class Tokenizer {
 
   void encode_valid(std::string_view text, SpecialMode mode, std::vector<int32_t>& out) const;
   void encode_segment(std::string_view text, SpecialMode mode, std::vector<int32_t>& out) const;
+  size_t cut_outside_special(std::string_view text, size_t from, size_t pos, SpecialMode mode) const;
   void encode_ordinary(std::string_view text, std::vector<int32_t>& out) const;
   // Finds the leftmost-longest special in text[from..]; returns {pos, index} or {npos, -1}.
   std::pair<size_t, int32_t> find_special(std::string_view text, size_t from) const;

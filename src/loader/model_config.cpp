@@ -278,9 +278,12 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
       return invalid_argument(label + ": text_config key 'routed_expert_hidden_size': missing required key");
     if (j.contains("vision_config")) c.vision_config_json = j["vision_config"].dump();
     config_detail::Reader top(j, label);
-    c.media_pad_id = top.opt_int("media_placeholder_token_id", c.text.bos_token_id >= 0 ? c.text.bos_token_id + 21 : -1);
+    // Without the key, the released layout's place (bos + 21) where the vocabulary has it; a checkpoint whose
+    // vocabulary does not (a small GGUF, a text-only test model) has no image placeholder (-1).
+    const int derived = c.text.bos_token_id >= 0 && c.text.bos_token_id + 21 < c.text.vocab_size ? static_cast<int>(c.text.bos_token_id + 21) : -1;
+    c.media_pad_id = top.opt_int("media_placeholder_token_id", derived);
     KESTREL_RETURN_IF_ERROR(top.status());
-    if (c.media_pad_id >= c.text.vocab_size)
+    if (j.contains("media_placeholder_token_id") && (c.media_pad_id < 0 || c.media_pad_id >= c.text.vocab_size))
       return invalid_argument(label + ": key 'media_placeholder_token_id': " + std::to_string(c.media_pad_id) +
                               " is outside the vocabulary");
   } else if (c.model_type == "kimi_linear") {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <fstream>
 #include <map>
 #include <random>
@@ -229,6 +231,29 @@ TEST(KimiK3, RealVocabulary) {
   EXPECT_EQ(t->num_ranks(), 163584);
   EXPECT_EQ(t->vocab_size(), 163840);
   EXPECT_EQ(t->encode("<|open|>message<|sep|>", SpecialMode::kAllow).front(), 163587);
+}
+
+// An image placeholder of 3,000 pads is one run of 39,000 characters, beyond the reference's 25,000-character run
+// cut: every pad stays one id (a cut inside one would spell it as ordinary tokens), and ordinary text in such a
+// run is still cut where the reference cuts it.
+TEST(KimiK3, LongPadRunsKeepEveryPad) {
+  const char* env = std::getenv("KESTREL_KIMI_VOCAB");
+  auto t = Tokenizer::create(kimi_k3_config(env ? std::string(env) : test::vocab_path("kimi_k3")));
+  ASSERT_TRUE(t) << t.error().message();
+  for (size_t lead : {0u, 1u, 5u, 12u}) {
+    std::string text = std::string(lead, 'a') + "<|media_content|>";
+    for (int i = 0; i < 3000; ++i) text += "<|media_pad|>";
+    text += "<|media_end|>";
+    const auto ids = t->encode(text, SpecialMode::kAllow);
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), 163605), 3000) << "lead " << lead;
+    EXPECT_EQ(ids.back(), t->encode("<|media_end|>", SpecialMode::kAllow).back());
+  }
+  // As text (user content), the same characters are cut like any run.
+  std::string text;
+  for (int i = 0; i < 3000; ++i) text += "<|media_pad|>";
+  const auto as_text = t->encode(text, SpecialMode::kAsText);
+  EXPECT_EQ(std::count(as_text.begin(), as_text.end(), 163605), 0);
+  EXPECT_GT(as_text.size(), 3000u);
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
-#include <regex>
+#include <string_view>
 
 #include "dist/expert_partition.h"
 #include "loader/checkpoint.h"
@@ -11,6 +11,18 @@
 namespace kestrel::plan {
 
 namespace {
+// N of the first "<key>N." in a tensor name (digits then a dot), or -1.
+int64_t number_after(std::string_view name, std::string_view key) {
+  for (size_t at = name.find(key); at != std::string_view::npos; at = name.find(key, at + 1)) {
+    size_t i = at + key.size();
+    int64_t n = 0;
+    const size_t first = i;
+    while (i < name.size() && name[i] >= '0' && name[i] <= '9' && n < (int64_t{1} << 40)) n = n * 10 + (name[i++] - '0');
+    if (i > first && i < name.size() && name[i] == '.') return n;
+  }
+  return -1;
+}
+
 // P(none of a token's K distinct experts, drawn uniformly from E, is among n given ones) = C(E−n, K) / C(E, K).
 double p_none(int64_t E, int64_t n, int64_t K) {
   if (E - n < K) return 0.0;
@@ -39,14 +51,12 @@ Result<CellPlan> make_cell_plan(const ModelConfig& cfg, const std::string& check
   if (!checkpoint_dir.empty()) {
     auto ck = Checkpoint::open(checkpoint_dir);
     if (!ck) return ck.error();
-    const std::regex expert_re(R"(\.experts\.([0-9]+)\.)"), layer_re(R"(layers\.([0-9]+)\.)");
     for (const std::string& name : ck->names()) {
       if (name.find("vision_tower.") != std::string::npos || name.find("mm_projector.") != std::string::npos) continue;
-      std::smatch m;
-      if (std::regex_search(name, m, layer_re) && std::stoll(m[1]) >= t.num_hidden_layers) continue;  // MTP
+      if (number_after(name, "layers.") >= t.num_hidden_layers) continue;  // MTP
       const auto b = static_cast<int64_t>(ck->tensor_bytes(name));
-      if (std::regex_search(name, m, expert_re) && std::stoll(m[1]) < E) {
-        expert_bytes[static_cast<size_t>(std::stoll(m[1]))] += b;
+      if (const int64_t x = number_after(name, ".experts."); x >= 0 && x < E) {
+        expert_bytes[static_cast<size_t>(x)] += b;
         p.routed_bytes += b;
       } else {
         p.replicated_bytes += b;

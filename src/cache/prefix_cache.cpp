@@ -18,6 +18,8 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::create(CachePools& pools, cons
   if (!sp) return sp.error();
   pc->snaps_ = std::move(*sp);
   pc->grid_blocks_ = std::max<int64_t>(1, grid_blocks);
+  if (c.tier_object_bytes <= 0) return invalid_argument("prefix cache: tier_object_bytes must be positive");
+  pc->segment_blocks_ = segment_blocks_for(pools.block_bytes(), c.tier_object_bytes);
   pc->model_ = model_digest(fingerprint);
   if (c.host_store || c.host_budget_bytes > 0) {
     pc->host_store_ = c.host_store;
@@ -108,13 +110,10 @@ PrefixCache::Lookup PrefixCache::attach(std::span<const Digest> keys, int64_t ma
     // hybrid model snapshots such a point, and the snapshot is written). The pages are the index's, which hold a
     // cold prefill's bits (whole-chunk rule), so host memory never holds what the live pools could not serve.
     const auto hit = asked.subspan(0, static_cast<size_t>(m.blocks));
-    const Digest pages_name = tier_store_key(hit.back(), TierPayloadKind::kPages);
-    if (!needs_snapshot() && !host_->known(pages_name)) {
-      write_down(hit, m.pages, nullptr, host_.get());
-    } else {
-      host_store_->touch(pages_name);
-      if (needs_snapshot()) host_store_->touch(tier_store_key(hit.back(), TierPayloadKind::kSnapshot));
-    }
+    if (!needs_snapshot()) write_down(hit, m.pages, nullptr, host_.get());  // only the segments it lacks
+    for (const PageSegment& g : page_segments(m.blocks, segment_blocks_))
+      host_store_->touch(tier_segment_key(hit[static_cast<size_t>(g.end - 1)], g.first));
+    if (needs_snapshot()) host_store_->touch(tier_store_key(hit.back(), TierPayloadKind::kSnapshot));
   }
   if (needs_snapshot()) {
     KCHECK(m.snapshot >= 0, "a usable hit of a hybrid model carries a snapshot");

@@ -17,13 +17,16 @@
 // Lower tiers (optional): the host-memory tier (L2, this process's memory beyond the pools), the disk tier (L3, a
 // local directory) and the Redis tier (L4, a server several Kestrel servers share), any of them (cache/lower_tier.h).
 // Every snapshot stored at a grid boundary (a pure-MLA model: the deepest grid boundary of each retired prefix
-// computed in whole grid chunks) is also written down to every configured tier as two objects of
-// cache/tier_object.h: the pages of ALL blocks from the start to the boundary, and the snapshot. Host memory takes
+// computed in whole grid chunks) is also written down to every configured tier as objects of cache/tier_object.h:
+// the pages of all blocks from the start to the boundary, as segments of at most tier_object_bytes each
+// (cache/tier_segments.h: a longer prefix reuses the segments of the shorter ones it extends, only the segments a
+// tier lacks are written), and the snapshot. Host memory takes
 // them at once, on this thread (so it holds every boundary the live pools hold, and an eviction from the pools needs
 // no copy: the boundary is already there); the disk and Redis through one asynchronous writer each that drops when
 // its queue is full. A hit in the live pools refreshes the boundary's recency in host memory.
 // At admission, when the live hit is shorter, host memory, the disk and then Redis are asked for a deeper grid
-// boundary whose objects both exist and verify (checksum, key, model digest, shape); the deepest one found is read
+// boundary whose objects (every segment and the snapshot) exist and verify (checksum, key, model digest, shape); the
+// deepest one found is read
 // back into fresh blocks (all of them: the sequence uses the object's bits only) and the slot, and the blocks of keys
 // the radix index lacks are inserted into it. A hit from a tier is also written to the tiers before it. Anything
 // missing, corrupt, late (a store error or timeout) or short of room means no hit from that tier (counted), never a
@@ -49,6 +52,7 @@
 #include "cache/radix_cache.h"
 #include "cache/snapshot_pool.h"
 #include "cache/tier_object.h"
+#include "cache/tier_segments.h"
 #include "cache/tier_writer.h"
 
 namespace kestrel {
@@ -78,6 +82,9 @@ struct PrefixCacheConfig {
   std::string redis_key_prefix = "kestrel:v1:";
   std::chrono::milliseconds redis_backoff{1000};
   TierWriterOptions redis_writer;
+  // The lower tiers hold a boundary's pages in objects of whole blocks of at most this many bytes (at least one
+  // block each; cache/tier_segments.h).
+  int64_t tier_object_bytes = 4ll << 20;
 };
 
 struct PrefixCacheStats {
@@ -98,6 +105,8 @@ class PrefixCache {
   ~PrefixCache();
 
   int64_t block_tokens() const { return radix_.config().block_tokens; }
+  // Blocks per pages object in the lower tiers (cache/tier_segments.h).
+  int64_t tier_segment_blocks() const { return segment_blocks_; }
   bool needs_snapshot() const { return radix_.config().needs_snapshot; }
   SnapshotFault fault() const { return cfg_.fault; }
   bool generation_snapshots() const { return cfg_.generation_snapshots && needs_snapshot(); }
@@ -150,13 +159,19 @@ class PrefixCache {
   // A verified boundary of one tier: its block count, its objects, and their bytes as stored.
   struct Found {
     int64_t blocks = 0;
-    TierObjectView pages, snap;            // verified, in place: into the buffers below
-    TierStore::Shared pages_raw, snap_raw;
+    // Verified, in place: into the buffers beside them. The pages: one object per segment, in block order.
+    std::vector<TierObjectView> pages;
+    std::vector<TierStore::Shared> pages_raw;
+    std::vector<Digest> pages_names;
+    TierObjectView snap;
+    TierStore::Shared snap_raw;
   };
   // The deepest boundary on the grid in (have, keys.size()] that `tier` holds whole and verified; 0 blocks for none.
   Found find(LowerTier& tier, std::span<const Digest> keys, int64_t have, int64_t grid_blocks);
-  bool load(LowerTier& tier, const Digest& boundary, TierPayloadKind kind, TierObjectView& out,
-            TierStore::Shared& raw);
+  // Reads the object `name` and verifies it as the `kind` object of `key` (pages: of exactly `blocks` blocks);
+  // a corrupt one is counted and erased.
+  bool load(LowerTier& tier, const Digest& name, const Digest& key, TierPayloadKind kind, int64_t blocks,
+            TierObjectView& out, TierStore::Shared& raw);
   // Restores the deepest verified boundary of any tier deeper than `have` into the radix index (and its snapshot
   // into `slot`); returns its block count, 0 for none. Sets `evicted` when it made room.
   // `ids` gets the restored blocks (one allocation reference each, the index's for those it adopted, listed
@@ -176,6 +191,7 @@ class PrefixCache {
   std::vector<LowerTier*> tiers_;
   Digest model_{};
   int64_t grid_blocks_ = 1;
+  int64_t segment_blocks_ = 1;  // blocks per pages object in the lower tiers
 };
 
 }  // namespace kestrel

@@ -64,6 +64,16 @@ Digest tier_store_key(const Digest& boundary, TierPayloadKind kind) {
   return sha256(buf, sizeof(buf));
 }
 
+Digest tier_segment_key(const Digest& end_key, int64_t first) {
+  KCHECK(first >= 0, "tier_segment_key: a first block is not negative");
+  const Digest pages = tier_store_key(end_key, TierPayloadKind::kPages);
+  if (first == 0) return pages;
+  uint8_t buf[20 + 32 + 8] = "kestrel-tier-segment";  // 20 chars (no NUL kept), the pages name, then first (LE)
+  std::memcpy(buf + 20, pages.data(), pages.size());
+  for (int i = 0; i < 8; ++i) buf[52 + i] = static_cast<uint8_t>(static_cast<uint64_t>(first) >> (8 * i));
+  return sha256(buf, sizeof(buf));
+}
+
 std::vector<uint8_t> serialize_tier_object(const TierObject& obj) {
   const char* err = shape_error(static_cast<uint8_t>(obj.kind), obj.blocks, obj.payload.size());
   KCHECK(err == nullptr, "serialize_tier_object: invalid object");

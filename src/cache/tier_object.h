@@ -51,6 +51,10 @@ Digest model_digest(std::string_view model_fingerprint);
 // The name an object is stored under: the pages and the snapshot of one boundary are two objects, so the store key
 // binds the kind as well as the boundary.
 Digest tier_store_key(const Digest& boundary, TierPayloadKind kind);
+// The name of a pages object holding blocks [first, end) (a segment, cache/tier_segments.h) whose last block has
+// the key `end_key`. A segment that starts at block 0 keeps the boundary's pages name; the others bind `first`
+// too, so that servers grouping blocks differently never read each other's segments as their own.
+Digest tier_segment_key(const Digest& end_key, int64_t first);
 
 // Requires a valid object (kind known, blocks/payload consistent with the kind); KCHECK otherwise.
 std::vector<uint8_t> serialize_tier_object(const TierObject& obj);

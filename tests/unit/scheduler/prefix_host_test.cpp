@@ -53,12 +53,6 @@ class PrefixHost : public TierFixture {
     };
   }
   // The chain key of `prompt`'s boundary at `tokens_at` (the scheduler's keys: same root, same fingerprint).
-  static Digest boundary(const std::vector<int32_t>& prompt, int tokens_at) {
-    std::vector<Digest> keys;
-    extend_block_keys(chain_root(full_fingerprint(kFingerprint), ""),
-                      std::span<const int32_t>(prompt.data(), static_cast<size_t>(tokens_at)), kPage, keys);
-    return keys.back();
-  }
   // What turn t > 0 restores after the filler: the boundary turn t-1 stored at its prompt end (floored to the grid).
   static int previous_end(const Conversation& c, int t) {
     return static_cast<int>(c.prompts[static_cast<size_t>(t - 1)].size() / kChunk * kChunk);
@@ -132,7 +126,7 @@ TEST_P(PrefixHost, FlippedByteIsNoHit) {
   ASSERT_TRUE(s);
   // Before turn 3 (after its filler): one byte of the pages object turn 2 stored is flipped.
   const int damaged = previous_end(off, 3);
-  const Digest name = tier_store_key(boundary(off.prompts[2], damaged), TierPayloadKind::kPages);
+  const Digest name = last_segment_name(off.prompts[2], damaged);
   auto before = [&](int t) {
     filler(*s)(t);
     if (t != 3) return;

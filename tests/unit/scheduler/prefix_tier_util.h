@@ -12,6 +12,9 @@
 #include <thread>
 #include <vector>
 
+#include "cache/block_hash.h"
+#include "cache/cache_pools.h"
+#include "cache/tier_object.h"
 #include "common/scheduler_client.h"
 #include "common/test_util.h"
 #include "scheduler/scheduler.h"
@@ -34,6 +37,7 @@ inline std::vector<int32_t> cat(std::vector<int32_t> a, const std::vector<int32_
 
 constexpr int64_t kPage = 16, kChunk = 32;
 constexpr int kTurns = 6;
+constexpr int64_t kSegmentBlocks = 3;  // blocks per pages object in the tiers (see TierFixture::make)
 const char* const kFingerprint = "test-model";
 
 inline SchedulerConfig config(bool prefix, const std::string& disk = "", const std::string& fingerprint = kFingerprint) {
@@ -88,6 +92,18 @@ struct Conversation {
   std::vector<Collected> out;
 };
 
+// The name of the last pages object (segment) of the boundary `tokens_at` of `prompt`, and its key.
+inline Digest boundary_key(const std::vector<int32_t>& prompt, int tokens_at, const std::string& fp = kFingerprint) {
+  std::vector<Digest> keys;
+  extend_block_keys(chain_root(full_fingerprint(fp), ""),
+                    std::span<const int32_t>(prompt.data(), static_cast<size_t>(tokens_at)), kPage, keys);
+  return keys.back();
+}
+inline Digest last_segment_name(const std::vector<int32_t>& prompt, int tokens_at) {
+  const int64_t blocks = tokens_at / kPage;
+  return tier_segment_key(boundary_key(prompt, tokens_at), (blocks - 1) / kSegmentBlocks * kSegmentBlocks);
+}
+
 // The deepest hit a prompt can have: its length less one token, floored to the chunk grid.
 inline int deepest(const std::vector<int32_t>& prompt) { return static_cast<int>((prompt.size() - 1) / kChunk * kChunk); }
 
@@ -100,7 +116,11 @@ class TierFixture : public ::testing::TestWithParam<const char*> {
     ASSERT_TRUE(e) << e.error().message();
     engine_ = std::move(*e);
   }
-  std::unique_ptr<Scheduler> make(const SchedulerConfig& c) {
+  // Every scheduler stores a boundary's pages in the tiers as segments of kSegmentBlocks blocks (unless the test
+  // sets its own size): boundaries share their full segments and most end in a short one of their own.
+  std::unique_ptr<Scheduler> make(SchedulerConfig c) {
+    if (c.prefix.tier_object_bytes == PrefixCacheConfig{}.tier_object_bytes)
+      c.prefix.tier_object_bytes = kSegmentBlocks * block_bytes();
     auto s = Scheduler::create(*engine_, c);
     EXPECT_TRUE(s) << s.error().message();
     return s ? std::move(*s) : nullptr;
@@ -122,6 +142,14 @@ class TierFixture : public ::testing::TestWithParam<const char*> {
   Conversation cache_off() {
     auto s = make(config(false));
     return conversation(*s);
+  }
+  // The bytes of one block of the pools, as they compute it.
+  int64_t block_bytes() const {
+    CachePoolConfig probe = config(true).cache;
+    probe.max_slots = 1;
+    auto p = CachePools::create(engine_->model().cache_geometry(), probe);
+    EXPECT_TRUE(p) << p.error().message();
+    return p ? (*p)->block_bytes() : 1;
   }
   bool hybrid() const { return !engine_->model().cache_geometry().kda_layers.empty(); }
 

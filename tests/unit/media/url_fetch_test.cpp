@@ -77,6 +77,20 @@ TEST(UrlFetch, AllowListedNamesAndLiteralsOnRefusedAddressesNeverConnect) {
     EXPECT_EQ(refusal(f, url), "image URL refused: address not allowed") << url;
 }
 
+// The allow-list judges the host of the URL curl itself parsed and then connects to (one parse, CURLOPT_CURLU), so a
+// URL that two parsers read differently (backslash before '@', numeric IPv4 forms, percent-encoded names) cannot pass
+// the check as one host and connect to another.
+TEST(UrlFetch, TheHostCheckedIsTheHostCurlConnectsTo) {
+  const UrlFetcher listed_name = fetcher("example.com");
+  for (const char* url : {"http://example.com\\@127.0.0.1/a.png", "http://0x7f000001/",
+                          "http://127.1/", "http://017700000001/"})
+    EXPECT_EQ(refusal(listed_name, url), "image URL refused: host not allowed") << url;
+  const UrlFetcher listed_loopback = fetcher("127.0.0.1,localhost");
+  for (const char* url : {"http://0x7f000001:9/a.png", "http://127.1:9/", "http://%6cocalhost:9/",
+                          "http://localhost\\@127.0.0.1:9/"})
+    EXPECT_EQ(refusal(listed_loopback, url), "image URL refused: address not allowed") << url;
+}
+
 TEST(UrlFetch, DataUrlsAreNotRemote) {
   EXPECT_FALSE(is_remote_image_url("data:image/png;base64,AAAA"));
   EXPECT_FALSE(is_remote_image_url("DATA:image/png;base64,AAAA"));

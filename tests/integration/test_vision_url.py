@@ -282,8 +282,9 @@ def test_refusals_are_400_and_the_server_keeps_serving(net, case, expected):
         "oversized-announced": ns.url("/announced"),
         "slow": ns.url("/slow"),
     }[case]
+    hits = loop.hits
     assert refusal(server, url) == expected
-    assert loop.hits == 0  # nothing ever reached the private server
+    assert loop.hits == hits  # nothing reached the private server
     if case == "oversized-stream":
         stats = ns.stats()
         assert not stats["stream_done"], stats  # cut while streaming: the 64 MiB body was never all sent

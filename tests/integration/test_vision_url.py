@@ -9,11 +9,14 @@ counts the requests it gets. Checked: a fetched image gives the same logprobs as
 (directly and through an allowed redirect); loopback by an allow-listed name is refused; a redirect from the allowed
 host to a private address, to file:, and a redirect loop are refused; a host off the list, file:// and ftp:// are
 refused; a body over --max-image-mib is cut while it streams (and refused from its Content-Length); a slow server hits
-the timeout. Every refusal is a 400 with a short message, and the server keeps serving.
+the timeout. Every refusal is a 400 with a short message, and the server keeps serving. With one HTTP I/O thread and
+one image worker, /health and a text-only request are answered while a fetch hangs, and a client that hangs up
+mid-fetch stops it and frees the worker long before the fetch's own timeout.
 
 Network namespaces need root (CI runs as root): without root the namespace tests are SKIPPED with a loud reason; the
 flag checks at the bottom run anyway."""
 import base64
+import http.client
 import http.server
 import json
 import os
@@ -21,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import urllib.request
 import warnings
 
@@ -89,8 +93,8 @@ class H(http.server.BaseHTTPRequestHandler):
                     stats["length_bytes_sent"] += 65536
             except OSError:
                 pass
-        elif p == "/slow":
-            time.sleep(60)
+        elif p == "/slow":  # never answers within any timeout a test uses
+            time.sleep(600)
             self.redirect("/img.png")
         elif p == "/stats":
             body = json.dumps(stats).encode()
@@ -296,6 +300,55 @@ def test_metrics_count_the_refusals(net):
     before = server.metrics()["kestrel_images_rejected_total"]
     refusal(server, "http://images.not-listed.example/img.png")
     assert server.metrics()["kestrel_images_rejected_total"] == before + 1
+
+
+def wait_metric(server, name, pred, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred(server.metrics().get(name, 0)):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{name} never reached the expected value: {server.metrics()}")
+
+
+def test_a_hanging_fetch_blocks_no_io_thread_and_a_hang_up_stops_it(net):
+    _, ns, _ = net
+    # A fetch timeout far beyond the waits below: only the hang-up can end the fetch in time.
+    s = Server(extra_args=("--http-threads", "1", "--image-workers", "1", "--image-queue", "1",
+                           "--image-url-domains", ns.addr, "--image-url-test-exempt-cidr", ns.addr + "/32",
+                           "--image-url-timeout-ms", "600000"))
+    try:
+        body = lambda url: json.dumps({"model": MODEL, "max_tokens": 1, "temperature": 0, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "What is in this picture?"}, image_part(url)]}]}).encode()
+        hanging = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+        hanging.request("POST", "/v1/chat/completions", body=body(ns.url("/slow")),
+                        headers={"Content-Type": "application/json"})
+        wait_metric(s, "kestrel_image_requests_running", lambda v: v == 1)
+        with urllib.request.urlopen(s.base + "/health", timeout=10) as r:
+            assert r.status == 200
+        text = json.dumps({"model": MODEL, "max_tokens": 1, "temperature": 0,
+                           "messages": [{"role": "user", "content": "Say hi."}]}).encode()
+        req = urllib.request.Request(s.base + "/v1/chat/completions", data=text,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 200 and json.load(r)["usage"]["completion_tokens"] == 1
+        assert s.metrics()["kestrel_image_requests_running"] == 1, "the fetch ended before the client left"
+        hanging.sock.shutdown(2)  # the client goes away mid-fetch
+        hanging.close()
+        wait_metric(s, "kestrel_image_requests_cancelled_total", lambda v: v == 1)
+        # The one image worker is free again: an inline image is answered (the fetch itself had 600 s left).
+        req = urllib.request.Request(s.base + "/v1/chat/completions", data=body(data_url(IMAGE)),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert json.load(r)["usage"]["prompt_tokens_details"]["image_tokens"] == 6
+        m = s.metrics()
+        assert m["kestrel_image_requests_running"] == 0 and m["kestrel_images_rejected_total"] == 0
+    finally:
+        try:
+            s.stop()
+        except subprocess.TimeoutExpired:  # a fetch that was never stopped holds the drain
+            s.proc.kill()
+            s.proc.wait()
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -1,5 +1,6 @@
 #include "media/host_allowlist.h"
 
+#include <algorithm>
 #include <cctype>
 
 namespace kestrel::media {

@@ -162,7 +162,7 @@ class Namespace:
         third = os.getpid() % 250
         self.name, host_if, ns_if = f"kvurl{tag}", f"kvh{tag}", f"kvn{tag}"
         self.host_addr, self.addr, self.port = f"198.19.{third}.1", f"198.19.{third}.2", 8080
-        self.proc = None
+        self.proc = self.script = None
         run("ip", "netns", "add", self.name)
         try:
             run("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", self.name)
@@ -196,6 +196,8 @@ class Namespace:
             self.proc.kill()
             self.proc.wait()
         subprocess.run(["ip", "netns", "del", self.name], capture_output=True)  # takes the veth pair with it
+        if self.script is not None:
+            os.unlink(self.script.name)
 
 
 @pytest.fixture(scope="module")

@@ -69,6 +69,13 @@ const std::vector<CommandSpec>& command_specs() {
         {"max-image-tokens", "N", "16384", "image tokens (<|media_pad|> positions) per request, all images together"},
         {"image-workers", "N", "1", "threads that decode and encode images (off the HTTP threads)"},
         {"image-queue", "N", "4", "requests with images waiting for an image worker; more get 429"},
+        {"image-url-domains", "LIST", "",
+         "fetch http(s) image URLs from these hosts only (example.com,*.cdn.example); private, loopback and "
+         "link-local addresses are refused on every hop (default: off, data: URLs only)"},
+        {"image-url-timeout-ms", "N", "10000", "limit on fetching one image URL, redirects included, ms"},
+        {"image-url-max-redirects", "N", "3", "redirects followed per image URL, each hop checked again"},
+        {"image-url-test-exempt-cidr", "CIDR", "",
+         "TEST ONLY: treat this block inside 198.18.0.0/15 (benchmarking range) as a public address"},
         kQuiet}},
       {"chat",
        "Interactive multi-turn chat on stdin/stdout, streaming (reasoning dimmed, tool calls as JSON; /image PATH attaches an image to the next message; /exit ends).",

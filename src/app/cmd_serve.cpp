@@ -95,7 +95,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   long long port = 0, cache_mib = 0, max_running = 0, max_waiting = 0, batch = 0, chunk = 0, ctx = 0, page = 0,
             timeout = 0, drain = 0, http_threads = 0, body_mib = 0, snapshot_mib = 0, host_mib = 0,
             disk_mib = 0, redis_timeout_ms = 0, max_images = 0, image_mib = 0, image_pixels = 0, image_tokens = 0,
-            image_workers = 0, image_queue = 0;
+            image_workers = 0, image_queue = 0, url_timeout_ms = 0, url_redirects = 0;
   for (auto [flag, dst, lo, hi] : std::initializer_list<std::tuple<const char*, long long*, long long, long long>>{
            {"port", &port, 0, 65535}, {"cache-mib", &cache_mib, 16, 1 << 22},
            {"max-running", &max_running, 1, 4096}, {"max-waiting", &max_waiting, 0, 1 << 20},
@@ -108,13 +108,36 @@ int cmd_serve(const std::vector<std::string>& argv) {
            {"prefix-cache-redis-timeout-ms", &redis_timeout_ms, 1, 60000}, {"max-images", &max_images, 0, 256},
            {"max-image-mib", &image_mib, 1, 1024}, {"max-image-pixels", &image_pixels, 1, 1LL << 32},
            {"max-image-tokens", &image_tokens, 1, 1 << 24}, {"image-workers", &image_workers, 1, 64},
-           {"image-queue", &image_queue, 0, 4096}}) {
+           {"image-queue", &image_queue, 0, 4096}, {"image-url-timeout-ms", &url_timeout_ms, 100, 600000},
+           {"image-url-max-redirects", &url_redirects, 0, 10}}) {
     auto v = a->integer(flag);
     if (!v) return usage_error("serve", v.error());
     if (*v < lo || *v > hi)
       return usage_error("serve", invalid_argument(std::string("--") + flag + " must be in " + std::to_string(lo) +
                                                    ".." + std::to_string(hi)));
     *dst = *v;
+  }
+  // Remote image URLs: off unless --image-url-domains names the hosts (docs/vision.md §3.3).
+  std::optional<media::UrlFetcher> fetcher;
+  if (a->has("image-url-domains")) {
+    auto hosts = media::HostAllowList::parse(a->str("image-url-domains"));
+    if (!hosts) return usage_error("serve", invalid_argument("--image-url-domains: " + hosts.error().message()));
+    media::UrlFetchOptions fo;
+    fo.hosts = std::move(*hosts);
+    fo.max_bytes = static_cast<size_t>(image_mib) << 20;
+    fo.max_redirects = static_cast<int>(url_redirects);
+    fo.timeout = std::chrono::milliseconds(url_timeout_ms);
+    fo.connect_timeout = std::min(fo.timeout, std::chrono::milliseconds(5000));
+    if (a->has("image-url-test-exempt-cidr")) {
+      auto cidr = media::parse_test_exempt_cidr(a->str("image-url-test-exempt-cidr"));
+      if (!cidr) return usage_error("serve", invalid_argument("--image-url-test-exempt-cidr: " + cidr.error().message()));
+      fo.addresses.test_exempt = *cidr;
+      std::fprintf(stderr, "kestrel serve: TEST ONLY: image URLs may reach %s (--image-url-test-exempt-cidr)\n",
+                   a->str("image-url-test-exempt-cidr").c_str());
+    }
+    fetcher.emplace(std::move(fo));
+  } else if (a->has("image-url-test-exempt-cidr")) {
+    return usage_error("serve", invalid_argument("--image-url-test-exempt-cidr needs --image-url-domains"));
   }
   auto kv = kv_cache_dtype_flag(*a);
   if (!kv) return usage_error("serve", kv.error());
@@ -221,7 +244,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   il.per_image.max_file_bytes = static_cast<size_t>(image_mib) << 20;
   il.per_image.max_pixels = static_cast<uint64_t>(image_pixels);
   il.max_tokens = image_tokens;
-  EngineImageService images(**eng, il);
+  EngineImageService images(**eng, il, fetcher ? &*fetcher : nullptr);
   std::optional<server::ImageQueue> image_pool;
   if ((*eng)->has_vision() && max_images > 0) {
     image_pool.emplace(images, server::ImageQueueOptions{static_cast<int>(image_workers), static_cast<int>(image_queue)});

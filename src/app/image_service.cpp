@@ -24,9 +24,14 @@ Result<server::ImageBatch> EngineImageService::prepare_unlocked(std::span<const 
                             std::to_string(limits_.max_images));
   std::vector<std::vector<uint8_t>> files;
   for (size_t i = 0; i < urls.size(); ++i) {
-    auto url = media::parse_image_url(urls[i], media::DataUrlLimits{limits_.per_image.max_file_bytes});
-    if (!url) return Status(url.error().code(), "image " + std::to_string(i + 1) + ": " + url.error().message());
-    files.push_back(std::move(url->bytes));
+    Result<std::vector<uint8_t>> bytes = [&]() -> Result<std::vector<uint8_t>> {
+      if (fetcher_ != nullptr && media::is_remote_image_url(urls[i])) return fetcher_->fetch(urls[i], stop);
+      auto url = media::parse_image_url(urls[i], media::DataUrlLimits{limits_.per_image.max_file_bytes});
+      if (!url) return url.error();
+      return std::move(url->bytes);
+    }();
+    if (!bytes) return Status(bytes.error().code(), "image " + std::to_string(i + 1) + ": " + bytes.error().message());
+    files.push_back(std::move(*bytes));
   }
   auto prepared = prepare_images(files, limits_);
   if (!prepared) return prepared.error();

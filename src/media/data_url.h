@@ -1,5 +1,5 @@
-// Image URLs from a chat request: only inline `data:image/...;base64,...` URLs are accepted. http(s) and
-// file: URLs are refused: this version fetches nothing (docs/vision.md §3.2).
+// Image URLs from a chat request: inline `data:image/...;base64,...` URLs (docs/vision.md §3.2). Any other URL is
+// refused here; a server started with `--image-url-domains` hands non-data URLs to media/url_fetch instead (§3.3).
 #pragma once
 
 #include <cstddef>

@@ -26,7 +26,6 @@
 #include "app/k3_chat_format.h"
 #include "cache/redis_store.h"
 #include "chat/model_tokenizer.h"
-#include "dist/liveness.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/w4a8_gemm.h"
 #include "scheduler/scheduler.h"
@@ -69,31 +68,6 @@ void report_redis(const PrefixCacheConfig& c) {
     std::fprintf(stderr, "kestrel serve: the prefix cache's Redis tier does not answer (%s); serving without it until it does\n",
                  st.message().c_str());
 }
-// Every rank of a serving cell: the liveness connections, opened together and beating from now on. A peer silent
-// past the deadline ends this rank (exit 1), and mpirun the rest; rank 0 also says when the cell turns unhealthy
-// (its /health answers 503 meanwhile) and healthy again.
-std::unique_ptr<dist::Liveness> open_liveness(CellLaunch& c, const dist::LivenessOptions& o) {
-  auto l = dist::Liveness::open(*c.comm, o);
-  if (!l) cell_exit(c, l.error());
-  dist::Liveness::Events ev;
-  ev.deadline = [&c, o](const std::string& why) {
-    cell_exit(c, unavailable("cell liveness: " + why + "; ending the cell (--cell-deadline-ms " +
-                             std::to_string(o.deadline.count()) + ")"));
-  };
-  if (c.shard.rank == 0) {
-    ev.unhealthy = [](const std::string& why) {
-      std::fprintf(stderr, "kestrel serve: cell unhealthy, /health answers 503: %s\n", why.c_str());
-      std::fflush(stderr);
-    };
-    ev.healthy = [](const std::string&) {
-      std::fprintf(stderr, "kestrel serve: cell healthy again: every rank is beating\n");
-      std::fflush(stderr);
-    };
-  }
-  (*l)->start(std::move(ev));
-  return std::move(*l);
-}
-
 // A rank other than 0: loads its experts, runs rank 0's steps until rank 0 stops, exits 0.
 int serve_follower(CellLaunch& c, const Args& a, KvCacheDtype kv, dist::Liveness& liveness) {
   if (Status s = c.comm->barrier(); !s.is_ok()) cell_exit(c, s);  // rank 0 resolved (maybe generated) the model
@@ -124,7 +98,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   long long port = 0, cache_mib = 0, max_running = 0, max_waiting = 0, batch = 0, chunk = 0, ctx = 0, page = 0,
             timeout = 0, drain = 0, http_threads = 0, body_mib = 0, snapshot_mib = 0, host_mib = 0,
             disk_mib = 0, redis_timeout_ms = 0, max_images = 0, image_mib = 0, image_pixels = 0, image_tokens = 0,
-            image_workers = 0, image_queue = 0, liveness_ms = 0, deadline_ms = 0;
+            image_workers = 0, image_queue = 0;
   for (auto [flag, dst, lo, hi] : std::initializer_list<std::tuple<const char*, long long*, long long, long long>>{
            {"port", &port, 0, 65535}, {"cache-mib", &cache_mib, 16, 1 << 22},
            {"max-running", &max_running, 1, 4096}, {"max-waiting", &max_waiting, 0, 1 << 20},
@@ -137,8 +111,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
            {"prefix-cache-redis-timeout-ms", &redis_timeout_ms, 1, 60000}, {"max-images", &max_images, 0, 256},
            {"max-image-mib", &image_mib, 1, 1024}, {"max-image-pixels", &image_pixels, 1, 1LL << 32},
            {"max-image-tokens", &image_tokens, 1, 1 << 24}, {"image-workers", &image_workers, 1, 64},
-           {"image-queue", &image_queue, 0, 4096}, {"cell-liveness-ms", &liveness_ms, 10, 3'600'000},
-           {"cell-deadline-ms", &deadline_ms, 10, 3'600'000}}) {
+           {"image-queue", &image_queue, 0, 4096}}) {
     auto v = a->integer(flag);
     if (!v) return usage_error("serve", v.error());
     if (*v < lo || *v > hi)
@@ -161,18 +134,13 @@ int cmd_serve(const std::vector<std::string>& argv) {
                                                  std::to_string(std::min(chunk, batch)) +
                                                  ") to be a multiple of --page-tokens (" + std::to_string(page) +
                                                  "), or --no-prefix-cache"));
-  if (deadline_ms < liveness_ms)
-    return usage_error("serve", invalid_argument("--cell-deadline-ms must be at least --cell-liveness-ms"));
+  auto lo = liveness_flags(*a);
+  if (!lo) return usage_error("serve", lo.error());
   auto launch = open_cell(*ep);
   if (!launch) return usage_error("serve", launch.error());
   CellLaunch* cl = launch->get();
   std::unique_ptr<dist::Liveness> liveness;
-  if (cl != nullptr) {
-    dist::LivenessOptions lo;
-    lo.window = std::chrono::milliseconds(liveness_ms);
-    lo.deadline = std::chrono::milliseconds(deadline_ms);
-    liveness = open_liveness(*cl, lo);
-  }
+  if (cl != nullptr) liveness = open_liveness(*cl, *lo, /*report_health=*/true);
   if (cl != nullptr && cl->shard.rank != 0) return serve_follower(*cl, *a, *kv, *liveness);
   // From here on an error on rank 0 of a cell ends the cell.
   auto fail = [&](const Status& s) {

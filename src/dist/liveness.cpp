@@ -109,6 +109,15 @@ LivenessTracker::Verdict LivenessTracker::check(Clock::time_point now) const {
   return v;
 }
 
+LivenessTracker::Clock::time_point LivenessTracker::next_change(Clock::time_point now) const {
+  auto next = Clock::time_point::max();
+  for (const Peer& p : peers_) {
+    if (!p.lost && p.last + o_.window > now) next = std::min(next, p.last + o_.window);
+    if (p.last + o_.deadline > now) next = std::min(next, p.last + o_.deadline);
+  }
+  return next;
+}
+
 // ---- Liveness
 
 Result<std::unique_ptr<Liveness>> Liveness::open(Communicator& comm, LivenessOptions o) {
@@ -275,8 +284,12 @@ void Liveness::loop(Events ev) {
     which.clear();
     for (size_t i = 0; i < fds_.size(); ++i)
       if (fds_[i] >= 0) polls.push_back(pollfd{fds_[i], POLLIN, 0}), which.push_back(i);
-    const int64_t wait = std::max<int64_t>(0, ms_between(Clock::now(), next_beat));
-    const int rc = ::poll(polls.data(), polls.size(), static_cast<int>(std::min<int64_t>(wait, period.count())));
+    // Wake for the next beat or the moment a peer's window or deadline runs out, whichever comes first (+1 ms:
+    // poll's timeout rounds down).
+    const auto now2 = Clock::now();
+    const auto wake = std::min(next_beat, tracker.next_change(now2));
+    const int64_t wait = std::clamp<int64_t>(ms_between(now2, wake) + 1, 0, period.count());
+    const int rc = ::poll(polls.data(), polls.size(), static_cast<int>(wait));
     const auto after = Clock::now();
     for (int k = 0; rc > 0 && k < static_cast<int>(polls.size()); ++k) {
       if (polls[k].revents == 0) continue;

@@ -55,6 +55,9 @@ class LivenessTracker {
   // The peer's connection closed: unhealthy at once and for good; its deadline counts from when it was last heard.
   void lost(int rank, Clock::time_point now);
   Verdict check(Clock::time_point now) const;
+  // The earliest time after `now` at which check() can change without a new event (a peer's window or deadline
+  // running out); Clock::time_point::max() when none can.
+  Clock::time_point next_change(Clock::time_point now) const;
 
  private:
   struct Peer {

@@ -94,6 +94,20 @@ TEST(LivenessTracker, LostPeerIsUnhealthyAtOnceForGoodAndNamedFirst) {
   EXPECT_TRUE(t.check(t0 + milliseconds(5900)).deadline_passed);  // 5 s after rank 1 was last heard
 }
 
+TEST(LivenessTracker, NextChangeIsTheFirstWindowOrDeadlineToRunOut) {
+  const auto t0 = Clock::time_point{};
+  LivenessTracker t({1, 2}, opts(1000, 5000), t0);
+  t.heard(1, t0 + milliseconds(300));
+  t.heard(2, t0 + milliseconds(100));
+  EXPECT_EQ(t.next_change(t0 + milliseconds(500)), t0 + milliseconds(1100));   // rank 2's window
+  EXPECT_EQ(t.next_change(t0 + milliseconds(1100)), t0 + milliseconds(1300));  // then rank 1's
+  EXPECT_EQ(t.next_change(t0 + milliseconds(1300)), t0 + milliseconds(5100));  // then rank 2's deadline
+  t.lost(1, t0 + milliseconds(400));
+  EXPECT_EQ(t.next_change(t0 + milliseconds(500)), t0 + milliseconds(1100));  // a lost peer has no window left
+  EXPECT_EQ(t.next_change(t0 + milliseconds(5100)), t0 + milliseconds(5300));  // but its deadline
+  EXPECT_EQ(t.next_change(t0 + milliseconds(5300)), Clock::time_point::max());
+}
+
 TEST(LivenessTracker, UnknownRanksAreIgnored) {
   const auto t0 = Clock::time_point{};
   LivenessTracker t({1}, opts(1000, 5000), t0);

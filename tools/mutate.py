@@ -117,6 +117,24 @@ MUTATIONS = {
         "    (void)id;",
         "CellFake.*ep[24]",
         "a cell combines a token's expert outputs in routing-score order instead of ascending expert id"),
+    "cell_health_ignores_liveness": (
+        "src/server/api_handlers.cpp",
+        "  if (config_.liveness)\n    if (const std::string why = config_.liveness(); !why.empty())",
+        "  if (false)\n    if (const std::string why = config_.liveness(); !why.empty())",
+        "ServerTest.UnhealthyCellFailsBothHealthChecks",
+        "/health answers 200 while a cell rank is gone or silent"),
+    "liveness_closed_connection_ignored": (
+        "src/dist/liveness.cpp",
+        "        tracker.lost(ranks_[i], after);\n",
+        "",
+        "Liveness",
+        "a rank whose liveness connection closed is only noticed once its silence passes the window"),
+    "liveness_window_ignored": (
+        "src/dist/liveness.cpp",
+        "    const bool bad = p.lost || now - p.last >= o_.window;",
+        "    const bool bad = p.lost;",
+        "Liveness",
+        "a silent (frozen) rank never makes the cell unhealthy"),
 }
 
 # Mutations whose catching tests only run on some CPUs: name -> /proc/cpuinfo flag. Elsewhere they are

@@ -1,8 +1,10 @@
 #include "app/cell_launch.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #ifdef KESTREL_HAVE_MPI
 #include "dist/mpi_communicator.h"
@@ -38,6 +40,41 @@ Result<std::unique_ptr<CellLaunch>> open_cell(int64_t ep) {
   return unsupported("--ep " + std::to_string(ep) + ": this kestrel was built without Open MPI "
                      "(scripts/install-deps.sh installs libopenmpi-dev)");
 #endif
+}
+
+Result<dist::LivenessOptions> liveness_flags(const Args& a) {
+  auto window = a.integer("cell-liveness-ms"), deadline = a.integer("cell-deadline-ms");
+  if (!window) return window.error();
+  if (!deadline) return deadline.error();
+  for (auto [flag, v] : {std::pair{"--cell-liveness-ms", *window}, std::pair{"--cell-deadline-ms", *deadline}})
+    if (v < 10 || v > 3'600'000) return invalid_argument(std::string(flag) + " must be in 10..3600000");
+  if (*deadline < *window) return invalid_argument("--cell-deadline-ms must be at least --cell-liveness-ms");
+  dist::LivenessOptions o;
+  o.window = std::chrono::milliseconds(*window);
+  o.deadline = std::chrono::milliseconds(*deadline);
+  return o;
+}
+
+std::unique_ptr<dist::Liveness> open_liveness(CellLaunch& c, const dist::LivenessOptions& o, bool report_health) {
+  auto l = dist::Liveness::open(*c.comm, o);
+  if (!l) cell_exit(c, l.error());
+  dist::Liveness::Events ev;
+  ev.deadline = [&c, o](const std::string& why) {
+    cell_exit(c, unavailable("cell liveness: " + why + "; ending the cell (--cell-deadline-ms " +
+                             std::to_string(o.deadline.count()) + ")"));
+  };
+  if (report_health && c.shard.rank == 0) {
+    ev.unhealthy = [](const std::string& why) {
+      std::fprintf(stderr, "kestrel serve: cell unhealthy, /health answers 503: %s\n", why.c_str());
+      std::fflush(stderr);
+    };
+    ev.healthy = [](const std::string&) {
+      std::fprintf(stderr, "kestrel serve: cell healthy again: every rank is beating\n");
+      std::fflush(stderr);
+    };
+  }
+  (*l)->start(std::move(ev));
+  return std::move(*l);
 }
 
 void cell_exit(const CellLaunch& c, const Status& s) {

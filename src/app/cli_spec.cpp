@@ -8,6 +8,10 @@ namespace {
 const FlagSpec kModel{"model", "DIR", "", "checkpoint directory or GGUF file (none: the shipped default, or --preset)"};
 const FlagSpec kQuiet{"quiet", "", "", "no notes on stderr (default model, load notes)"};
 const FlagSpec kEp{"ep", "E", "1", "expert-parallel ranks: run as a cell under mpirun -np E (docs/cell.md)"};
+const FlagSpec kCellLiveness{"cell-liveness-ms", "N", "1000",
+                             "a cell: a rank without a heartbeat this long makes it unhealthy (serve: /health 503)"};
+const FlagSpec kCellDeadline{"cell-deadline-ms", "N", "5000",
+                             "a cell: a rank without a heartbeat this long (frozen or gone) ends the cell, status 1"};
 const FlagSpec kKvCacheDtype{"kv-cache-dtype", "fp32|bf16|fp8", "fp32",
                              "element type of the MLA latent cache pages (bf16, fp8: smaller, logits not bit-equal to fp32)"};
 }  // namespace
@@ -41,6 +45,8 @@ const std::vector<CommandSpec>& command_specs() {
         {"page-tokens", "N", "64", "tokens per MLA cache page"},
         kKvCacheDtype,
         kEp,
+        kCellLiveness,
+        kCellDeadline,
         {"no-prefix-cache", "", "", "recompute every prompt (by default cached prompt prefixes are reused)"},
         {"prefix-cache-snapshot-mib", "N", "256", "memory for the prefix cache's KDA state snapshots, MiB"},
         {"prefix-cache-generation-snapshots", "", "",
@@ -113,6 +119,8 @@ const std::vector<CommandSpec>& command_specs() {
         {"ignore-eos", "", "", "keep generating past the end-of-sequence token"},
         kKvCacheDtype,
         kEp,
+        kCellLiveness,
+        kCellDeadline,
         kQuiet}},
       {"bench",
        "Prefill/decode throughput and peak memory; llama-bench's pp/tg protocol; greedy logits for the gate.",
@@ -127,6 +135,8 @@ const std::vector<CommandSpec>& command_specs() {
         {"context", "N", "0", "time prefill/decode on top of N synthetic cached tokens"},
         kKvCacheDtype,
         kEp,
+        kCellLiveness,
+        kCellDeadline,
         {"threads", "T", "", "OpenMP threads (default: OMP_NUM_THREADS, else every core)"},
         {"pp", "N", "0", "llama-bench protocol: prompt-processing test of N tokens"},
         {"tg", "N", "0", "llama-bench protocol: text-generation test of N tokens"},

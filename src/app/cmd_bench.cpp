@@ -101,9 +101,13 @@ int cmd_bench(const std::vector<std::string>& argv) {
   }
   auto ep = a->integer("ep");
   if (!ep) return usage_error("bench", ep.error());
+  auto lo = liveness_flags(*a);
+  if (!lo) return usage_error("bench", lo.error());
   auto launch = open_cell(*ep);
   if (!launch) return usage_error("bench", launch.error());
   CellLaunch* cl = launch->get();
+  std::unique_ptr<dist::Liveness> liveness;  // a frozen or lost rank ends the cell at the deadline
+  if (cl != nullptr) liveness = open_liveness(*cl, *lo, /*report_health=*/false);
   // In a cell rank 0 resolves (and maybe generates) the preset model before the others look for it.
   if (cl != nullptr && cl->shard.rank != 0 && !cl->comm->barrier().is_ok()) return 1;
   std::string dir = a->str("model");

@@ -118,9 +118,13 @@ int cmd_generate(const std::vector<std::string>& argv) {
     return usage_error("generate", invalid_argument("sampling flag out of range"));
   if (a->has("prompt-ids"))
     if (auto ids = parse_id_list(a->str("prompt-ids")); !ids) return usage_error("generate", ids.error());
+  auto lo = liveness_flags(*a);
+  if (!lo) return usage_error("generate", lo.error());
   auto launch = open_cell(*ep);
   if (!launch) return usage_error("generate", launch.error());
   CellLaunch* cl = launch->get();
+  std::unique_ptr<dist::Liveness> liveness;  // a frozen or lost rank ends the cell at the deadline
+  if (cl != nullptr) liveness = open_liveness(*cl, *lo, /*report_health=*/false);
   if (cl != nullptr && cl->shard.rank != 0) {  // a follower: rank 0 resolves (and maybe generates) the model first
     if (Status s = cl->comm->barrier(); !s.is_ok()) cell_exit(*cl, s);
     int rc = 0;

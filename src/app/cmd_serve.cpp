@@ -2,7 +2,9 @@
 // wait for SIGTERM/SIGINT: stop accepting, drain in-flight requests within --drain-seconds, exit 0.
 // As a cell (`mpirun -np E kestrel serve --ep E`, docs/cell.md) rank 0 does all of that and every scheduler step
 // runs on all ranks; the other ranks load their experts and follow until rank 0 stops. A failed cell step (a lost
-// rank) fails the requests in flight, /health reports it, and rank 0 exits 1.
+// rank) fails the requests in flight, /health reports it, and rank 0 exits 1. Every rank also beats on the cell's
+// liveness connections (dist/liveness.h): a rank gone or silent past --cell-liveness-ms makes /health answer 503
+// while its collectives still wait, and one silent past --cell-deadline-ms ends the cell.
 #include <pthread.h>
 #include <signal.h>
 
@@ -67,7 +69,7 @@ void report_redis(const PrefixCacheConfig& c) {
                  st.message().c_str());
 }
 // A rank other than 0: loads its experts, runs rank 0's steps until rank 0 stops, exits 0.
-int serve_follower(CellLaunch& c, const Args& a, KvCacheDtype kv) {
+int serve_follower(CellLaunch& c, const Args& a, KvCacheDtype kv, dist::Liveness& liveness) {
   if (Status s = c.comm->barrier(); !s.is_ok()) cell_exit(c, s);  // rank 0 resolved (maybe generated) the model
   int rc = 0;
   const std::string dir = resolve_model_or_default(a.str("model"), false, rc, a.str("preset"));
@@ -76,6 +78,7 @@ int serve_follower(CellLaunch& c, const Args& a, KvCacheDtype kv) {
   if (!eng) cell_exit(c, eng.error());
   Cell cell((*eng)->model(), *c.comm, {}, kv);
   if (Status s = cell.follow(); !s.is_ok()) cell_exit(c, s);
+  liveness.expect_exit();  // rank 0 is stopping too: its connection closes any moment now
   std::fprintf(stderr, "kestrel serve: rank %d of %d: stopped\n", c.shard.rank, c.shard.size);
   return 0;
 }
@@ -154,10 +157,14 @@ int cmd_serve(const std::vector<std::string>& argv) {
                                                  std::to_string(std::min(chunk, batch)) +
                                                  ") to be a multiple of --page-tokens (" + std::to_string(page) +
                                                  "), or --no-prefix-cache"));
+  auto lo = liveness_flags(*a);
+  if (!lo) return usage_error("serve", lo.error());
   auto launch = open_cell(*ep);
   if (!launch) return usage_error("serve", launch.error());
   CellLaunch* cl = launch->get();
-  if (cl != nullptr && cl->shard.rank != 0) return serve_follower(*cl, *a, *kv);
+  std::unique_ptr<dist::Liveness> liveness;
+  if (cl != nullptr) liveness = open_liveness(*cl, *lo, /*report_health=*/true);
+  if (cl != nullptr && cl->shard.rank != 0) return serve_follower(*cl, *a, *kv, *liveness);
   // From here on an error on rank 0 of a cell ends the cell.
   auto fail = [&](const Status& s) {
     if (cl != nullptr) cell_exit(*cl, s);
@@ -239,6 +246,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   ac.api_key = a->has("api-key") ? a->str("api-key") : env_key ? env_key : "";
   ac.request_timeout = std::chrono::seconds(timeout);
   ac.role = role == "prefill" ? "prefill" : role == "decode" ? "decode" : "both";
+  if (liveness) ac.liveness = [l = liveness.get()] { return l->unhealthy(); };
   ImageRequestLimits il;
   il.max_images = static_cast<size_t>(max_images);
   il.per_image.max_file_bytes = static_cast<size_t>(image_mib) << 20;
@@ -305,7 +313,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
     // A cell also watches its scheduler: a failed step (a lost rank) ends rank 0, and mpirun ends the rest.
     for (;;) {
       const timespec poll{0, 100'000'000};
-      if ((sig = sigtimedwait(&sigs, nullptr, &poll)) > 0) break;
+      if ((sig = sigtimedwait(&sigs, nullptr, &poll)) > 0) {
+        liveness->expect_exit();  // the followers stop after the drain; their connections close then
+        break;
+      }
       if (const std::string why = (*sched)->failure(); !why.empty()) {
         http.stop();  // the requests in flight have their error; let the connections deliver it
         fail(unavailable(why));

@@ -279,6 +279,10 @@ void ApiServer::health(const HttpRequest&, const std::shared_ptr<HttpExchange>& 
   // A service that can no longer serve (a cell that lost a rank) fails both checks, so a router drains it.
   if (const std::string why = engine_.failure(); !why.empty())
     return send_json(ex, 503, json{{"status", "failed"}, {"error", why}});
+  // A cell with a silent rank is not failed yet (the rank may come back), but cannot be trusted to answer.
+  if (config_.liveness)
+    if (const std::string why = config_.liveness(); !why.empty())
+      return send_json(ex, 503, json{{"status", "unhealthy"}, {"error", why}});
   if (!ready_check) return send_json(ex, 200, json{{"status", "ok"}});
   bool ready = engine_.ready();
   send_json(ex, ready ? 200 : 503, json{{"status", ready ? "ready" : "not_ready"}});

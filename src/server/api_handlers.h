@@ -10,6 +10,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -33,6 +34,9 @@ struct ApiConfig {
   // Chat requests with image_url parts are encoded on it (never on the I/O thread); null: such requests are
   // refused (400). Must outlive the server.
   ImageQueue* images = nullptr;
+  // Why this server must be drained although its service still runs (a cell rank that stopped sending
+  // heartbeats, dist/liveness.h); empty while healthy. Null: not asked. Must be thread-safe.
+  std::function<std::string()> liveness;
 };
 
 class ApiServer {

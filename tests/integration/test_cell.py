@@ -1,7 +1,8 @@
 """`kestrel generate --ep E` as a cell under mpiexec (docs/cell.md): greedy tokens equal to one process for the
 tiny K3, K3 with DSA layers, Kimi Linear, DeepSeek V3 and V3.2 models at EP 2 and 4; every rank binds the
 replicated weights plus about 1/E of the routed-expert bytes; flag errors; and a SIGKILLed rank ends the cell
-non-zero within 10 s, mpirun naming the rank, with no rank process left behind."""
+non-zero within 10 s, mpirun naming the rank, with no rank process left behind; a SIGSTOPped (frozen) rank, rank 0
+included, ends the cell non-zero at the liveness deadline instead of hanging it."""
 import json
 import os
 import shutil
@@ -159,6 +160,52 @@ def test_sigkill_of_a_rank_ends_the_cell_within_ten_seconds(models):
             time.sleep(0.05)
         assert not [r for r, q in pids.items() if alive(q)], "rank processes outlived mpirun"
     finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+@pytest.mark.parametrize("frozen", [2, 0])
+def test_sigstop_of_a_rank_ends_the_cell_at_the_liveness_deadline(models, frozen):
+    # MPI never notices a stopped rank; the liveness heartbeats do: rank 0 watches the others, they watch rank 0.
+    deadline_s = 2
+    cmd = [MPIEXEC, "-np", "4", *MPI_FLAGS, BINARY, "generate", models["k3-tiny"], "--prompt-ids", PROMPT,
+           "--max-tokens", "1000000", "--ignore-eos", "--quiet", "--ep", "4", "--cell-liveness-ms", "500",
+           "--cell-deadline-ms", str(deadline_s * 1000)]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
+                         start_new_session=True)
+    pids = {}
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and len(pids) < 4:
+            assert p.poll() is None, p.stderr.read()
+            pids = rank_pids(p.pid)
+            time.sleep(0.1)
+        assert len(pids) == 4, f"ranks found: {pids}"
+        time.sleep(3)  # inside the decode loop
+        assert p.poll() is None, "the cell ended before the stop"
+        os.kill(pids[frozen], signal.SIGSTOP)
+        stopped = time.time()
+        try:
+            rc = p.wait(timeout=deadline_s + 15)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the cell is still running {deadline_s + 15} s after rank {frozen} was stopped")
+        elapsed = time.time() - stopped
+        err = p.stderr.read()
+        print(f"cell ended {elapsed:.2f} s after SIGSTOP of rank {frozen} (exit {rc})")
+        assert rc != 0
+        assert f"cell liveness: rank {frozen} sent no heartbeat" in err, err
+        assert "ending the cell (--cell-deadline-ms 2000)" in err, err
+        assert elapsed >= deadline_s - 0.5, elapsed  # the deadline counts from the last beat, at most 0.1 s before
+        deadline = time.time() + 2
+        while time.time() < deadline and any(alive(q) for q in pids.values()):
+            time.sleep(0.05)
+        assert not [r for r, q in pids.items() if alive(q)], "rank processes outlived mpirun"
+    finally:
+        for q in pids.values():
+            if alive(q):
+                os.kill(q, signal.SIGCONT)
+                os.kill(q, signal.SIGKILL)
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()

@@ -2,13 +2,17 @@
 step runs on both ranks. Through the `openai` client: greedy chat completions with logprobs under concurrent
 streams (batched across requests) equal those of one `kestrel serve` process bit for bit; SIGKILL of rank 1
 mid-stream ends the client's stream within seconds and the cell non-zero, with no rank left; SIGTERM to mpiexec
-ends the stream in flight with a final chunk and stops every rank cleanly."""
+ends the stream in flight with a final chunk and stops every rank cleanly. The liveness watchdog (heartbeats on
+TCP beside MPI): with a stream in flight (rank 0 waiting in a collective), /health answers 503 naming the rank
+as soon as a SIGKILLed rank's connection closes, and within the liveness window for a SIGSTOPped (frozen) rank,
+whose cell then ends non-zero at the deadline instead of hanging; no rank is left either way."""
 import os
 import signal
 import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import openai
@@ -185,4 +189,153 @@ def test_sigterm_to_mpiexec_stops_every_rank_cleanly():
         assert "exited on signal" not in log and "non-zero" not in log, log
         assert not [r for r, q in pids.items() if alive(q)], "rank processes outlived mpiexec"
     finally:
+        cell.close()
+
+
+class HealthPoller(threading.Thread):
+    """GET /health every 50 ms until stopped: (time, HTTP status or the exception's name, body)."""
+
+    def __init__(self, base):
+        super().__init__(daemon=True)
+        self.base, self.seen, self.done = base, [], threading.Event()
+
+    def run(self):
+        while not self.done.is_set():
+            t = time.time()
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=1) as r:
+                    self.seen.append((t, r.status, r.read().decode()))
+            except urllib.error.HTTPError as e:
+                self.seen.append((t, e.code, e.read().decode()))
+            except Exception as e:  # refused, reset, timed out: the server is going or gone
+                self.seen.append((t, type(e).__name__, ""))
+            time.sleep(0.05)
+
+    def stop(self):
+        self.done.set()
+        self.join(5)
+
+
+class Streamer(threading.Thread):
+    """One long greedy stream; `flowing` is set after 10 chunks; `ended_by` says how it ended."""
+
+    def __init__(self, client):
+        super().__init__(daemon=True)
+        self.client, self.flowing, self.ended_by = client, threading.Event(), None
+
+    def run(self):
+        try:
+            stream = self.client.chat.completions.create(
+                model="kimi-k3", messages=[{"role": "user", "content": "Go on forever"}], max_tokens=1500,
+                temperature=0, stream=True, extra_body={"ignore_eos": True})
+            for i, chunk in enumerate(stream):
+                if i == 10:
+                    self.flowing.set()
+                if chunk.choices and chunk.choices[0].finish_reason is not None:
+                    self.ended_by = chunk.choices[0].finish_reason
+        except Exception as e:
+            self.ended_by = type(e).__name__
+
+
+def health_after(poller, t0):
+    """The /health answers from t0 on, and the first 503 among them (or None)."""
+    after = [s for s in poller.seen if s[0] >= t0]
+    first = next((s for s in after if s[1] == 503), None)
+    return after, first
+
+
+def check_no_rank_left(pids):
+    deadline = time.time() + 2
+    while time.time() < deadline and any(alive(q) for q in pids.values()):
+        time.sleep(0.05)
+    assert not [r for r, q in pids.items() if alive(q)], "rank processes outlived mpiexec"
+
+
+def kill_leftovers(pids):
+    for q in pids.values():
+        if alive(q):
+            os.kill(q, signal.SIGKILL)
+
+
+def test_sigkill_of_rank_1_fails_health_before_the_cell_ends():
+    cell = Proc(2)
+    pids = {}
+    try:
+        pids = rank_pids(cell.proc.pid)
+        assert sorted(pids) == [0, 1], pids
+        poller, streamer = HealthPoller(cell.base), Streamer(cell.client)
+        poller.start()
+        streamer.start()
+        assert streamer.flowing.wait(120), "the stream did not start"
+        os.kill(pids[1], signal.SIGKILL)
+        killed = time.time()
+        try:
+            rc = cell.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the cell is still running 10 s after rank 1 was killed")
+        poller.stop()
+        streamer.join(10)
+        assert rc != 0
+        before = [s[1] for s in poller.seen if s[0] < killed]
+        assert before and set(before) == {200}, before
+        after, first = health_after(poller, killed)
+        print(f"SIGKILL of rank 1: first 503 {first[0] - killed:.3f} s after, answers "
+              f"{[s[1] for s in after]}" if first else f"no 503: {after}")
+        assert first is not None, f"/health never answered 503 after rank 1 was killed: {after}"
+        assert "rank 1" in first[2], first
+        # Healthy until the 503, never healthy again, and the server went away only after it said so.
+        until = after[:after.index(first)]
+        assert all(s[1] == 200 for s in until), until
+        assert all(s[1] != 200 for s in after[after.index(first):]), after
+        log = cell.text()
+        assert "cell unhealthy, /health answers 503: rank 1 closed its liveness connection" in log, log
+        assert streamer.ended_by != "length", "the stream completed although rank 1 was killed"
+        check_no_rank_left(pids)
+    finally:
+        kill_leftovers(pids)
+        cell.close()
+
+
+def test_sigstop_of_rank_1_fails_health_within_the_window_then_ends_the_cell():
+    window_ms, deadline_ms = 1000, 4000
+    cell = Proc(2, serve_extra=["--cell-liveness-ms", str(window_ms), "--cell-deadline-ms", str(deadline_ms)])
+    pids = {}
+    try:
+        pids = rank_pids(cell.proc.pid)
+        assert sorted(pids) == [0, 1], pids
+        poller, streamer = HealthPoller(cell.base), Streamer(cell.client)
+        poller.start()
+        streamer.start()
+        assert streamer.flowing.wait(120), "the stream did not start"
+        os.kill(pids[1], signal.SIGSTOP)  # frozen, not dead: MPI and mpirun never notice
+        stopped = time.time()
+        try:
+            rc = cell.proc.wait(timeout=deadline_ms / 1000 + 15)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the cell is still running {deadline_ms / 1000 + 15:.0f} s after rank 1 was stopped")
+        ended = time.time() - stopped
+        poller.stop()
+        streamer.join(10)
+        assert rc != 0
+        after, first = health_after(poller, stopped)
+        print(f"SIGSTOP of rank 1: first 503 {first[0] - stopped:.3f} s after, cell ended {ended:.2f} s after, "
+              f"mpiexec status {rc}" if first else f"no 503: {after}")
+        assert first is not None, f"/health never answered 503 after rank 1 was stopped: {after}"
+        assert "rank 1 sent no heartbeat" in first[2], first
+        # The window, plus one poll and some scheduling slack on a loaded 2-core machine.
+        assert first[0] - stopped < window_ms / 1000 + 1.0, first[0] - stopped
+        until = after[:after.index(first)]
+        assert all(s[1] == 200 for s in until), until
+        assert all(s[1] != 200 for s in after[after.index(first):]), after
+        log = cell.text()
+        assert "cell unhealthy, /health answers 503: rank 1 sent no heartbeat" in log, log
+        assert "kestrel: rank 0 of 2: cell liveness: rank 1 sent no heartbeat" in log, log
+        assert "ending the cell" in log, log
+        assert streamer.ended_by != "length", "the stream completed although rank 1 was stopped"
+        check_no_rank_left(pids)
+    finally:
+        for q in pids.values():
+            if alive(q):
+                os.kill(q, signal.SIGCONT)
+        kill_leftovers(pids)
         cell.close()

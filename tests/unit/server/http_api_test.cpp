@@ -1,6 +1,8 @@
 // In-process HTTP server on an ephemeral loopback port against the fake engine and the trivial format.
 #include <gtest/gtest.h>
 
+#include <mutex>
+
 #include <nlohmann/json.hpp>
 
 #include "common/vocab_path.h"
@@ -38,6 +40,10 @@ class ServerTest : public ::testing::Test {
     format_ = std::make_unique<TrivialFormat>(tokenizer());
     ApiConfig cfg;
     cfg.api_key = key;
+    cfg.liveness = [this] {
+      std::lock_guard<std::mutex> lock(liveness_mu_);
+      return liveness_;
+    };
     api_ = std::make_unique<ApiServer>(cfg, *engine_, tokenizer(), *format_);
     HttpServerOptions opt;
     opt.port = 0;
@@ -52,6 +58,12 @@ class ServerTest : public ::testing::Test {
     api_.reset();
     engine_.reset();
   }
+  void set_liveness(const std::string& why) {
+    std::lock_guard<std::mutex> lock(liveness_mu_);
+    liveness_ = why;
+  }
+  std::mutex liveness_mu_;
+  std::string liveness_;  // what ApiConfig::liveness answers
   RawClient::Response post(const std::string& path, const std::string& body, const std::string& extra = {}) {
     RawClient c(server_->port());
     EXPECT_TRUE(c.ok());
@@ -277,6 +289,21 @@ TEST_F(ServerTest, FailedServiceFailsBothHealthChecks) {
   engine_->set_failure("");
   engine_->ready_ = true;
   EXPECT_EQ(get("/health").status, 200);
+}
+
+// A cell with a silent rank (ApiConfig::liveness) fails both checks with the reason, and recovers with it.
+TEST_F(ServerTest, UnhealthyCellFailsBothHealthChecks) {
+  set_liveness("rank 1 sent no heartbeat for 1200 ms (frozen, overloaded or unreachable)");
+  for (const char* path : {"/health", "/health/ready", "/health?ready"}) {
+    auto r = get(path);
+    EXPECT_EQ(r.status, 503) << path;
+    EXPECT_EQ(json::parse(r.body)["status"], "unhealthy") << path;
+    EXPECT_EQ(json::parse(r.body)["error"], "rank 1 sent no heartbeat for 1200 ms (frozen, overloaded or unreachable)")
+        << path;
+  }
+  set_liveness("");
+  EXPECT_EQ(get("/health").status, 200);
+  EXPECT_EQ(get("/health/ready").status, 200);
 }
 
 TEST_F(ServerTest, DisconnectMidStreamCancels) {

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -98,8 +99,20 @@ class RedisServer {
     ::waitpid(pid_, nullptr, 0);
     pid_ = -1;
   }
-  void pause() { ::kill(pid_, SIGSTOP); }
-  void resume() { ::kill(pid_, SIGCONT); }
+  // Both return once the child is seen stopped / running again (a signal is delivered asynchronously: a server
+  // still running for a moment after kill() could answer a request the test means to stall).
+  void pause() {
+    ::kill(pid_, SIGSTOP);
+    int st = 0;
+    while (::waitpid(pid_, &st, WUNTRACED) < 0 && errno == EINTR) {
+    }
+  }
+  void resume() {
+    ::kill(pid_, SIGCONT);
+    int st = 0;
+    while (::waitpid(pid_, &st, WCONTINUED) < 0 && errno == EINTR) {
+    }
+  }
 
  private:
   std::string binary_, dir_;

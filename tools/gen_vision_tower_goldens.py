@@ -30,9 +30,13 @@ Pipeline:
   3. The images of CONFIGS as ONE batch (for "tiny": 8x8, the position grid's own size, and 2x4, 6x2,
      interpolated; for "real": 4x4 and 2x6, interpolated from 64x64); pixel values from an integer hash
      (`pixel_values` below, re-computed by the C++ test) so the golden holds no input pixels.
+  4. Cross-check: tools/vision_tower_torch_ref.py, a second, minimal plain-torch transcription (no sglang code), on
+     the same weights and pixels; the script exits without writing unless it agrees with sglang at every stage
+     within TRANSCRIPTION_BOUND. The per-stage agreement goes into the metadata.
 Output (safetensors): grids I32 [images, 3]; embed F32 [patches, hidden] (patch embedding + position grid);
 merged F32 [tokens, 4 * hidden] (tower output after the final norm and the 2x2 merger); projected F32 [tokens, 256]
-(projector output, the text width). fp32 everywhere, 2 threads, deterministic algorithms.
+(projector output, the text width); projected_transcription F32 [tokens, 256] (the same from step 4).
+fp32 everywhere, 2 threads, deterministic algorithms.
 """
 import argparse
 import importlib.metadata
@@ -51,12 +55,25 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from golden_command import recorded_command  # noqa: E402
+import vision_tower_torch_ref  # noqa: E402
 
 CONFIGS = {
     "tiny": dict(flags=["--vt-heads", "3", "--vt-qkv", "96"], grids=[(1, 8, 8), (1, 2, 4), (1, 6, 2)]),
     "real": dict(flags=["--vt-layers", "2", "--vt-hidden", "1024", "--vt-intermediate", "4096", "--vt-heads", "12",
                         "--vt-qkv", "1536", "--vt-pos-grid", "64"], grids=[(1, 4, 4), (1, 2, 6)]),
 }
+
+
+# Agreement required between the two references, per stage: both are fp32 PyTorch on the same fp32 weights and
+# differ only in summation order (SDPA vs one softmax pass, the conv vs one matrix product, F.interpolate vs the
+# hand-written bilinear) and in libm-level functions; the same bound as Kestrel's against the reference.
+TRANSCRIPTION_BOUND = {"rel_max_abs": 1e-5, "one_minus_cosine": 1e-10}
+
+
+def stage_agreement(mine, ref):
+    mine, ref = mine.double(), ref.double()
+    return {"max_abs_diff": float((mine - ref).abs().max()), "max_abs_ref": float(ref.abs().max()),
+            "cosine": float((mine * ref).sum() / (mine.norm() * ref.norm()))}
 
 
 def pixel_values(image_index, patches, patch):
@@ -195,6 +212,17 @@ def main():
         alone_vs_batch = float((torch.cat(alone) - merged).abs().max())
     assert moonvit.tpool_patch_merger is k3vl.tpool_patch_merger
 
+    # Cross-check: the second, minimal transcription (vision_tower_torch_ref.py, no sglang code) on the same
+    # weights and pixels agrees with sglang at every stage within TRANSCRIPTION_BOUND, or nothing is written.
+    with torch.no_grad():
+        t_embed, t_merged, t_projected = vision_tower_torch_ref.forward(weights, vision_config, pv, grid_list)
+    agreement = {stage: stage_agreement(mine, ref) for stage, mine, ref in
+                 [("embed", t_embed, embed), ("merged", t_merged, merged), ("projected", t_projected, projected)]}
+    for stage, a in agreement.items():
+        if not (a["max_abs_diff"] <= TRANSCRIPTION_BOUND["rel_max_abs"] * a["max_abs_ref"]
+                and a["cosine"] >= 1 - TRANSCRIPTION_BOUND["one_minus_cosine"]):
+            sys.exit(f"the torch transcription disagrees with sglang at {stage}: {a}")
+
     meta = {
         "reference": f"sglang {sglang_version} (PyPI) sglang/srt/models/kimi_k3_vl.py KimiK3VisionTower + "
                      "KimiK3MultiModalProjector, kimi_vl_moonvit.py tpool_patch_merger; fp32, CPU, SDPA",
@@ -204,13 +232,19 @@ def main():
         "make_model_flags": json.dumps(CONFIGS[args.widths]["flags"]),
         "pixel_values": "pixel_values(image_index, patches, patch) of this script, images in grid order",
         "reference_alone_vs_batch_max_abs": repr(alone_vs_batch),
+        "transcription": "tools/vision_tower_torch_ref.py forward() (plain torch fp32, no sglang code); "
+                         "projected_transcription is its projector output",
+        "transcription_bound": json.dumps(TRANSCRIPTION_BOUND),
+        "transcription_vs_reference": json.dumps(agreement),
     }
     out = {"grids": np.array(grid_list, dtype=np.int32), "embed": embed.numpy().astype(np.float32),
-           "merged": merged.numpy().astype(np.float32), "projected": projected.numpy().astype(np.float32)}
+           "merged": merged.numpy().astype(np.float32), "projected": projected.numpy().astype(np.float32),
+           "projected_transcription": t_projected.numpy().astype(np.float32)}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     save_file(out, args.out, metadata=meta)
     print(f"wrote {args.out}: " + ", ".join(f"{k} {list(v.shape)}" for k, v in out.items()) +
-          f"; reference alone vs batch max |diff| {alone_vs_batch:.3g}")
+          f"; reference alone vs batch max |diff| {alone_vs_batch:.3g}; "
+          f"transcription vs reference {json.dumps(agreement)}")
 
 
 if __name__ == "__main__":

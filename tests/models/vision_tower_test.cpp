@@ -7,6 +7,9 @@
 //                                  (bilinear interpolation).
 //   tower_real_widths.safetensors  K3's tower widths (1024, q/k/v 12 x 128, MLP 4096, 64x64 position grid) with 2
 //                                  of the 27 blocks; images 4x4 and 2x6 interpolated from 64x64.
+// Each golden also holds `projected_transcription`: the projector output of tools/vision_tower_torch_ref.py, a second,
+// minimal plain-torch transcription of the tower written from docs/vision.md (no sglang code), which the generator
+// required to agree with sglang at every stage within the bound below (per-stage numbers in the metadata).
 //
 // Tolerances: both sides run fp32 on the same bf16 weights; differences come from summation order (blocked
 // GEMMs vs PyTorch's, SDPA's flash kernel vs one softmax pass), libm vs SLEEF cos/sin/tanh/erf, and the norm's
@@ -50,7 +53,7 @@ std::vector<float> hashed_pixels(uint64_t image, int64_t count) {
 
 struct Golden {
   std::vector<std::array<int64_t, 3>> grids;
-  std::vector<float> embed, merged, projected;
+  std::vector<float> embed, merged, projected, projected_transcription;
   std::vector<std::string> make_model_flags;
 };
 
@@ -71,6 +74,7 @@ Golden read_golden(const std::string& name) {
     if (e.name == "embed") g.embed = v;
     else if (e.name == "merged") g.merged = v;
     else if (e.name == "projected") g.projected = v;
+    else if (e.name == "projected_transcription") g.projected_transcription = v;
   }
   return g;
 }
@@ -157,9 +161,16 @@ TEST_P(VisionTowerTest, EveryStageMatchesSglangReference) {
   expect_close("tower (blocks, final norm, tpool merge)", merged, golden_.merged);
   projector_.forward(merged.data(), static_cast<int64_t>(merged.size()) / projector_.in_width(), projected);
   expect_close("projector", projected, golden_.projected);
+  expect_close("projector vs the torch transcription", projected, golden_.projected_transcription);
   auto whole = tower_.forward(images_);
   ASSERT_TRUE(whole) << whole.error().message();
   EXPECT_EQ(*whole, merged);
+}
+
+// The two independent references (sglang's port and the minimal transcription) agree with each other.
+TEST_P(VisionTowerTest, TorchTranscriptionAgreesWithSglang) {
+  ASSERT_FALSE(golden_.projected_transcription.empty());
+  expect_close("transcription vs sglang", golden_.projected_transcription, golden_.projected);
 }
 
 // Batching is exact: every image alone gives the same bits as in the batch (matrix products are batch-invariant,

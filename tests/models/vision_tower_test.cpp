@@ -36,20 +36,10 @@
 #include "loader/model_config.h"
 #include "loader/safetensors.h"
 #include "loader/vision_config.h"
+#include "vision_test_inputs.h"
 
 namespace kestrel {
 namespace {
-
-// tools/gen_vision_tower_goldens.py pixel_values(): (u − 127.5) / 127.5 in double, rounded to float, with u the
-// top byte of ((image · 1000003 + k) · 2654435761) mod 2^32.
-std::vector<float> hashed_pixels(uint64_t image, int64_t count) {
-  std::vector<float> v(static_cast<size_t>(count));
-  for (int64_t k = 0; k < count; ++k) {
-    const uint64_t h = ((image * 1000003u + static_cast<uint64_t>(k)) * 2654435761u) & 0xFFFFFFFFu;
-    v[static_cast<size_t>(k)] = static_cast<float>((static_cast<double>(h >> 24) - 127.5) / 127.5);
-  }
-  return v;
-}
 
 struct Golden {
   std::vector<std::array<int64_t, 3>> grids;
@@ -95,15 +85,6 @@ void expect_close(const char* stage, const std::vector<float>& got, const std::v
   std::printf("[ %s ] max |diff| %.3g (max |ref| %.3g), 1 - cosine %.3g\n", stage, max_diff, max_ref, 1.0 - cosine);
 }
 
-// The generator spec edits of `kestrel make-model --vt-*` flags.
-void apply_flags(const std::vector<std::string>& flags, GenSpec& s) {
-  const std::map<std::string, int GenSpec::*> fields = {
-      {"--vt-layers", &GenSpec::vt_layers}, {"--vt-hidden", &GenSpec::vt_hidden},
-      {"--vt-intermediate", &GenSpec::vt_intermediate}, {"--vt-heads", &GenSpec::vt_heads},
-      {"--vt-qkv", &GenSpec::vt_qkv}, {"--vt-pos-grid", &GenSpec::vt_pos_grid}};
-  for (size_t i = 0; i + 1 < flags.size(); i += 2) s.*fields.at(flags[i]) = std::stoi(flags[i + 1]);
-}
-
 class VisionTowerTest : public ::testing::TestWithParam<std::string> {
  protected:
   // One generated checkpoint per golden, shared by the tests of that golden.
@@ -118,7 +99,7 @@ class VisionTowerTest : public ::testing::TestWithParam<std::string> {
     auto& dir = dirs()[GetParam()];
     if (!dir) {
       dir = std::make_unique<testing::TempDir>();
-      testing::make_checkpoint("k3-tiny", dir->path(), [&](GenSpec& s) { apply_flags(golden_.make_model_flags, s); });
+      testing::make_checkpoint("k3-tiny", dir->path(), [&](GenSpec& s) { testing::apply_vt_flags(golden_.make_model_flags, s); });
     }
     auto ck = Checkpoint::open(dir->path());
     ASSERT_TRUE(ck) << ck.error().message();
@@ -134,7 +115,7 @@ class VisionTowerTest : public ::testing::TestWithParam<std::string> {
     const int64_t per_patch = 3 * int64_t{vcfg_.patch_size} * vcfg_.patch_size;
     for (size_t i = 0; i < golden_.grids.size(); ++i) {
       const auto& g = golden_.grids[i];
-      pixels_.push_back(hashed_pixels(i, g[0] * g[1] * g[2] * per_patch));
+      pixels_.push_back(testing::hashed_pixels(i, g[0] * g[1] * g[2] * per_patch));
     }
     for (size_t i = 0; i < golden_.grids.size(); ++i) images_.push_back({pixels_[i].data(), golden_.grids[i]});
   }

@@ -71,7 +71,7 @@ class VisionModelTest : public ::testing::Test {
     golden_ = new Golden(read_golden());
     dir_ = new testing::TempDir();
     testing::make_checkpoint(golden_->preset, dir_->path(),
-                             [](GenSpec& s) { testing::apply_vt_flags(golden_->make_model_flags, s); });
+                             [](GenSpec& s) { testing::apply_make_model_flags(golden_->make_model_flags, s); });
     auto e = Engine::load(dir_->path());
     if (!e) throw std::runtime_error(e.error().message());
     engine_ = e->release();

@@ -1,5 +1,5 @@
 // Inputs shared by the vision goldens' tests: the hashed pixel values of tools/gen_vision_tower_goldens.py and the
-// `kestrel make-model --vt-*` flags a golden records for its checkpoint.
+// `kestrel make-model` flags a golden records for its checkpoint.
 #pragma once
 
 #include <cstdint>
@@ -22,12 +22,12 @@ inline std::vector<float> hashed_pixels(uint64_t image, int64_t count) {
   return v;
 }
 
-// The generator spec edits of `kestrel make-model --vt-*` flags.
-inline void apply_vt_flags(const std::vector<std::string>& flags, GenSpec& s) {
+// The generator spec edits of the `kestrel make-model` flags the vision goldens use (--vt-*, --hidden).
+inline void apply_make_model_flags(const std::vector<std::string>& flags, GenSpec& s) {
   const std::map<std::string, int GenSpec::*> fields = {
       {"--vt-layers", &GenSpec::vt_layers}, {"--vt-hidden", &GenSpec::vt_hidden},
       {"--vt-intermediate", &GenSpec::vt_intermediate}, {"--vt-heads", &GenSpec::vt_heads},
-      {"--vt-qkv", &GenSpec::vt_qkv}, {"--vt-pos-grid", &GenSpec::vt_pos_grid}};
+      {"--vt-qkv", &GenSpec::vt_qkv}, {"--vt-pos-grid", &GenSpec::vt_pos_grid}, {"--hidden", &GenSpec::hidden}};
   for (size_t i = 0; i + 1 < flags.size(); i += 2) s.*fields.at(flags[i]) = std::stoi(flags[i + 1]);
 }
 

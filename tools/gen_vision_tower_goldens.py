@@ -29,21 +29,21 @@ Pipeline:
      the q/k/v width (96) differs from the tower width (64) as in K3; "real" has K3's tower widths (1024, q/k/v
      1536 = 12 x 128, MLP 4096, 64 x 64 position grid) with 2 of the 27 blocks, and a projector from 4096 to the
      tiny text width (256); "real27" is the same with all 27 blocks (a checkpoint of about 0.8 GB, generated and
-     deleted; only the outputs are kept); "real7168" is "real" with K3's text width 7168 (`--hidden 7168`), so the
-     projector ends at the released width. The flags are stored in the golden's metadata; the C++ test generates the same
-     checkpoint from them.
+     deleted; only the outputs are kept); "real7168" is "real" with K3's text width 7168 (`--hidden 7168`), so
+     the projector ends at the released width. The flags are stored in the golden's metadata; the C++ test
+     generates the same checkpoint from them.
   2. The tower and projector built from the checkpoint's vision_config and loaded name for name (bf16 -> fp32).
   3. The images of CONFIGS as ONE batch (for "tiny": 8x8, the position grid's own size, and 2x4, 6x2,
-     interpolated; for "real": 4x4 and 2x6, interpolated from 64x64; for "real27": one 4x4 image; for "real7168": one 2x4
-     image); pixel values from an integer hash
-     (`pixel_values` below, re-computed by the C++ test) so the golden holds no input pixels.
+     interpolated; for "real": 4x4 and 2x6, interpolated from 64x64; for "real27": one 4x4 image; for
+     "real7168": one 2x4 image); pixel values from an integer hash (`pixel_values` below, re-computed by the C++
+     test) so the golden holds no input pixels.
   4. Cross-check: tools/vision_tower_torch_ref.py, a second, minimal plain-torch transcription (no sglang code), on
      the same weights and pixels; the script exits without writing unless it agrees with sglang at every stage
      within TRANSCRIPTION_BOUND. The per-stage agreement goes into the metadata.
 Output (safetensors), the stages of CONFIGS' "stored" (all by default): grids I32 [images, 3]; embed F32
-[patches, hidden] (patch embedding + position grid);
-merged F32 [tokens, 4 * hidden] (tower output after the final norm and the 2x2 merger); projected F32 [tokens, text width]
-(projector output); projected_transcription F32 [tokens, text width] (the same from step 4, always stored).
+[patches, hidden] (patch embedding + position grid); merged F32 [tokens, 4 * hidden] (tower output after the final
+norm and the 2x2 merger); projected F32 [tokens, text width] (projector output); projected_transcription F32
+[tokens, text width] (the same from step 4, always stored).
 fp32 everywhere, 2 threads, deterministic algorithms.
 """
 import argparse
@@ -69,11 +69,12 @@ CONFIGS = {
     "tiny": dict(flags=["--vt-heads", "3", "--vt-qkv", "96"], grids=[(1, 8, 8), (1, 2, 4), (1, 6, 2)]),
     "real": dict(flags=["--vt-layers", "2", "--vt-hidden", "1024", "--vt-intermediate", "4096", "--vt-heads", "12",
                         "--vt-qkv", "1536", "--vt-pos-grid", "64"], grids=[(1, 4, 4), (1, 2, 6)]),
-    "real27": dict(flags=["--vt-layers", "27", "--vt-hidden", "1024", "--vt-intermediate", "4096", "--vt-heads", "12",
-                          "--vt-qkv", "1536", "--vt-pos-grid", "64"], grids=[(1, 4, 4)], stored=["merged", "projected"]),
-    "real7168": dict(flags=["--hidden", "7168", "--vt-layers", "2", "--vt-hidden", "1024", "--vt-intermediate", "4096",
-                            "--vt-heads", "12", "--vt-qkv", "1536", "--vt-pos-grid", "64"], grids=[(1, 2, 4)],
-                     stored=["projected"]),
+    "real27": dict(flags=["--vt-layers", "27", "--vt-hidden", "1024", "--vt-intermediate", "4096",
+                          "--vt-heads", "12", "--vt-qkv", "1536", "--vt-pos-grid", "64"],
+                   grids=[(1, 4, 4)], stored=["merged", "projected"]),
+    "real7168": dict(flags=["--hidden", "7168", "--vt-layers", "2", "--vt-hidden", "1024", "--vt-intermediate",
+                            "4096", "--vt-heads", "12", "--vt-qkv", "1536", "--vt-pos-grid", "64"],
+                     grids=[(1, 2, 4)], stored=["projected"]),
 }
 
 

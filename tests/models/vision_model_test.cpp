@@ -177,7 +177,8 @@ TEST_F(VisionModelTest, SwappedImagesAreFarFromTheReference) {
   std::rotate(rows.begin(), rows.begin() + static_cast<long>(first * H), rows.end());
   const std::vector<float> got = logits(rows, 0);
   double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - golden_->logits[i]));
+  for (size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - golden_->logits[i]));
   EXPECT_GT(worst, 0.1);
 }
 

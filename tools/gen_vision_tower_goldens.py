@@ -19,20 +19,32 @@ Run (from the repository root), once per tower config:
         --widths tiny --out tests/data/vision/tower_tiny.safetensors
     TORCHDYNAMO_DISABLE=1 <venv>/bin/python tools/gen_vision_tower_goldens.py --kestrel build/release/kestrel \\
         --widths real --out tests/data/vision/tower_real_widths.safetensors
+    TORCHDYNAMO_DISABLE=1 <venv>/bin/python tools/gen_vision_tower_goldens.py --kestrel build/release/kestrel \\
+        --widths real27 --out tests/data/vision/tower_real_27_blocks.safetensors
+    TORCHDYNAMO_DISABLE=1 <venv>/bin/python tools/gen_vision_tower_goldens.py --kestrel build/release/kestrel \\
+        --widths real7168 --out tests/data/vision/tower_projector_7168.safetensors
 
 Pipeline:
   1. `kestrel make-model --preset k3-tiny` with the tower flags of CONFIGS below: "tiny" has 3 heads x 32 so that
      the q/k/v width (96) differs from the tower width (64) as in K3; "real" has K3's tower widths (1024, q/k/v
      1536 = 12 x 128, MLP 4096, 64 x 64 position grid) with 2 of the 27 blocks, and a projector from 4096 to the
-     tiny text width (256). The flags are stored in the golden's metadata; the C++ test generates the same
-     checkpoint from them.
+     tiny text width (256); "real27" is the same with all 27 blocks (a checkpoint of about 0.8 GB, generated and
+     deleted; only the outputs are kept); "real7168" is "real" with K3's text width 7168 (`--hidden 7168`), so
+     the projector ends at the released width. The flags are stored in the golden's metadata; the C++ test
+     generates the same checkpoint from them.
   2. The tower and projector built from the checkpoint's vision_config and loaded name for name (bf16 -> fp32).
   3. The images of CONFIGS as ONE batch (for "tiny": 8x8, the position grid's own size, and 2x4, 6x2,
-     interpolated; for "real": 4x4 and 2x6, interpolated from 64x64); pixel values from an integer hash
-     (`pixel_values` below, re-computed by the C++ test) so the golden holds no input pixels.
-Output (safetensors): grids I32 [images, 3]; embed F32 [patches, hidden] (patch embedding + position grid);
-merged F32 [tokens, 4 * hidden] (tower output after the final norm and the 2x2 merger); projected F32 [tokens, 256]
-(projector output, the text width). fp32 everywhere, 2 threads, deterministic algorithms.
+     interpolated; for "real": 4x4 and 2x6, interpolated from 64x64; for "real27": one 4x4 image; for
+     "real7168": one 2x4 image); pixel values from an integer hash (`pixel_values` below, re-computed by the C++
+     test) so the golden holds no input pixels.
+  4. Cross-check: tools/vision_tower_torch_ref.py, a second, minimal plain-torch transcription (no sglang code), on
+     the same weights and pixels; the script exits without writing unless it agrees with sglang at every stage
+     within TRANSCRIPTION_BOUND. The per-stage agreement goes into the metadata.
+Output (safetensors), the stages of CONFIGS' "stored" (all by default): grids I32 [images, 3]; embed F32
+[patches, hidden] (patch embedding + position grid); merged F32 [tokens, 4 * hidden] (tower output after the final
+norm and the 2x2 merger); projected F32 [tokens, text width] (projector output); projected_transcription F32
+[tokens, text width] (the same from step 4, always stored).
+fp32 everywhere, 2 threads, deterministic algorithms.
 """
 import argparse
 import importlib.metadata
@@ -51,12 +63,31 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from golden_command import recorded_command  # noqa: E402
+import vision_tower_torch_ref  # noqa: E402
 
 CONFIGS = {
     "tiny": dict(flags=["--vt-heads", "3", "--vt-qkv", "96"], grids=[(1, 8, 8), (1, 2, 4), (1, 6, 2)]),
     "real": dict(flags=["--vt-layers", "2", "--vt-hidden", "1024", "--vt-intermediate", "4096", "--vt-heads", "12",
                         "--vt-qkv", "1536", "--vt-pos-grid", "64"], grids=[(1, 4, 4), (1, 2, 6)]),
+    "real27": dict(flags=["--vt-layers", "27", "--vt-hidden", "1024", "--vt-intermediate", "4096",
+                          "--vt-heads", "12", "--vt-qkv", "1536", "--vt-pos-grid", "64"],
+                   grids=[(1, 4, 4)], stored=["merged", "projected"]),
+    "real7168": dict(flags=["--hidden", "7168", "--vt-layers", "2", "--vt-hidden", "1024", "--vt-intermediate",
+                            "4096", "--vt-heads", "12", "--vt-qkv", "1536", "--vt-pos-grid", "64"],
+                     grids=[(1, 2, 4)], stored=["projected"]),
 }
+
+
+# Agreement required between the two references, per stage: both are fp32 PyTorch on the same fp32 weights and
+# differ only in summation order (SDPA vs one softmax pass, the conv vs one matrix product, F.interpolate vs the
+# hand-written bilinear) and in libm-level functions; the same bound as Kestrel's against the reference.
+TRANSCRIPTION_BOUND = {"rel_max_abs": 1e-5, "one_minus_cosine": 1e-10}
+
+
+def stage_agreement(mine, ref):
+    mine, ref = mine.double(), ref.double()
+    return {"max_abs_diff": float((mine - ref).abs().max()), "max_abs_ref": float(ref.abs().max()),
+            "cosine": float((mine * ref).sum() / (mine.norm() * ref.norm()))}
 
 
 def pixel_values(image_index, patches, patch):
@@ -195,6 +226,17 @@ def main():
         alone_vs_batch = float((torch.cat(alone) - merged).abs().max())
     assert moonvit.tpool_patch_merger is k3vl.tpool_patch_merger
 
+    # Cross-check: the second, minimal transcription (vision_tower_torch_ref.py, no sglang code) on the same
+    # weights and pixels agrees with sglang at every stage within TRANSCRIPTION_BOUND, or nothing is written.
+    with torch.no_grad():
+        t_embed, t_merged, t_projected = vision_tower_torch_ref.forward(weights, vision_config, pv, grid_list)
+    agreement = {stage: stage_agreement(mine, ref) for stage, mine, ref in
+                 [("embed", t_embed, embed), ("merged", t_merged, merged), ("projected", t_projected, projected)]}
+    for stage, a in agreement.items():
+        if not (a["max_abs_diff"] <= TRANSCRIPTION_BOUND["rel_max_abs"] * a["max_abs_ref"]
+                and a["cosine"] >= 1 - TRANSCRIPTION_BOUND["one_minus_cosine"]):
+            sys.exit(f"the torch transcription disagrees with sglang at {stage}: {a}")
+
     meta = {
         "reference": f"sglang {sglang_version} (PyPI) sglang/srt/models/kimi_k3_vl.py KimiK3VisionTower + "
                      "KimiK3MultiModalProjector, kimi_vl_moonvit.py tpool_patch_merger; fp32, CPU, SDPA",
@@ -204,13 +246,22 @@ def main():
         "make_model_flags": json.dumps(CONFIGS[args.widths]["flags"]),
         "pixel_values": "pixel_values(image_index, patches, patch) of this script, images in grid order",
         "reference_alone_vs_batch_max_abs": repr(alone_vs_batch),
+        "transcription": "tools/vision_tower_torch_ref.py forward() (plain torch fp32, no sglang code); "
+                         "projected_transcription is its projector output",
+        "transcription_bound": json.dumps(TRANSCRIPTION_BOUND),
+        "transcription_vs_reference": json.dumps(agreement),
     }
     out = {"grids": np.array(grid_list, dtype=np.int32), "embed": embed.numpy().astype(np.float32),
-           "merged": merged.numpy().astype(np.float32), "projected": projected.numpy().astype(np.float32)}
+           "merged": merged.numpy().astype(np.float32), "projected": projected.numpy().astype(np.float32),
+           "projected_transcription": t_projected.numpy().astype(np.float32)}
+    for stage in {"embed", "merged", "projected"} - set(CONFIGS[args.widths].get("stored", ["embed", "merged",
+                                                                                          "projected"])):
+        del out[stage]  # checked at the "real" config already (the same computation): keeps the file small
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     save_file(out, args.out, metadata=meta)
     print(f"wrote {args.out}: " + ", ".join(f"{k} {list(v.shape)}" for k, v in out.items()) +
-          f"; reference alone vs batch max |diff| {alone_vs_batch:.3g}")
+          f"; reference alone vs batch max |diff| {alone_vs_batch:.3g}; "
+          f"transcription vs reference {json.dumps(agreement)}")
 
 
 if __name__ == "__main__":

@@ -160,6 +160,7 @@ const std::vector<CommandSpec>& command_specs() {
         {"top-k", "K", "", "experts per token (default: the preset's)"},
         {"attn-res-block", "N", "", "layers per attention-residual block (default: the preset's)"},
         {"layers", "N", "", "layers, every 4th and the last MLA (default: the preset's)"},
+        {"hidden", "N", "", "text hidden width, also the vision projector's output width (default: the preset's)"},
         {"vt-layers", "N", "", "K3 vision tower blocks (default: the preset's)"},
         {"vt-hidden", "N", "", "K3 vision tower width (default: the preset's)"},
         {"vt-intermediate", "N", "", "K3 vision tower MLP width (default: the preset's)"},

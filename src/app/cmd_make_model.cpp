@@ -27,6 +27,7 @@ int cmd_make_model(const std::vector<std::string>& argv) {
            {"seed", &seed}, {"shards", &spec->shards}, {"mla-heads", &spec->mla_heads},
            {"kda-heads", &spec->kda_heads}, {"experts", &spec->experts}, {"top-k", &spec->top_k},
            {"attn-res-block", &spec->attn_res_block}, {"layers", &spec->layers},
+           {"hidden", &spec->hidden},
            {"vt-layers", &spec->vt_layers}, {"vt-hidden", &spec->vt_hidden}, {"vt-intermediate", &spec->vt_intermediate},
            {"vt-heads", &spec->vt_heads}, {"vt-qkv", &spec->vt_qkv}, {"vt-pos-grid", &spec->vt_pos_grid}}) {
     Status s = set_int(flag, *field);

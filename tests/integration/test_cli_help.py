@@ -186,3 +186,17 @@ def test_serve_prints_the_chat_page_and_a_curl_line_that_works():
     finally:
         proc.terminate()
         assert proc.wait(timeout=60) == 0
+
+
+def test_make_model_hidden_sets_the_text_and_projector_width():
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "wide")
+        p = run(["make-model", "--preset", "k3-tiny", "--hidden", "384", "--out", out])
+        assert p.returncode == 0, p.stderr
+        with open(os.path.join(out, "config.json")) as f:
+            cfg = json.load(f)
+        assert cfg["text_config"]["hidden_size"] == 384
+        assert cfg["vision_config"]["text_hidden_size"] == 384
+        p = run(["generate", out, "--prompt-ids", "1,2,3", "--max-tokens", "2", "--json", "--quiet"])
+        assert p.returncode == 0, p.stderr
+        assert len(json.loads(p.stdout)["tokens"]) == 2

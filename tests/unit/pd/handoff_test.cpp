@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <memory>
 #include <set>
 #include <string>
 
@@ -127,6 +128,8 @@ class Handoff : public ::testing::TestWithParam<const char*> {
   std::unique_ptr<PrefillHandoff> prefill_;
   std::unique_ptr<DecodeHandoff> decode_;
   kestrel::disagg::testing::ScriptedFaults faults_;
+  // Fault policies a test gives a side: they must outlive it (close_pair runs in TearDown, after the test body).
+  std::vector<std::unique_ptr<kestrel::disagg::FaultPolicy>> owned_faults_;
 };
 
 TEST_P(Handoff, DecodeEqualsColocatedBitwise) {
@@ -402,8 +405,9 @@ TEST_P(HandoffFault, LeaseRenewedByHeartbeats) {
 // runs again its request fails cleanly (the prefill fell silent), and its memory returns as after any failure
 // (tcp: at once; shared memory: it stays quarantined while the writer, this process, lives).
 TEST_P(HandoffFault, FrozenDecodeLosesTheLease) {
-  kestrel::disagg::testing::ScriptedFaults decode_faults;
-  FreezeDecodeOnFirstPut freeze(decode_faults.stalled);
+  auto& decode_faults = static_cast<kestrel::disagg::testing::ScriptedFaults&>(
+      *owned_faults_.emplace_back(std::make_unique<kestrel::disagg::testing::ScriptedFaults>()));
+  auto& freeze = *owned_faults_.emplace_back(std::make_unique<FreezeDecodeOnFirstPut>(decode_faults.stalled));
   PrefillHandoffOptions p;
   p.lease = 500ms;
   p.transfer_timeout = std::chrono::minutes(10);

@@ -332,7 +332,7 @@ TEST_F(PdPeer, FrozenDecodeLosesTheLease) {
   std::vector<uint64_t> ds;
   for (int i = 0; i < 100; ++i) {
     ds = peer_stats(child_);
-    if (ds[0] == 0 && ds[1] == 0 && ds[5] == 0 && ds[6] == 0) break;
+    if (tcp ? ds[0] == 0 && ds[1] == 0 && ds[5] == 0 && ds[6] == 0 : ds[2] == 0 && ds[4] == 1) break;
     std::this_thread::sleep_for(50ms);
   }
   EXPECT_EQ(ds[2], 0u) << "decode hand-offs in flight";

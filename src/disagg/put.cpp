@@ -1,5 +1,6 @@
 #include "disagg/put.h"
 
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -16,9 +17,22 @@ Status fail(Endpoint& ep, Status reason) {
 
 }  // namespace
 
-Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRange> ranges, Deadline deadline) {
+Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRange> ranges, Deadline deadline,
+                     std::chrono::milliseconds lease) {
   if (ep.closed() || ep.failed()) return unavailable("disagg: put on a failed or closed endpoint");
   Worker& worker = ep.worker();
+  const Clock::time_point started = Clock::now();
+  // The peer renews the lease by any message; the call's start counts as one (a full lease to begin with).
+  auto lease_expired = [&] {
+    if (lease.count() <= 0 || !ep.peer()) return false;
+    Clock::time_point since = started;
+    if (auto heard = worker.last_heard(*ep.peer()); heard && *heard > since) since = *heard;
+    return Clock::now() - since > lease;
+  };
+  auto lease_status = [&] {
+    return unavailable("disagg: lease expired: peer silent for more than " + std::to_string(lease.count()) +
+                       " ms during transfer " + std::to_string(transfer_id));
+  };
   FaultPolicy* faults = worker.faults();
   std::vector<void*> requests;
   std::vector<std::vector<std::byte>> corrupted;  // private copies, alive until the flush completes
@@ -61,7 +75,12 @@ Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRang
     if (faults != nullptr) {
       PutFault f = faults->on_put(transfer_id, i, r.length);
       if (f.kind == PutFault::Kind::kDrop) continue;
-      if (f.kind == PutFault::Kind::kDelay) std::this_thread::sleep_for(f.delay);
+      if (f.kind == PutFault::Kind::kDelay) {
+        std::this_thread::sleep_for(f.delay);
+        // What arrived meanwhile (the peer's heartbeats among it) is read before the lease is judged.
+        for (int round = 0; round < 16 && worker.progress(); ++round) {
+        }
+      }
       if (f.kind == PutFault::Kind::kCorrupt && f.byte < r.length) {
         corrupted.emplace_back(r.source, r.source + r.length);
         corrupted.back()[f.byte] = ~corrupted.back()[f.byte];
@@ -76,6 +95,7 @@ Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRang
     worker.progress();
     (void)pending();
     if (ep.failed()) return abort_with(ep.failure());
+    if (lease_expired()) return abort_with(lease_status());
   }
   ucp_request_param_t param{};
   flush = ucp_ep_flush_nbx(ep.handle(), &param);
@@ -94,9 +114,12 @@ Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRang
     flush_status = st;
     return true;
   };
-  Status waited = worker.wait([&] { return (flushed() && pending() == 0) || ep.failed(); }, deadline,
-                              "flushing puts");
+  bool expired = false;
+  Status waited = worker.wait(
+      [&] { return (flushed() && pending() == 0) || ep.failed() || (expired = lease_expired()); }, deadline,
+      "flushing puts");
   if (!waited.is_ok()) return abort_with(waited);
+  if (expired) return abort_with(lease_status());
   if (flush_status != UCS_OK) ep.mark_failed(ucx_error(flush_status, "ucp_ep_flush_nbx"));
   if (ep.failed()) return abort_with(ep.failure());
   return Status::ok();

@@ -26,6 +26,12 @@ struct PutRange {
 // missed deadline) the endpoint is marked failed and closed (up to one second) before returning. The sources may
 // be reused once this returns Ok, or once ep.closed() after a failure (with PeerFailure::kUcx always on return:
 // the forced close completes every request).
-Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRange> ranges, Deadline deadline);
+//
+// Lease: with a positive `lease` and a known peer (Endpoint::peer), the sources are held only while the peer
+// shows it is alive: every message from it (heartbeats included) renews the lease, and a peer silent for longer
+// (frozen, gone) fails the call with kUnavailable "lease expired" (checked after each put and while flushing; a
+// put delayed by the fault policy is checked after the delay, once the worker has progressed).
+Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRange> ranges, Deadline deadline,
+                     std::chrono::milliseconds lease = std::chrono::milliseconds(0));
 
 }  // namespace kestrel::disagg

@@ -171,7 +171,7 @@ Status OutgoingTransfer::fail(Status reason, Deadline deadline) {
   return reason;
 }
 
-Status OutgoingTransfer::run(Deadline deadline) {
+Status OutgoingTransfer::run(Deadline deadline, std::chrono::milliseconds lease) {
   if (state_ != TransferState::kCreated) return invalid_argument("disagg: transfer run twice");
   const auto& dst = destinations_.ranges;
   if (dst.size() != sources_.size()) {
@@ -202,7 +202,7 @@ Status OutgoingTransfer::run(Deadline deadline) {
   c.ranges = static_cast<uint32_t>(dst.size());
   c.checksum = sum.value();
   state_ = TransferState::kPosted;
-  Status put = put_and_flush(ep_, id_, puts, deadline);
+  Status put = put_and_flush(ep_, id_, puts, deadline, lease);
   keys.clear();  // remote keys go before the endpoint may be closed by the caller
   if (!put.is_ok()) return fail(put, deadline);
   state_ = TransferState::kFlushed;

@@ -90,8 +90,9 @@ class OutgoingTransfer {
 
   // kCreated → kPosted → kFlushed → kCompleted; kFailed on any error. A failure after the destinations arrived
   // (mismatched ranges, a bad rkey, a failed put) is reported to the peer by a completion with a non-zero status
-  // while the endpoint is still usable. When run() returns, no UCX request reads the sources any more.
-  Status run(Deadline deadline);
+  // while the endpoint is still usable. When run() returns, no UCX request reads the sources any more. A positive
+  // `lease` holds the sources only while the peer is heard from (put.h): a silent peer fails it ("lease expired").
+  Status run(Deadline deadline, std::chrono::milliseconds lease = std::chrono::milliseconds(0));
 
   TransferState state() const { return state_; }
 

@@ -44,7 +44,7 @@ std::string prefill_metrics_text(const PrefillCounts& c) {
   role(o, "prefill");
   common(o, c.started, c.handed_off, c.withdrawn, c.in_flight, c.bytes, c.seconds,
          "Parked after the first token until the completion was sent.");
-  failed(o, {{"no_destinations", c.no_destinations}, {"transfer", c.transfer_failed}});
+  failed(o, {{"no_destinations", c.no_destinations}, {"lease", c.lease_expired}, {"transfer", c.transfer_failed}});
   metric(o, "kestrel_pd_handoffs_cancelled_total", "counter", "Parked requests released by a client's cancel.",
          double(c.cancelled));
   return o;

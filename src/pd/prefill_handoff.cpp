@@ -151,7 +151,15 @@ void PrefillHandoff::idle() {
     } else {
       st = transfer(job, m->header.sender, std::move(*dst), bytes);
     }
-    finish(job, st.is_ok() ? Outcome::kHandedOff : m ? Outcome::kTransferFailed : Outcome::kNoDestinations, st, bytes);
+    Outcome outcome = Outcome::kHandedOff;
+    if (!m) {
+      outcome = Outcome::kNoDestinations;
+      withdraw_later(job.room);  // a decode reservation that comes late is freed at once, not at its deadline
+    } else if (!st.is_ok()) {
+      outcome = st.message().find("lease expired") != std::string::npos ? Outcome::kLeaseExpired
+                                                                         : Outcome::kTransferFailed;
+    }
+    finish(job, outcome, st, bytes);
   }
 }
 
@@ -176,7 +184,7 @@ Status PrefillHandoff::transfer(Job& job, uint64_t decode, disagg::Destinations 
     bytes += r.length;
   }
   disagg::OutgoingTransfer out(transfer_id(job.room), *ep, std::move(dst), std::move(sources));
-  st = out.run(disagg::Deadline::after(opts_.transfer_timeout));
+  st = out.run(disagg::Deadline::after(opts_.transfer_timeout), opts_.lease);
   // A failed put closed the endpoint before returning (disagg/put.h): no put reads the pages now. The peer needs
   // a new connection.
   if (ep->failed() || ep->closed()) endpoints_.erase(decode);
@@ -194,6 +202,7 @@ void PrefillHandoff::finish(const Job& job, Outcome outcome, const Status& st, u
         counts_.seconds.observe(std::chrono::duration<double>(disagg::Clock::now() - job.parked_at).count());
         break;
       case Outcome::kNoDestinations: counts_.failed++, counts_.no_destinations++; break;
+      case Outcome::kLeaseExpired: counts_.failed++, counts_.lease_expired++; break;
       case Outcome::kTransferFailed: counts_.failed++, counts_.transfer_failed++; break;
       case Outcome::kCancelled: counts_.cancelled++; break;
     }

@@ -5,6 +5,10 @@
 // no put can read them any more). The client sees the first token, then a final event: kLength when the state
 // was handed over, kError with the reason otherwise.
 //
+// Every parked state is bounded: the wait for destinations by destinations_timeout, the transfer by
+// transfer_timeout and by the decode side's lease (its heartbeats must keep coming); the pages are freed when
+// either runs out.
+//
 // Cancellation: cancel() (after the scheduler's own cancel) releases a parked request at once. A request that
 // ends without a hand-off (cancelled, failed) leaves its room here until the destinations deadline: destinations
 // that arrive for it are answered with a withdrawal, so the decode side frees its reservation at once.
@@ -26,6 +30,9 @@ struct PrefillHandoffOptions {
   disagg::WorkerOptions worker;
   std::chrono::milliseconds destinations_timeout{10000};  // parked, waiting for the decode side's destinations
   std::chrono::milliseconds transfer_timeout{10000};      // puts + flush + completion
+  // Lease on the parked pages during the transfer: the decode side renews it by every message (heartbeats every
+  // 100 ms); one silent for longer (frozen, gone) loses it, and the pages are freed (disagg/put.h).
+  std::chrono::milliseconds lease{2000};
   // Tests only: these parts are sent as zeros (sizes and checksum stay consistent) to prove they matter.
   std::vector<Part> zeroed_parts;
 };
@@ -33,7 +40,9 @@ struct PrefillHandoffOptions {
 struct PrefillCounts {
   uint64_t started = 0;  // parked after the first token
   uint64_t handed_off = 0, failed = 0, bytes = 0;
-  uint64_t no_destinations = 0, transfer_failed = 0;  // failed, by reason
+  // failed, by reason: no destinations in time (a room that then gets destinations is answered with a withdrawal),
+  // the decode side's lease expired during the transfer, any other transfer failure
+  uint64_t no_destinations = 0, lease_expired = 0, transfer_failed = 0;
   uint64_t cancelled = 0;                             // released parked by a client's cancel
   uint64_t withdrawn = 0;                             // decode reservations answered with a withdrawal
   size_t in_flight = 0;  // parked, not yet released
@@ -58,7 +67,7 @@ class PrefillHandoff final : public HandoffSide {
     uint64_t room;
     disagg::Clock::time_point until;
   };
-  enum class Outcome { kHandedOff, kNoDestinations, kTransferFailed, kCancelled };
+  enum class Outcome { kHandedOff, kNoDestinations, kLeaseExpired, kTransferFailed, kCancelled };
   PrefillHandoff(Scheduler& s, const PrefillHandoffOptions& o) : HandoffSide(o.worker), sched_(s), opts_(o) {}
   // On the side's thread: parked requests wait for their destinations (any order, each with its deadline).
   void idle() override;

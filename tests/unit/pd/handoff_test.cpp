@@ -9,8 +9,13 @@
 //   - Faults: a dropped put, a corrupted byte, a lost completion fail the request with a clear error and nothing
 //     is admitted; over tcp the quarantined memory returns once the connection is closed; over shared memory it
 //     stays quarantined while the peer process (here: this one) lives.
+//   - Leases and deadlines: a slow transfer to a live decode side outlasts the prefill's lease (heartbeats renew
+//     it); a decode side frozen after advertising loses it and the prefill frees the pages; a decode reservation
+//     made after the prefill's destinations deadline is withdrawn at once.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <memory>
 #include <set>
 #include <string>
 
@@ -62,7 +67,7 @@ class Handoff : public ::testing::TestWithParam<const char*> {
     auto ds = Scheduler::create(*decode_engine_, config());
     ASSERT_TRUE(ds) << ds.error().message();
     decode_sched_ = std::move(*ds);
-    po.worker.faults = &faults_;
+    if (po.worker.faults == nullptr) po.worker.faults = &faults_;
     auto p = PrefillHandoff::create(*prefill_sched_, po);
     ASSERT_TRUE(p) << p.error().message();
     prefill_ = std::move(*p);
@@ -123,6 +128,8 @@ class Handoff : public ::testing::TestWithParam<const char*> {
   std::unique_ptr<PrefillHandoff> prefill_;
   std::unique_ptr<DecodeHandoff> decode_;
   kestrel::disagg::testing::ScriptedFaults faults_;
+  // Fault policies a test gives a side: they must outlive it (close_pair runs in TearDown, after the test body).
+  std::vector<std::unique_ptr<kestrel::disagg::FaultPolicy>> owned_faults_;
 };
 
 TEST_P(Handoff, DecodeEqualsColocatedBitwise) {
@@ -359,6 +366,103 @@ TEST_P(HandoffFault, CancelWhileHandedOff) {
   // And a normal hand-off still works on the same connection.
   const Collected again = handed_off(prompt(20, 7), 4, 34);
   EXPECT_EQ(again.finish, FinishReason::kLength);
+  expect_no_leaks();
+}
+
+// The prefill's fault policy for the lease test: its first put freezes the decode side's worker (no progress, no
+// heartbeats), as a decode process stopped right after it advertised its memory would be.
+class FreezeDecodeOnFirstPut : public kestrel::disagg::testing::ScriptedFaults {
+ public:
+  explicit FreezeDecodeOnFirstPut(std::atomic<bool>& decode_stalled) : decode_stalled_(decode_stalled) {}
+  kestrel::disagg::PutFault on_put(uint64_t id, size_t index, size_t length) override {
+    if (index == 0) decode_stalled_ = true;
+    return ScriptedFaults::on_put(id, index, length);
+  }
+
+ private:
+  std::atomic<bool>& decode_stalled_;
+};
+
+// A transfer far slower than the prefill's lease to a live decode side: its heartbeats renew the lease, the
+// hand-off completes and equals the colocated run. Fails if the lease ran from the start of the transfer.
+TEST_P(HandoffFault, LeaseRenewedByHeartbeats) {
+  faults_.puts = {{1, {kestrel::disagg::PutFault::Kind::kDelay, 0, 1500ms}}};
+  PrefillHandoffOptions p;
+  p.lease = 400ms;
+  open_pair(p);
+  const std::vector<int32_t> ids = prompt(40, 3);
+  const Collected want = colocated(ids, 6);
+  const Collected got = handed_off(ids, 6, 5);
+  EXPECT_EQ(got.finish, FinishReason::kLength) << got.error;
+  EXPECT_TRUE(bit_equal(got, want)) << "hand-off changed the generation";
+  EXPECT_EQ(prefill_->counts().lease_expired, 0u);
+  expect_no_leaks();
+}
+
+// The decode side freezes right after advertising. The flush needs the decode's acknowledgement (tcp, and the
+// shared-memory lanes too), so only the lease can end the transfer (the deadlines are 10 minutes away): the
+// prefill frees the pages while the decode side is still frozen and counts a lease expiry; once the decode side
+// runs again its request fails cleanly (the prefill fell silent), and its memory returns as after any failure
+// (tcp: at once; shared memory: it stays quarantined while the writer, this process, lives).
+TEST_P(HandoffFault, FrozenDecodeLosesTheLease) {
+  auto& decode_faults = static_cast<kestrel::disagg::testing::ScriptedFaults&>(
+      *owned_faults_.emplace_back(std::make_unique<kestrel::disagg::testing::ScriptedFaults>()));
+  auto& freeze = *owned_faults_.emplace_back(std::make_unique<FreezeDecodeOnFirstPut>(decode_faults.stalled));
+  PrefillHandoffOptions p;
+  p.lease = 500ms;
+  p.transfer_timeout = std::chrono::minutes(10);
+  p.worker.faults = &freeze;
+  DecodeHandoffOptions d;
+  d.transfer_timeout = std::chrono::minutes(10);
+  // Longer than the freeze (the lease runs out 0.5 s after the decode side's last heartbeat): in this process the
+  // stalled side's clock keeps running, which a stopped process's detector would not see.
+  d.silence = 3000ms;
+  d.worker.faults = &decode_faults;
+  open_pair(p, d);
+  const std::vector<int32_t> ids = prompt(40, 3);
+  Client pc, dc;
+  ASSERT_TRUE(decode_->submit(dc.make(ids, 6), 5, prefill_->instance()));
+  ASSERT_TRUE(prefill_->submit(pc.make(ids, 6), 5));
+  const Collected pres = pc.wait(30s);
+  ASSERT_TRUE(decode_faults.stalled) << "the transfer never started";
+  const ServiceStats ps = settled(*prefill_sched_);
+  EXPECT_EQ(ps.kv_blocks_used, 0);
+  EXPECT_EQ(ps.state_slots_used, 0);
+  const PrefillCounts pcnt = prefill_->counts();
+  EXPECT_EQ(pcnt.in_flight, 0u);
+  EXPECT_TRUE(decode_faults.stalled) << "the pages were freed only after the decode side ran again";
+  EXPECT_EQ(pres.finish, FinishReason::kError);
+  EXPECT_NE(pres.error.find("lease expired"), std::string::npos) << pres.error;
+  EXPECT_EQ(pcnt.lease_expired, 1u);
+  EXPECT_EQ(pcnt.failed, 1u);
+  decode_faults.stalled = false;
+  const Collected dres = dc.wait(30s);
+  expect_failed_cleanly(dres, "hand-off from prefill failed", &DecodeCounts::failed_peer);
+}
+
+// Allocation wait: a decode side that reserves the request's memory only after the prefill gave up waiting for
+// destinations gets a withdrawal at once (its memory back, not quarantined), not a wait for its own deadline.
+TEST_P(HandoffFault, LateReservationIsWithdrawn) {
+  PrefillHandoffOptions p;
+  p.destinations_timeout = 300ms;
+  DecodeHandoffOptions d;
+  d.transfer_timeout = std::chrono::minutes(10);
+  open_pair(p, d);
+  Client pc;
+  ASSERT_TRUE(prefill_->submit(pc.make(prompt(30, 8), 4), 41));
+  const Collected pres = pc.wait(30s);
+  EXPECT_EQ(pres.finish, FinishReason::kError);
+  EXPECT_NE(pres.error.find("no destinations"), std::string::npos) << pres.error;
+  Client dc;
+  ASSERT_TRUE(decode_->submit(dc.make(prompt(30, 8), 4), 41, prefill_->instance()));
+  const Collected dres = dc.wait(30s);
+  EXPECT_EQ(dres.finish, FinishReason::kError);
+  EXPECT_NE(dres.error.find("ended the request before its hand-off"), std::string::npos) << dres.error;
+  EXPECT_TRUE(dres.tokens.empty());
+  EXPECT_EQ(decode_->counts().withdrawn, 1u);
+  EXPECT_EQ(prefill_->counts().withdrawn, 1u);
+  EXPECT_EQ(prefill_->counts().no_destinations, 1u);
+  EXPECT_TRUE(decode_->connected(prefill_->instance()));
   expect_no_leaks();
 }
 

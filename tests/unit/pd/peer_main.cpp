@@ -1,18 +1,32 @@
-// The prefill side of pd_peer_test as its own process: loads the checkpoint, runs a scheduler and a
-// PrefillHandoff with the tests' configuration, and takes commands on stdin:
-//   connect INSTANCE ADDRESS_HEX        → opens the endpoint to the decode side; prints "connected" (or "error ...")
-//   run ROOM LENGTH SALT MAX_NEW        → hands off prompt(LENGTH, SALT); prints "done ROOM FINISH" at its final event
-// Usage: pd_peer CHECKPOINT_DIR [PUT_DELAY_MS]. Prints "<instance> <pid> <address hex>" first. With a put delay,
-// every transfer's second range waits that long before it is posted (a slow transfer to kill the process in).
+// The peer process of pd_peer_test: loads the checkpoint, runs a scheduler with the tests' configuration and one
+// side of the hand-off, and takes commands on stdin. Usage: pd_peer CHECKPOINT_DIR [MODE], MODE one of
+//   (none)     prefill side
+//   DELAY_MS   prefill side; every transfer's second range waits that long before it is posted (a slow transfer
+//              to kill the process in)
+//   stop       prefill side; every transfer stops this process (SIGSTOP) before its second range is posted: the
+//              peer is frozen in the middle of the transfer, and goes on where it stopped after SIGCONT
+//   decode     decode side (the test is the prefill side and freezes this process on cue)
+// Prints "<instance> <pid> <address hex>" first. Commands:
+//   connect INSTANCE ADDRESS_HEX        → opens the endpoint to the other side; prints "connected" (or "error ...")
+//   run ROOM LENGTH SALT MAX_NEW        → prefill: hands off prompt(LENGTH, SALT); prints "done ROOM FINISH TOKENS"
+//                                         at its final event
+//   receive ROOM LENGTH SALT MAX_NEW PREFILL → decode: receives that request from the prefill instance; prints
+//                                         "done ROOM FINISH TOKENS" at its final event
+//   stats                               → "stats BLOCKS SLOTS IN_FLIGHT DONE FAILED X Y": the scheduler's pages and
+//                                         slots held, the side's hand-offs in flight, completed, failed; prefill:
+//                                         X = lease expiries, Y = 0; decode: X = quarantined, Y = registry ranges held
+#include <signal.h>
 #include <unistd.h>
 
 #include <iostream>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <string>
 
 #include "disagg/fault_policy.h"
 #include "disagg/hex.h"
+#include "pd/decode_handoff.h"
 #include "pd/prefill_handoff.h"
 #include "pd_util.h"
 
@@ -27,11 +41,16 @@ void say(const std::string& line) {
   std::cout << line << std::endl;
 }
 
-class DelaySecondPut : public disagg::FaultPolicy {
+// Before the second range of every transfer: sleeps (a slow transfer) or stops this process (a frozen one).
+class AtSecondPut : public disagg::FaultPolicy {
  public:
-  explicit DelaySecondPut(std::chrono::milliseconds d) : delay_(d) {}
+  AtSecondPut(std::chrono::milliseconds d, bool stop) : delay_(d), stop_(stop) {}
   disagg::PutFault on_put(uint64_t, size_t index, size_t) override {
     if (index != 1) return {};
+    if (stop_) {
+      raise(SIGSTOP);
+      return {};
+    }
     return {disagg::PutFault::Kind::kDelay, 0, delay_};
   }
   bool drop_message(uint16_t) override { return false; }
@@ -39,7 +58,23 @@ class DelaySecondPut : public disagg::FaultPolicy {
 
  private:
   std::chrono::milliseconds delay_;
+  bool stop_;
 };
+
+GenerationRequest request(const std::vector<int32_t>& prompt, int max_new, uint64_t room) {
+  GenerationRequest req;
+  req.prompt = prompt;
+  req.params.temperature = 0.0f;
+  req.params.max_new_tokens = max_new;
+  req.params.top_logprobs = 5;
+  req.params.seed = 3, req.params.has_seed = true;
+  auto tokens = std::make_shared<int>(0);
+  req.on_event = [room, tokens](const GenerationEvent& ev) {
+    if (ev.finish == FinishReason::kNone) ++*tokens;
+    else say("done " + std::to_string(room) + " " + finish_reason_name(ev.finish) + " " + std::to_string(*tokens));
+  };
+  return req;
+}
 
 int fail(const std::string& what) {
   std::cerr << "pd_peer: " << what << std::endl;
@@ -49,18 +84,31 @@ int fail(const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2 && argc != 3) return fail("usage: pd_peer CHECKPOINT_DIR [PUT_DELAY_MS]");
+  if (argc != 2 && argc != 3) return fail("usage: pd_peer CHECKPOINT_DIR [DELAY_MS|stop|decode]");
+  const std::string mode = argc == 3 ? argv[2] : "";
   auto engine = Engine::load(argv[1]);
   if (!engine) return fail(engine.error().message());
   auto sched = Scheduler::create(**engine, pd::testing::config());
   if (!sched) return fail(sched.error().message());
-  DelaySecondPut delay(std::chrono::milliseconds(argc == 3 ? std::stoi(argv[2]) : 0));
-  pd::PrefillHandoffOptions options;
-  if (argc == 3) options.worker.faults = &delay;
-  auto side = pd::PrefillHandoff::create(**sched, options);
-  if (!side) return fail(side.error().message());
-  say(std::to_string((*side)->instance()) + " " + std::to_string(getpid()) + " " +
-      disagg::testing::to_hex((*side)->address()));
+  AtSecondPut faults(std::chrono::milliseconds(mode.empty() || mode == "stop" || mode == "decode" ? 0 : std::stoi(mode)),
+                     mode == "stop");
+  std::unique_ptr<pd::PrefillHandoff> prefill;
+  std::unique_ptr<pd::DecodeHandoff> decode;
+  pd::HandoffSide* side = nullptr;
+  if (mode == "decode") {
+    auto d = pd::DecodeHandoff::create(**sched, {});
+    if (!d) return fail(d.error().message());
+    decode = std::move(*d);
+    side = decode.get();
+  } else {
+    pd::PrefillHandoffOptions options;
+    if (!mode.empty()) options.worker.faults = &faults;
+    auto p = pd::PrefillHandoff::create(**sched, options);
+    if (!p) return fail(p.error().message());
+    prefill = std::move(*p);
+    side = prefill.get();
+  }
+  say(std::to_string(side->instance()) + " " + std::to_string(getpid()) + " " + disagg::testing::to_hex(side->address()));
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
@@ -70,25 +118,40 @@ int main(int argc, char** argv) {
       uint64_t instance = 0;
       std::string hex;
       in >> instance >> hex;
-      Status s = (*side)->connect(disagg::testing::from_hex(hex), instance);
+      Status s = side->connect(disagg::testing::from_hex(hex), instance);
       say(s.is_ok() ? "connected" : "error " + s.message());
-    } else if (cmd == "run") {
+    } else if (cmd == "run" && prefill) {
       uint64_t room = 0;
       int length = 0, salt = 0, max_new = 0;
       in >> room >> length >> salt >> max_new;
-      GenerationRequest req;
-      req.prompt = pd::testing::prompt(length, salt);
-      req.params.temperature = 0.0f;
-      req.params.max_new_tokens = max_new;
-      req.params.top_logprobs = 5;
-      req.params.seed = 3, req.params.has_seed = true;
-      req.on_event = [room](const GenerationEvent& ev) {
-        if (ev.finish != FinishReason::kNone) say("done " + std::to_string(room) + " " + finish_reason_name(ev.finish));
-      };
-      auto id = (*side)->submit(std::move(req), room);
-      if (!id) say("done " + std::to_string(room) + " rejected");
+      if (!prefill->submit(request(pd::testing::prompt(length, salt), max_new, room), room)) {
+        say("done " + std::to_string(room) + " rejected 0");
+      }
+    } else if (cmd == "receive" && decode) {
+      uint64_t room = 0, from = 0;
+      int length = 0, salt = 0, max_new = 0;
+      in >> room >> length >> salt >> max_new >> from;
+      if (!decode->submit(request(pd::testing::prompt(length, salt), max_new, room), room, from)) {
+        say("done " + std::to_string(room) + " rejected 0");
+      }
+    } else if (cmd == "stats") {
+      const ServiceStats st = (*sched)->stats();
+      std::string out = "stats " + std::to_string(st.kv_blocks_used) + " " + std::to_string(st.state_slots_used) + " ";
+      if (prefill) {
+        const pd::PrefillCounts c = prefill->counts();
+        out += std::to_string(c.in_flight) + " " + std::to_string(c.handed_off) + " " + std::to_string(c.failed) +
+               " " + std::to_string(c.lease_expired) + " 0";
+      } else {
+        const pd::DecodeCounts c = decode->counts();
+        out += std::to_string(c.in_flight) + " " + std::to_string(c.received) + " " + std::to_string(c.failed) + " " +
+               std::to_string(c.quarantined) + " " + std::to_string(c.registry.held_ranges);
+      }
+      say(out);
+    } else {
+      say("error unknown command: " + line);
     }
   }
-  side->reset();
+  prefill.reset();
+  decode.reset();
   return 0;
 }

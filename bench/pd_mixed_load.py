@@ -202,7 +202,7 @@ def run_once(args, mode, seed):
         setup.close()
     quiet = [s for at, s in samples if q0 <= at < t0]
     loaded = [s for at, s in samples if t0 <= at < t1]
-    return {"mode": mode, "window_s": t1 - t0, "quiet_window_s": t0 - q0,
+    return {"mode": mode, "loadavg_1m_after": os.getloadavg()[0], "window_s": t1 - t0, "quiet_window_s": t0 - q0,
             "long_prompt_tokens": statistics.median(n for _, n in longs),
             "long_latency_ms": [1000 * t for t, _ in longs],
             "quiet": {"tokens": len(quiet), "tpot_p50_ms": 1000 * pct(quiet, 0.5), "tpot_p99_ms": 1000 * pct(quiet, 0.99)},
@@ -230,7 +230,7 @@ def main():
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
-    runs = []
+    runs, load_before = [], os.getloadavg()[0]
     for rep in range(args.reps):
         for mode in args.modes.split(","):
             r = run_once(args, mode, seed=1000 * rep + 17)
@@ -259,7 +259,8 @@ def main():
         cfg["model"] = os.path.basename(os.path.normpath(args.model)) if not args.preset else None
         cfg["ucx_tls"] = os.environ.get("UCX_TLS", "")
         with open(args.json, "w") as f:
-            json.dump({"bench": "pd_mixed_load", "config": cfg, "runs": runs, "summary": summary}, f, indent=1)
+            json.dump({"bench": "pd_mixed_load", "config": cfg, "loadavg_1m_before": load_before, "runs": runs,
+                       "summary": summary}, f, indent=1)
 
 
 if __name__ == "__main__":

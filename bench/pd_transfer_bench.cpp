@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -405,11 +406,13 @@ int decode_main(const CacheGeometry& g, const Options& o, Pipe pipe, pid_t child
   const double lim = std::max(link1.best_gbs(bytes), link_mib.best_gbs(bytes));
   const double lim_med = std::max(link1.median_gbs(bytes), link_mib.median_gbs(bytes));
   const Row* rows[] = {&link1, &link_mib, &puts, &full, &sum_row};
+  double load[1] = {0};
+  (void)getloadavg(load, 1);  // the machine may be shared: the 1-minute load average goes with the numbers
   if (o.json) {
-    std::printf("{\"bench\": \"pd_transfer_bench\", \"ucx_tls\": \"%s\", \"model\": \"%s\", \"tokens\": %lld, "
+    std::printf("{\"bench\": \"pd_transfer_bench\", \"loadavg_1m\": %.2f, \"ucx_tls\": \"%s\", \"model\": \"%s\", \"tokens\": %lld, "
                 "\"page_tokens\": %lld, \"kv_cache_dtype\": \"%s\", \"scatter\": %s, \"payload_bytes\": %zu, "
                 "\"ranges\": %zu, \"reps\": %d, \"lanes\": {\"prefill\": \"%s\", \"decode\": \"%s\"}, \"rows\": [",
-                tls ? tls : "", std::filesystem::path(o.model).filename().c_str(), static_cast<long long>(o.tokens),
+                load[0], tls ? tls : "", std::filesystem::path(o.model).filename().c_str(), static_cast<long long>(o.tokens),
                 static_cast<long long>(o.page_tokens), std::string(kv_cache_dtype_name(o.kv)).c_str(),
                 o.scatter ? "true" : "false", bytes, ranges.size(), o.reps, prefill_lanes.c_str(), decode_lanes.c_str());
     for (size_t i = 0; i < std::size(rows); ++i) {
@@ -423,10 +426,12 @@ int decode_main(const CacheGeometry& g, const Options& o, Pipe pipe, pid_t child
     }
     std::printf("]}\n");
   } else {
-    std::printf("UCX_TLS=%s  %s, %lld tokens, page %lld, %s%s: %zu bytes in %zu ranges; lanes prefill %s, decode %s\n",
+    std::printf("UCX_TLS=%s  %s, %lld tokens, page %lld, %s%s: %zu bytes in %zu ranges; lanes prefill %s, decode %s; "
+                "load %.2f\n",
                 tls ? tls : "", std::filesystem::path(o.model).filename().c_str(), static_cast<long long>(o.tokens),
                 static_cast<long long>(o.page_tokens), std::string(kv_cache_dtype_name(o.kv)).c_str(),
-                o.scatter ? ", scattered pages" : "", bytes, ranges.size(), prefill_lanes.c_str(), decode_lanes.c_str());
+                o.scatter ? ", scattered pages" : "", bytes, ranges.size(), prefill_lanes.c_str(), decode_lanes.c_str(),
+                load[0]);
     std::printf("%-18s %10s %10s %12s\n", "row", "best GB/s", "med GB/s", "best / link");
     for (const Row* r : rows)
       std::printf("%-18s %10.3f %10.3f %11.0f%%\n", r->name.c_str(), r->best_gbs(bytes), r->median_gbs(bytes),

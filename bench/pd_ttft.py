@@ -111,7 +111,7 @@ def main():
             with open(args.json, "w") as f:
                 json.dump({"bench": "pd_ttft", "model": os.path.basename(os.path.normpath(args.model)) if args.model
                            else args.preset, "prompt_tokens": n, "ucx_tls": os.environ.get("UCX_TLS", ""),
-                           "runs": args.runs, "ttft_ms": ts, "median_ms": {k: statistics.median(v) for k, v in ts.items()},
+                           "runs": args.runs, "loadavg_1m_after": os.getloadavg()[0], "ttft_ms": ts, "median_ms": {k: statistics.median(v) for k, v in ts.items()},
                            "added_fraction": (p_med - c_med) / c_med}, f, indent=1)
     finally:
         for p in procs:

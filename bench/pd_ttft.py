@@ -82,7 +82,7 @@ def main():
     procs = []
     try:
         col, col_base, _ = start(args, [])
-        pre, _, pre_port = start(args, ["--role", "prefill"])
+        pre, pre_base, pre_port = start(args, ["--role", "prefill"])
         dec, dec_base, _ = start(args, ["--role", "decode"])
         procs += [col, pre, dec]
         rport = free_port()
@@ -104,6 +104,16 @@ def main():
             print(f"{name:>13}: prompt {n} tokens, TTFT median {statistics.median(ts[name]):.0f} ms, "
                   f"min {min(ts[name]):.0f} ms, max {max(ts[name]):.0f} ms ({args.runs} runs, "
                   f"UCX_TLS={os.environ.get('UCX_TLS', '')})")
+        # The prefill's own account of each hand-off: parked (first token sampled) → completion sent.
+        with urllib.request.urlopen(pre_base + "/metrics", timeout=10) as r:
+            metrics = dict(line.rsplit(" ", 1) for line in r.read().decode().splitlines()
+                           if line.startswith(("kestrel_pd_handoff_seconds_sum", "kestrel_pd_handoff_seconds_count",
+                                               "kestrel_pd_transfer_bytes_total")))
+        handoffs = float(metrics["kestrel_pd_handoff_seconds_count"])
+        handoff_ms = 1000 * float(metrics["kestrel_pd_handoff_seconds_sum"]) / handoffs
+        handoff_bytes = float(metrics["kestrel_pd_transfer_bytes_total"]) / handoffs
+        print(f"prefill side: {handoffs:.0f} hand-offs, mean {handoff_ms:.1f} ms parked -> completion sent, "
+              f"{handoff_bytes / 1e6:.2f} MB each (the 4-word warm-up included)")
         c_med, p_med = statistics.median(ts["colocated"]), statistics.median(ts["router 1P+1D"])
         print(f"added by the hand-off and the router: {p_med - c_med:.0f} ms median "
               f"({100 * (p_med - c_med) / c_med:.1f} %)")
@@ -112,7 +122,8 @@ def main():
                 json.dump({"bench": "pd_ttft", "model": os.path.basename(os.path.normpath(args.model)) if args.model
                            else args.preset, "prompt_tokens": n, "ucx_tls": os.environ.get("UCX_TLS", ""),
                            "runs": args.runs, "loadavg_1m_after": os.getloadavg()[0], "ttft_ms": ts, "median_ms": {k: statistics.median(v) for k, v in ts.items()},
-                           "added_fraction": (p_med - c_med) / c_med}, f, indent=1)
+                           "added_fraction": (p_med - c_med) / c_med, "prefill_handoffs": handoffs,
+                           "prefill_handoff_mean_ms": handoff_ms, "handoff_mean_bytes": handoff_bytes}, f, indent=1)
     finally:
         for p in procs:
             p.terminate()

@@ -192,6 +192,8 @@ const std::vector<CommandSpec>& command_specs() {
         {"bw-efficiency", "F", "", "achieved / peak HBM bandwidth (default: from --cluster)"},
         {"memory-utilization", "F", "", "fraction of HBM the engine may use (default: from --cluster)"},
         {"reserve-gib", "G", "", "activations, graphs, buffers per device, GiB (default: from --cluster)"},
+        {"transfer-gbps", "X", "", "measured P->D hand-off GB/s per link (bench/pd_transfer_bench); 0: NIC roofline "
+                                   "(default: from --cluster)"},
         {"kv-cache-dtype", "fp32|bf16|fp8", "", "MLA latent cache dtype, Kestrel's row layouts (default: from --cluster)"},
         {"expert-format", "checkpoint|mxfp4|bf16|w4a8", "", "routed-expert weight format (default: from --cluster)"},
         {"w4a8-group-size", "N", "", "int4 group size of w4a8 (default: from --cluster)"},

@@ -84,6 +84,9 @@ Status apply_overrides(const Args& a, plan::ClusterSpec& c) {
   double gib = c.a.reserve_bytes / (1ull << 30);
   KESTREL_RETURN_IF_ERROR(set_num("reserve-gib", gib, 0, 1e4));
   c.a.reserve_bytes = gib * (1ull << 30);
+  double gbs = c.a.transfer_bw / 1e9;
+  KESTREL_RETURN_IF_ERROR(set_num("transfer-gbps", gbs, 0, 1e5));
+  c.a.transfer_bw = gbs * 1e9;
   if (a.has("kv-cache-dtype")) {
     auto kv = kv_cache_dtype_flag(a);
     if (!kv) return kv.error();

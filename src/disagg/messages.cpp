@@ -8,7 +8,7 @@ namespace kestrel::disagg {
 namespace {
 
 constexpr uint32_t kMagic = 0x4753444b;  // "KDSG" little-endian
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;  // 2: the completion checksum is XXH3-64 (1: FNV-1a)
 constexpr size_t kHeaderBytes = 4 + 2 + 2 + 8 + 4 + 8;
 
 class Writer {

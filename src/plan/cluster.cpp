@@ -154,7 +154,7 @@ Status parse_assumptions(const json& j, const std::string& label, Assumptions& a
   Obj o(j, "assumptions", label);
   KESTREL_RETURN_IF_ERROR(o.check_keys({"memory_utilization", "reserve_gib", "mfu", "bandwidth_efficiency",
                                         "comm_efficiency", "expert_math", "kv_cache_dtype", "conv_state_dtype",
-                                        "ssm_state_dtype", "expert_format", "w4a8_group_size"}));
+                                        "ssm_state_dtype", "expert_format", "w4a8_group_size", "transfer_gb_s"}));
   KESTREL_RETURN_IF_ERROR(o.number("memory_utilization", 0.05, 1.0, a.memory_utilization));
   double gib = a.reserve_bytes / (1ull << 30);
   KESTREL_RETURN_IF_ERROR(o.number("reserve_gib", 0, 1e4, gib));
@@ -162,6 +162,9 @@ Status parse_assumptions(const json& j, const std::string& label, Assumptions& a
   KESTREL_RETURN_IF_ERROR(o.number("mfu", 0.01, 1.0, a.mfu));
   KESTREL_RETURN_IF_ERROR(o.number("bandwidth_efficiency", 0.01, 1.0, a.bw_efficiency));
   KESTREL_RETURN_IF_ERROR(o.number("comm_efficiency", 0.01, 1.0, a.comm_efficiency));
+  double gbs = a.transfer_bw / kG;
+  KESTREL_RETURN_IF_ERROR(o.number("transfer_gb_s", 0, 1e5, gbs));
+  a.transfer_bw = gbs * kG;
   std::string s;
   KESTREL_RETURN_IF_ERROR(o.choice("expert_math", {"bf16", "fp8"}, s));
   if (!s.empty()) a.expert_math_fp8 = s == "fp8";
@@ -253,8 +256,9 @@ Status validate(const ClusterSpec& c, const ModelConfig& cfg) {
   }
   const Assumptions& s = c.a;
   if (!(s.memory_utilization > 0 && s.memory_utilization <= 1 && s.mfu > 0 && s.mfu <= 1 && s.bw_efficiency > 0 &&
-        s.bw_efficiency <= 1 && s.comm_efficiency > 0 && s.comm_efficiency <= 1 && s.reserve_bytes >= 0))
-    return invalid_argument("assumptions: utilization and efficiencies must be in (0, 1], reserve ≥ 0");
+        s.bw_efficiency <= 1 && s.comm_efficiency > 0 && s.comm_efficiency <= 1 && s.reserve_bytes >= 0 &&
+        s.transfer_bw >= 0 && std::isfinite(s.transfer_bw)))
+    return invalid_argument("assumptions: utilization and efficiencies must be in (0, 1], reserve and transfer ≥ 0");
   return Status::ok();
 }
 

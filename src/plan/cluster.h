@@ -45,6 +45,10 @@ struct Assumptions {
   double bw_efficiency = 0.80;        // achieved / peak HBM bandwidth
   double comm_efficiency = 0.70;      // achieved / peak link bandwidth
   bool expert_math_fp8 = false;       // routed-expert matmuls at the fp8 peak (W4A8/MXFP8 on Blackwell)
+  // Measured P→D hand-off throughput per link, bytes/s (bench/pd_transfer_bench: the whole transfer path, not
+  // the wire alone); the hand-off then takes bytes / (prefill instance links × this). 0: the NICs' datasheet
+  // bandwidth × comm_efficiency.
+  double transfer_bw = 0;
   StateOptions state;
   InventoryOptions weights;
 };

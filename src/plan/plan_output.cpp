@@ -130,9 +130,11 @@ std::string plan_json(const Plan& p) {
                        {"kv_cache_dtype", std::string(kv_cache_dtype_name(s.state.kv))},
                        {"conv_state_dtype", dtype_str(s.state.conv)}, {"ssm_state_dtype", dtype_str(s.state.ssm)},
                        {"expert_format", expert_format_name(p.inventory.expert_format)},
-                       {"w4a8_group_size", s.weights.w4a8_group_size}}}};
+                       {"w4a8_group_size", s.weights.w4a8_group_size}, {"transfer_bytes_per_s", s.transfer_bw}}}};
   j["roles"] = {{"prefill", role_json(p.prefill, true)}, {"decode", role_json(p.decode, false)}};
-  j["transfer"] = {{"bytes_per_request", p.transfer_bytes_per_request}, {"seconds_per_request", p.transfer_s}};
+  j["transfer"] = {{"bytes_per_request", p.transfer_bytes_per_request}, {"seconds_per_request", p.transfer_s},
+                   {"link_bytes_per_s", p.transfer_link_bw}, {"links", p.prefill.instance_devices},
+                   {"source", p.transfer_measured ? "measured" : "roofline"}};
   return j.dump(2) + "\n";
 }
 
@@ -183,7 +185,9 @@ std::string plan_table(const Plan& p) {
                r->tokens_per_s_per_user);
     }
   }
-  o += fmt("\nP->D transfer: %.2f GiB per request, %.2f s\n", p.transfer_bytes_per_request / kGiB, p.transfer_s);
+  o += fmt("\nP->D transfer: %.2f GiB per request, %.2f s (%d links of %.3g GB/s, %s)\n",
+           p.transfer_bytes_per_request / kGiB, p.transfer_s, p.prefill.instance_devices, p.transfer_link_bw / 1e9,
+           p.transfer_measured ? "measured hand-off throughput" : "NIC datasheet x comm efficiency");
   return o;
 }
 

@@ -192,9 +192,9 @@ Result<Plan> make_plan(const ModelConfig& cfg, const std::string& model_label, c
   p.decode = plan_role(x, "decode", cluster.decode, false);
   p.transfer_bytes_per_request = static_cast<double>(cluster.context) * static_cast<double>(p.costs.cache_bytes_per_token()) +
                                  static_cast<double>(p.costs.state_bytes_per_request());
-  if (p.prefill.devices > 0)
-    p.transfer_s = p.transfer_bytes_per_request /
-                   (p.prefill.instance_devices * cluster.accel.network_bw * cluster.a.comm_efficiency);
+  p.transfer_measured = cluster.a.transfer_bw > 0;
+  p.transfer_link_bw = p.transfer_measured ? cluster.a.transfer_bw : cluster.accel.network_bw * cluster.a.comm_efficiency;
+  if (p.prefill.devices > 0) p.transfer_s = p.transfer_bytes_per_request / (p.prefill.instance_devices * p.transfer_link_bw);
   return p;
 }
 

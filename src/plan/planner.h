@@ -55,6 +55,8 @@ struct Plan {
   RolePlan prefill, decode;  // a role with 0 nodes has devices == 0
   double transfer_bytes_per_request = 0;  // MLA + indexer pages + KDA state, prefill → decode
   double transfer_s = 0;                  // over the prefill instance's network links
+  double transfer_link_bw = 0;            // bytes/s per link used for transfer_s
+  bool transfer_measured = false;         // transfer_link_bw is Assumptions::transfer_bw (else the NIC roofline)
 };
 
 Result<Plan> make_plan(const ModelConfig& cfg, const std::string& model_label, const ClusterSpec& cluster);

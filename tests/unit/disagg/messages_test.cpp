@@ -1,9 +1,11 @@
 // disagg/ without UCX traffic: the control message format (round trips, every truncation and bad field rejected),
-// the checksum (published FNV-1a 64 vectors; order matters, range boundaries do not), and the region registry's
+// the checksum (XXH3-64 reference vectors; order matters, range boundaries do not), and the region registry's
 // rules (overlap refused, completion releases, failure quarantines until the peer cannot write).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string_view>
+#include <vector>
 
 #include "disagg/checksum.h"
 #include "disagg/endpoint.h"
@@ -16,25 +18,53 @@ namespace {
 
 std::span<const std::byte> bytes(std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); }
 
-TEST(DisaggChecksum, MatchesPublishedFnv1a64Vectors) {
-  // Test vectors of the FNV reference (isthe.com/chongo/tech/comp/fnv): "", "a", "foobar".
-  EXPECT_EQ(Checksum().value(), 0xcbf29ce484222325ull);
+TEST(DisaggChecksum, MatchesXxh3ReferenceVectors) {
+  // XXH3-64, seed 0, as printed by xxHash's own CLI (`printf foobar | xxhsum -H3`): "", "a", "foobar".
+  EXPECT_EQ(Checksum().value(), 0x2d06800538d394c2ull);
   Checksum a;
   a.update(bytes("a"));
-  EXPECT_EQ(a.value(), 0xaf63dc4c8601ec8cull);
+  EXPECT_EQ(a.value(), 0xe6c632b61e964e1full);
   Checksum f;
   f.update(bytes("foobar"));
-  EXPECT_EQ(f.value(), 0x85944171f73967e8ull);
+  EXPECT_EQ(f.value(), 0xd78fda63144c5c84ull);
 }
 
 TEST(DisaggChecksum, RangesActAsOneBufferButOrderMatters) {
   Checksum split, reordered;
   split.update(bytes("foo"));
   split.update(bytes("bar"));
-  EXPECT_EQ(split.value(), 0x85944171f73967e8ull);
+  EXPECT_EQ(split.value(), 0xd78fda63144c5c84ull);
   reordered.update(bytes("bar"));
   reordered.update(bytes("foo"));
   EXPECT_NE(reordered.value(), split.value());
+}
+
+// A transfer's ranges have any lengths (pages, state, a 176-byte record): the value over a long buffer cut at
+// arbitrary points (empty pieces included), across XXH3's internal stripe and block sizes, equals the value of the
+// whole; one flipped bit anywhere changes it.
+TEST(DisaggChecksum, AnyCutOfALongBufferGivesTheSameValue) {
+  std::vector<std::byte> buf(300000);
+  uint32_t x = 12345;
+  for (auto& b : buf) b = static_cast<std::byte>((x = x * 1664525u + 1013904223u) >> 24);
+  Checksum whole;
+  whole.update(buf);
+  for (size_t piece : {size_t{1}, size_t{63}, size_t{64}, size_t{176}, size_t{255}, size_t{1024}, size_t{1025},
+                       size_t{65536}, size_t{110592}}) {
+    SCOPED_TRACE(piece);
+    Checksum cut;
+    for (size_t at = 0; at < buf.size(); at += piece) {
+      cut.update(std::span<const std::byte>(buf).subspan(at, std::min(piece, buf.size() - at)));
+      cut.update({});
+    }
+    EXPECT_EQ(cut.value(), whole.value());
+  }
+  for (size_t at : {size_t{0}, size_t{1000}, buf.size() - 1}) {
+    std::vector<std::byte> flipped = buf;
+    flipped[at] ^= std::byte{0x10};
+    Checksum c;
+    c.update(flipped);
+    EXPECT_NE(c.value(), whole.value()) << at;
+  }
 }
 
 Destinations sample() {
@@ -111,7 +141,8 @@ TEST(DisaggMessages, BadFieldsAreRejected) {
     return x;
   };
   EXPECT_FALSE(decode_header(flipped(0, std::byte{0}), &body));   // magic
-  EXPECT_FALSE(decode_header(flipped(4, std::byte{2}), &body));   // version
+  EXPECT_FALSE(decode_header(flipped(4, std::byte{1}), &body));   // version 1 (its checksum was FNV-1a)
+  EXPECT_FALSE(decode_header(flipped(4, std::byte{3}), &body));   // a later version
   EXPECT_FALSE(decode_header(flipped(6, std::byte{0}), &body));   // kind 0
   EXPECT_FALSE(decode_header(flipped(6, std::byte{4}), &body));   // kind past the last
   std::vector<std::byte> trailing = m;

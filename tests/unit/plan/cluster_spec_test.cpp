@@ -46,6 +46,16 @@ TEST(PlanClusterSpec, CustomAcceleratorAndPresetOverride) {
   EXPECT_DOUBLE_EQ(d->accel.hbm_bw, 3.35e12);  // the rest from the preset
 }
 
+TEST(PlanClusterSpec, MeasuredTransferThroughput) {
+  auto c = parse_cluster_spec(R"({"accelerator": "h200", "assumptions": {"transfer_gb_s": 3.25}})", "spec.json");
+  ASSERT_TRUE(c.has_value()) << c.error().message();
+  EXPECT_DOUBLE_EQ(c->a.transfer_bw, 3.25e9);
+  EXPECT_DOUBLE_EQ(parse_cluster_spec(R"({"accelerator": "h200"})", "spec.json")->a.transfer_bw, 0);  // roofline
+  EXPECT_NE(parse_error(R"({"accelerator": "h200", "assumptions": {"transfer_gb_s": -1}})")
+                .find("'assumptions.transfer_gb_s': -1 is outside"),
+            std::string::npos);
+}
+
 TEST(PlanClusterSpec, BadSpecsAreClearErrors) {
   EXPECT_NE(parse_error("{not json").find("not valid JSON"), std::string::npos);
   EXPECT_NE(parse_error("[]").find("must be an object"), std::string::npos);

@@ -40,6 +40,21 @@ TEST(PlanCli, JsonWithOverrides) {
   EXPECT_TRUE(j.at("roles").at("decode").at("fits").get<bool>());
 }
 
+// --transfer-gbps: the measured hand-off throughput per link gives the transfer time (K3, 4P+4D B300).
+TEST(PlanCli, TransferGbpsSetsTheHandoffTime) {
+  const CliRun a = run("--model " + kK3 + " --cluster b300 --tp 8 --transfer-gbps 2 --json");
+  const CliRun b = run("--model " + kK3 + " --cluster b300 --tp 8 --transfer-gbps 4 --json");
+  ASSERT_EQ(a.rc, 0) << a.out;
+  ASSERT_EQ(b.rc, 0) << b.out;
+  const auto ja = nlohmann::json::parse(a.out).at("transfer"), jb = nlohmann::json::parse(b.out).at("transfer");
+  EXPECT_EQ(ja.at("source"), "measured");
+  EXPECT_DOUBLE_EQ(ja.at("link_bytes_per_s").get<double>(), 2e9);
+  EXPECT_DOUBLE_EQ(ja.at("seconds_per_request").get<double>(),
+                   ja.at("bytes_per_request").get<double>() / (ja.at("links").get<double>() * 2e9));
+  EXPECT_DOUBLE_EQ(ja.at("seconds_per_request").get<double>(), 2 * jb.at("seconds_per_request").get<double>());
+  EXPECT_NE(run("--model " + kK3 + " --transfer-gbps -1", true).rc, 0);
+}
+
 // --kv-cache-dtype sizes the cache with that dtype's row: bytes per token and the capacity follow.
 TEST(PlanCli, KvCacheDtypeSizesTheCache) {
   std::map<std::string, nlohmann::json> by;

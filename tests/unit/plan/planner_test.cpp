@@ -123,6 +123,35 @@ TEST(PlanPlanner, RejectsLayoutsTheModelCannotUse) {
   EXPECT_NE(err([](ClusterSpec& c) { c.a.mfu = 0; }).find("assumptions"), std::string::npos);
 }
 
+// A measured hand-off throughput (--transfer-gbps, assumptions.transfer_gb_s) replaces the NIC roofline in the
+// P->D transfer time of K3 and the K3.1-style config on 4P+4D: time = bytes / (links x measured), so doubling
+// the measured figure halves the time exactly; nothing else in the plan depends on it.
+TEST(PlanPlanner, MeasuredTransferThroughputSetsTheHandoffTime) {
+  for (const char* model : {"kimi-k3", "kimi-k3.1-style"}) {
+    SCOPED_TRACE(model);
+    const Plan roof = plan_k3([](ClusterSpec& c) { c.decode.dcp = 8; }, model);
+    const Plan x1 = plan_k3([](ClusterSpec& c) { c.decode.dcp = 8, c.a.transfer_bw = 2.5e9; }, model);
+    const Plan x2 = plan_k3([](ClusterSpec& c) { c.decode.dcp = 8, c.a.transfer_bw = 5e9; }, model);
+    ASSERT_EQ(x1.prefill.spec.nodes, 4);
+    ASSERT_EQ(x1.decode.spec.nodes, 4);
+    EXPECT_FALSE(roof.transfer_measured);
+    EXPECT_DOUBLE_EQ(roof.transfer_link_bw, roof.cluster.accel.network_bw * roof.cluster.a.comm_efficiency);
+    EXPECT_TRUE(x1.transfer_measured);
+    EXPECT_DOUBLE_EQ(x1.transfer_link_bw, 2.5e9);
+    EXPECT_DOUBLE_EQ(x1.transfer_bytes_per_request, roof.transfer_bytes_per_request);
+    EXPECT_DOUBLE_EQ(x1.transfer_s, x1.transfer_bytes_per_request / (x1.prefill.instance_devices * 2.5e9));
+    EXPECT_DOUBLE_EQ(x1.transfer_s, 2 * x2.transfer_s);
+    EXPECT_NE(x1.transfer_s, roof.transfer_s);
+    EXPECT_DOUBLE_EQ(x1.prefill.ttft_s, roof.prefill.ttft_s);
+    EXPECT_DOUBLE_EQ(x1.decode.step_s, roof.decode.step_s);
+    const nlohmann::json j = nlohmann::json::parse(plan_json(x1));
+    EXPECT_EQ(j.at("transfer").at("source"), "measured");
+    EXPECT_DOUBLE_EQ(j.at("transfer").at("seconds_per_request").get<double>(), x1.transfer_s);
+    EXPECT_DOUBLE_EQ(j.at("cluster").at("assumptions").at("transfer_bytes_per_s").get<double>(), 2.5e9);
+    EXPECT_EQ(nlohmann::json::parse(plan_json(roof)).at("transfer").at("source"), "roofline");
+  }
+}
+
 // Schema "kestrel.plan/1": the keys scripts rely on, with their types, and values equal to the plan.
 TEST(PlanOutput, JsonSchema) {
   const Plan p = plan_k3([](ClusterSpec& c) { c.decode.dcp = 8; }, "kimi-k3.1-style");

@@ -153,11 +153,19 @@ void VisionTower::attention(std::span<const VisionImage> images, const float* qk
 }
 
 void VisionTower::block_forward(const Block& blk, std::span<const VisionImage> images,
-                                const std::vector<int64_t>& rope_pos, std::vector<float>& x) const {
+                                const std::vector<int64_t>& rope_pos, std::vector<float>& x, BlockBuffers& buf) const {
   const int64_t T = static_cast<int64_t>(rope_pos.size() / 2), D = v_.hidden, qw = v_.qkv_hidden;
   const int64_t heads = v_.num_heads, hd = head_dim_, nf = hd / 4;
-  std::vector<float> h(static_cast<size_t>(T * D)), qkv(static_cast<size_t>(T * 3 * qw)),
-      attn(static_cast<size_t>(T * qw)), proj(static_cast<size_t>(T * D));
+  buf.h.resize(static_cast<size_t>(T * D));
+  buf.qkv.resize(static_cast<size_t>(T * 3 * qw));
+  buf.attn.resize(static_cast<size_t>(T * qw));
+  buf.proj.resize(static_cast<size_t>(T * D));
+  buf.mid.resize(static_cast<size_t>(T * v_.intermediate));
+  std::vector<float>& h = buf.h;
+  std::vector<float>& qkv = buf.qkv;
+  std::vector<float>& attn = buf.attn;
+  std::vector<float>& proj = buf.proj;
+  std::vector<float>& mid = buf.mid;
   kernels::rms_norm(x.data(), blk.norm0.data(), T, D, kEncoderNormEps, h.data());
   kernels::matmul_sgemm(blk.wqkv, h.data(), T, qkv.data());
   // 2-D RoPE on q and k: complex pair 2i turns by column·freq_i, pair 2i+1 by row·freq_i.
@@ -179,7 +187,6 @@ void VisionTower::block_forward(const Block& blk, std::span<const VisionImage> i
   kernels::matmul_sgemm(blk.wo, attn.data(), T, proj.data());
   for (int64_t i = 0; i < T * D; ++i) x[static_cast<size_t>(i)] += proj[static_cast<size_t>(i)];
   kernels::rms_norm(x.data(), blk.norm1.data(), T, D, kEncoderNormEps, h.data());
-  std::vector<float> mid(static_cast<size_t>(T * v_.intermediate));
   kernels::matmul_sgemm(blk.fc0, h.data(), T, mid.data());
   kernels::gelu_tanh_inplace(mid.data(), static_cast<int64_t>(mid.size()));
   kernels::matmul_sgemm(blk.fc1, mid.data(), T, proj.data());
@@ -191,9 +198,10 @@ Status VisionTower::encode(std::span<const VisionImage> images, std::vector<floa
   for (const VisionImage& im : images)
     for (int64_t y = 0; y < im.grid_thw[1]; ++y)
       for (int64_t c = 0; c < im.grid_thw[2]; ++c) rope_pos.push_back(y), rope_pos.push_back(c);
+  BlockBuffers buf;
   for (const Block& blk : blocks_) {
     if (stop && stop()) return unavailable("image encoding stopped");
-    block_forward(blk, images, rope_pos, x);
+    block_forward(blk, images, rope_pos, x, buf);
   }
   const int64_t T = static_cast<int64_t>(rope_pos.size() / 2);
   kernels::rms_norm(x.data(), final_norm_.data(), T, v_.hidden, kEncoderNormEps, x.data());

@@ -65,10 +65,14 @@ class VisionTower {
     std::vector<float> norm0, norm1;
     kernels::WeightMatrix wqkv, wo, fc0, fc1;
   };
+  // Activations of one block, sized once per encode and reused by every block (no page faults per block).
+  struct BlockBuffers {
+    std::vector<float> h, qkv, attn, proj, mid;
+  };
   // Position grid interpolated to h x w (or the grid itself when it is h x w): [h·w, hidden].
   void position_grid(int64_t h, int64_t w, std::vector<float>& out) const;
   void block_forward(const Block& blk, std::span<const VisionImage> images, const std::vector<int64_t>& rope_pos,
-                     std::vector<float>& x) const;
+                     std::vector<float>& x, BlockBuffers& buf) const;
   void attention(std::span<const VisionImage> images, const float* qkv, float* out) const;
 
   VisionConfig v_;

@@ -1,8 +1,9 @@
 // Vision encoder benchmark: milliseconds per image through a model's vision tower + projector (Engine::encode_images,
 // one image per batch) at square grids of 256 / 1024 / 4096 image tokens, and the GFLOP/s that gives against a FLOP
 // model of the tower (docs/PERFORMANCE.md "Vision encoder"), as a share of the fp32 peak measured in the same run (an
-// FMA loop on every thread: 12 independent 16-lane accumulators per thread, 2 FLOP per lane per FMA). Pixels are
-// random (the cost does not depend on them).
+// FMA loop on every thread: 12 independent 16-lane accumulators per thread, 2 FLOP per lane per FMA), measured
+// again right before each size (on a shared machine the cores' availability drifts). Pixels are random (the cost
+// does not depend on them).
 //
 //   vision_bench MODEL_DIR [TOKENS,...] [REPS] [JSON_OUT]     e.g. vision_bench /tmp/vt27 256,1024 3 out.json
 //
@@ -98,16 +99,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "vision_bench: %s\n", v.error().message().c_str());
     return 1;
   }
-  const double peak = fma_peak_gflops();
-  std::printf("tower: %d blocks, width %d, q/k/v %d, MLP %d; %d threads; fp32 FMA peak %.1f GFLOP/s\n", v->num_layers,
-              v->hidden, v->qkv_hidden, v->intermediate, omp_get_max_threads(), peak);
-  std::printf("%8s %8s %10s %10s %10s %10s %9s %7s\n", "tokens", "patches", "GFLOP", "best ms", "median ms", "worst ms",
-              "GFLOP/s", "% peak");
+  std::printf("tower: %d blocks, width %d, q/k/v %d, MLP %d; %d threads\n", v->num_layers, v->hidden, v->qkv_hidden,
+              v->intermediate, omp_get_max_threads());
+  std::printf("%8s %8s %10s %10s %10s %10s %9s %9s %7s\n", "tokens", "patches", "GFLOP", "best ms", "median ms",
+              "worst ms", "GFLOP/s", "peak", "% peak");
   nlohmann::json out = {{"bench", "vision_bench"},
                         {"tower", {{"blocks", v->num_layers}, {"hidden", v->hidden}, {"qkv_hidden", v->qkv_hidden},
                                    {"intermediate", v->intermediate}, {"heads", v->num_heads}}},
                         {"threads", omp_get_max_threads()},
-                        {"fp32_fma_peak_gflops", peak},
                         {"rows", nlohmann::json::array()}};
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -123,6 +122,7 @@ int main(int argc, char** argv) {
     for (float& x : pixels) x = u(rng);
     const kestrel::VisionImage im{pixels.data(), {1, gh, gw}};
     std::vector<double> ms;
+    const double peak = fma_peak_gflops();
     for (int r = 0; r < reps; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
       auto rows = (*engine)->encode_images(std::span<const kestrel::VisionImage>(&im, 1));
@@ -135,11 +135,12 @@ int main(int argc, char** argv) {
     }
     std::sort(ms.begin(), ms.end());
     const double gflop = tower_flops(*v, n) / 1e9, rate = gflop / (ms.front() / 1e3);
-    std::printf("%8lld %8lld %10.1f %10.1f %10.1f %10.1f %9.1f %6.1f%%\n", static_cast<long long>(tokens),
-                static_cast<long long>(n), gflop, ms.front(), ms[ms.size() / 2], ms.back(), rate,
+    std::printf("%8lld %8lld %10.1f %10.1f %10.1f %10.1f %9.1f %9.1f %6.1f%%\n", static_cast<long long>(tokens),
+                static_cast<long long>(n), gflop, ms.front(), ms[ms.size() / 2], ms.back(), rate, peak,
                 peak > 0 ? 100 * rate / peak : 0.0);
+    std::fflush(stdout);
     out["rows"].push_back({{"image_tokens", tokens}, {"patches", n}, {"gflop", gflop}, {"ms", ms},
-                           {"best_ms", ms.front()}, {"gflops_best", rate},
+                           {"best_ms", ms.front()}, {"gflops_best", rate}, {"fp32_fma_peak_gflops", peak},
                            {"percent_of_peak", peak > 0 ? 100 * rate / peak : 0.0}});
   }
   if (argc > 4) std::ofstream(argv[4]) << out.dump(2) << "\n";

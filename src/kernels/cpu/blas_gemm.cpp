@@ -1,3 +1,5 @@
+// fp32 GEMM over OpenBLAS for the vision tower and projector (blas_gemm.h): cblas_sgemm, the zero-row padding that
+// keeps every product on OpenBLAS's blocked kernels, and the slice-by-slice decode of non-fp32 weights.
 #include "kernels/cpu/blas_gemm.h"
 
 #include <cblas.h>

@@ -8,6 +8,7 @@ pkgs=(build-essential g++ cmake make pkg-config ccache
       libhiredis-dev redis-server  # the prefix cache's Redis tier; its tests start their own redis-server
       libpng-dev libturbojpeg0-dev libwebp-dev  # image decoding (src/media)
       libcurl4-openssl-dev  # remote image URLs (src/media/url_fetch), off unless serve --image-url-domains
+      libopenblas-openmp-dev  # fp32 GEMM of the vision tower (src/kernels/cpu/blas_gemm.h)
       libopenmpi-dev openmpi-bin  # dist/ MPI backend and its mpiexec tests (tests/unit/dist)
       libucx-dev  # disagg/: the prefill → decode transfer (UCX 1.13 UCP API) and its tests (tests/unit/disagg)
       libxxhash-dev  # disagg/: the transfer checksum (XXH3-64)

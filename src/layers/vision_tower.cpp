@@ -4,26 +4,16 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/cpu/blas_gemm.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/scratch.h"
 
 namespace kestrel {
 
 namespace {
 
 constexpr double kRopeTheta = 10000.0;
-
-// PyTorch's tanh-approximated GELU (`gelu_pytorch_tanh`): 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
-void gelu_tanh_inplace(float* x, int64_t n) {
-  const float beta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5), kappa = 0.044715f;
-  kernels::parallel_for(0, n, 4096, n >= 65536, [&](int64_t i0) {
-    const int64_t i1 = std::min(n, i0 + 4096);
-    for (int64_t i = i0; i < i1; ++i) {
-      const float v = x[i], inner = beta * (v + kappa * v * v * v);
-      x[i] = 0.5f * v * (1.0f + std::tanh(inner));
-    }
-  });
-}
 
 // Source index and weights of PyTorch's bilinear resize (align_corners=False, no antialias) along one axis.
 struct Tap {
@@ -125,7 +115,7 @@ void VisionTower::embed(std::span<const VisionImage> images, std::vector<float>&
   int64_t row = 0;
   for (const VisionImage& im : images) {
     const int64_t n = im.patches();
-    kernels::matmul(patch_proj_, im.pixel_values, n, x.data() + row * D);
+    kernels::matmul_sgemm(patch_proj_, im.pixel_values, n, x.data() + row * D);
     position_grid(im.grid_thw[1], im.grid_thw[2], pos);
     float* xr = x.data() + row * D;
     for (int64_t i = 0; i < n * D; ++i) xr[i] += pos[static_cast<size_t>(i)];
@@ -133,63 +123,51 @@ void VisionTower::embed(std::span<const VisionImage> images, std::vector<float>&
   }
 }
 
-// Per image and head, in blocks of query rows: scores = Q_block K^T and out = softmax(scores) V as matrix products
-// (kernels::matmul over the head's K and V^T gathered contiguous), so memory stays at block × patches.
-void VisionTower::attention(std::span<const VisionImage> images, float* qkv, float* out) const {
+// Per image, per head and block of query rows, one work item: S = scale · Q_block K^T and O = exp(S − max) V as
+// OpenBLAS products straight on the q/k/v rows (leading dimension 3·qkv width, no gathers), the row sums from
+// softmax_exp_row, out = O / sum. Items run in parallel, each product single-threaded inside the region, so memory
+// stays at threads × block × patches and an item's bits depend only on its image.
+void VisionTower::attention(std::span<const VisionImage> images, const float* qkv, float* out) const {
   constexpr int64_t kQueryBlock = 256;
   const int64_t heads = v_.num_heads, hd = head_dim_, width = 3 * int64_t{v_.qkv_hidden}, qw = v_.qkv_hidden;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<float> q, k, vt, s, o;
   int64_t start = 0;
   for (const VisionImage& im : images) {
-    const int64_t n = im.patches();
+    const int64_t n = im.patches(), blocks = (n + kQueryBlock - 1) / kQueryBlock;
     const float* base = qkv + start * width;
-    q.resize(static_cast<size_t>(n * hd));
-    k.resize(q.size());
-    vt.resize(q.size());
-    for (int64_t h = 0; h < heads; ++h) {
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t d = 0; d < hd; ++d) {
-          q[static_cast<size_t>(j * hd + d)] = base[j * width + h * hd + d];
-          k[static_cast<size_t>(j * hd + d)] = base[j * width + qw + h * hd + d];
-          vt[static_cast<size_t>(d * n + j)] = base[j * width + 2 * qw + h * hd + d];
-        }
-      const kernels::WeightMatrix kw{kernels::WeightFormat::kF32, n, hd, k.data()};
-      const kernels::WeightMatrix vw{kernels::WeightFormat::kF32, hd, n, vt.data()};
-      for (int64_t i0 = 0; i0 < n; i0 += kQueryBlock) {
-        const int64_t B = std::min(kQueryBlock, n - i0);
-        s.resize(static_cast<size_t>(B * n));
-        o.resize(static_cast<size_t>(B * hd));
-        kernels::matmul(kw, q.data() + i0 * hd, B, s.data());
-        std::vector<float> sums(static_cast<size_t>(B));
-        kernels::parallel_for(0, B, 1, B * n >= 65536, [&](int64_t i) {
-          float* r = s.data() + i * n;
-          float mx = -INFINITY;
-          for (int64_t j = 0; j < n; ++j) mx = std::max(mx, r[j] *= scale);
-          float sum = 0.0f;
-          for (int64_t j = 0; j < n; ++j) sum += r[j] = std::exp(r[j] - mx);
-          sums[static_cast<size_t>(i)] = sum;
-        });
-        kernels::matmul(vw, s.data(), B, o.data());
-        for (int64_t i = 0; i < B; ++i) {
-          const float inv = 1.0f / sums[static_cast<size_t>(i)];
-          float* dst = out + (start + i0 + i) * qw + h * hd;
-          for (int64_t d = 0; d < hd; ++d) dst[d] = o[static_cast<size_t>(i * hd + d)] * inv;
-        }
+    kernels::parallel_for_dynamic(heads * blocks, 1, [&](int64_t item) {
+      const int64_t h = item / blocks, i0 = item % blocks * kQueryBlock, B = std::min(kQueryBlock, n - i0);
+      float* s = kernels::thread_scratch(kernels::kScratchVisionScores, static_cast<size_t>(B * n));
+      kernels::sgemm(true, B, n, hd, scale, base + i0 * width + h * hd, width, base + qw + h * hd, width, s, n);
+      float sums[kQueryBlock];
+      for (int64_t i = 0; i < B; ++i) sums[i] = kernels::softmax_exp_row(s + i * n, n);
+      float* dst = out + (start + i0) * qw + h * hd;
+      kernels::sgemm(false, B, hd, n, 1.0f, s, n, base + 2 * qw + h * hd, width, dst, qw);
+      for (int64_t i = 0; i < B; ++i) {
+        const float inv = 1.0f / sums[i];
+        for (int64_t d = 0; d < hd; ++d) dst[i * qw + d] *= inv;
       }
-    }
+    });
     start += n;
   }
 }
 
 void VisionTower::block_forward(const Block& blk, std::span<const VisionImage> images,
-                                const std::vector<int64_t>& rope_pos, std::vector<float>& x) const {
+                                const std::vector<int64_t>& rope_pos, std::vector<float>& x, BlockBuffers& buf) const {
   const int64_t T = static_cast<int64_t>(rope_pos.size() / 2), D = v_.hidden, qw = v_.qkv_hidden;
   const int64_t heads = v_.num_heads, hd = head_dim_, nf = hd / 4;
-  std::vector<float> h(static_cast<size_t>(T * D)), qkv(static_cast<size_t>(T * 3 * qw)),
-      attn(static_cast<size_t>(T * qw)), proj(static_cast<size_t>(T * D));
+  buf.h.resize(static_cast<size_t>(T * D));
+  buf.qkv.resize(static_cast<size_t>(T * 3 * qw));
+  buf.attn.resize(static_cast<size_t>(T * qw));
+  buf.proj.resize(static_cast<size_t>(T * D));
+  buf.mid.resize(static_cast<size_t>(T * v_.intermediate));
+  std::vector<float>& h = buf.h;
+  std::vector<float>& qkv = buf.qkv;
+  std::vector<float>& attn = buf.attn;
+  std::vector<float>& proj = buf.proj;
+  std::vector<float>& mid = buf.mid;
   kernels::rms_norm(x.data(), blk.norm0.data(), T, D, kEncoderNormEps, h.data());
-  kernels::matmul(blk.wqkv, h.data(), T, qkv.data());
+  kernels::matmul_sgemm(blk.wqkv, h.data(), T, qkv.data());
   // 2-D RoPE on q and k: complex pair 2i turns by column·freq_i, pair 2i+1 by row·freq_i.
   kernels::parallel_for(0, T, 1, T * qw >= 65536, [&](int64_t t) {
     const int64_t y = rope_pos[static_cast<size_t>(2 * t)], xcol = rope_pos[static_cast<size_t>(2 * t + 1)];
@@ -206,13 +184,12 @@ void VisionTower::block_forward(const Block& blk, std::span<const VisionImage> i
       }
   });
   attention(images, qkv.data(), attn.data());
-  kernels::matmul(blk.wo, attn.data(), T, proj.data());
+  kernels::matmul_sgemm(blk.wo, attn.data(), T, proj.data());
   for (int64_t i = 0; i < T * D; ++i) x[static_cast<size_t>(i)] += proj[static_cast<size_t>(i)];
   kernels::rms_norm(x.data(), blk.norm1.data(), T, D, kEncoderNormEps, h.data());
-  std::vector<float> mid(static_cast<size_t>(T * v_.intermediate));
-  kernels::matmul(blk.fc0, h.data(), T, mid.data());
-  gelu_tanh_inplace(mid.data(), static_cast<int64_t>(mid.size()));
-  kernels::matmul(blk.fc1, mid.data(), T, proj.data());
+  kernels::matmul_sgemm(blk.fc0, h.data(), T, mid.data());
+  kernels::gelu_tanh_inplace(mid.data(), static_cast<int64_t>(mid.size()));
+  kernels::matmul_sgemm(blk.fc1, mid.data(), T, proj.data());
   for (int64_t i = 0; i < T * D; ++i) x[static_cast<size_t>(i)] += proj[static_cast<size_t>(i)];
 }
 
@@ -221,9 +198,10 @@ Status VisionTower::encode(std::span<const VisionImage> images, std::vector<floa
   for (const VisionImage& im : images)
     for (int64_t y = 0; y < im.grid_thw[1]; ++y)
       for (int64_t c = 0; c < im.grid_thw[2]; ++c) rope_pos.push_back(y), rope_pos.push_back(c);
+  BlockBuffers buf;
   for (const Block& blk : blocks_) {
     if (stop && stop()) return unavailable("image encoding stopped");
-    block_forward(blk, images, rope_pos, x);
+    block_forward(blk, images, rope_pos, x, buf);
   }
   const int64_t T = static_cast<int64_t>(rope_pos.size() / 2);
   kernels::rms_norm(x.data(), final_norm_.data(), T, v_.hidden, kEncoderNormEps, x.data());

@@ -2,8 +2,9 @@
 // equals its stride, i.e. a matrix over flattened 14x14 patches), the learnable position grid bilinearly
 // interpolated to each image's patch grid, pre-norm blocks with 2-D RoPE and bidirectional attention inside each
 // image, the final RMSNorm and the sd2 "tpool" patch merger. Weights are bound by their released names in place
-// (bf16 in the checkpoint, fp32 arithmetic). The images of one request run as one batch: every matrix product of
-// the blocks covers all their patches, attention runs per image (variable-length segments, nothing crosses images).
+// (bf16 in the checkpoint, fp32 arithmetic: the dense products through OpenBLAS, kernels/cpu/blas_gemm.h). The images
+// of one request run as one batch: every matrix product of the blocks covers all their patches, attention runs per
+// image (variable-length segments, nothing crosses images).
 #pragma once
 
 #include <array>
@@ -64,11 +65,15 @@ class VisionTower {
     std::vector<float> norm0, norm1;
     kernels::WeightMatrix wqkv, wo, fc0, fc1;
   };
+  // Activations of one block, sized once per encode and reused by every block (no page faults per block).
+  struct BlockBuffers {
+    std::vector<float> h, qkv, attn, proj, mid;
+  };
   // Position grid interpolated to h x w (or the grid itself when it is h x w): [h·w, hidden].
   void position_grid(int64_t h, int64_t w, std::vector<float>& out) const;
   void block_forward(const Block& blk, std::span<const VisionImage> images, const std::vector<int64_t>& rope_pos,
-                     std::vector<float>& x) const;
-  void attention(std::span<const VisionImage> images, float* qkv, float* out) const;
+                     std::vector<float>& x, BlockBuffers& buf) const;
+  void attention(std::span<const VisionImage> images, const float* qkv, float* out) const;
 
   VisionConfig v_;
   int64_t head_dim_ = 0;

@@ -16,14 +16,15 @@
 // minimal plain-torch transcription of the tower written from docs/vision.md (no sglang code), which the generator
 // required to agree with sglang at every stage within the bound below (per-stage numbers in the metadata).
 //
-// Tolerances: both sides run fp32 on the same bf16 weights; differences come from summation order (blocked
-// GEMMs vs PyTorch's, SDPA's flash kernel vs one softmax pass), libm vs SLEEF cos/sin/tanh/erf, and the norm's
-// mean of squares (double here). Per stage the bound is max |Δ| ≤ 1e-5 · max |reference| and cosine ≥ 1 − 1e-10.
-// Measured (max |Δ| / max |ref|), tiny: embed 1.2e-6 / 2.06, tower 1.6e-6 / 3.26, projector 2.7e-6 / 3.75; real
-// widths: 1.1e-6 / 1.96, 2.9e-6 / 4.14, 2.7e-6 / 3.18; i.e. ≤ 1e-6 relative. Checked to fail: encoder norm eps 1e-5 instead of 2^-23 (tower 8.3e-5 / 3.26), RoPE row/column
+// Tolerances: both sides run fp32 on the same bf16 weights; differences come from summation order (OpenBLAS's
+// blocked GEMMs vs PyTorch's, SDPA's flash kernel vs one softmax pass), libm/libmvec vs SLEEF cos/sin/exp/tanh/erf,
+// and the norm's mean of squares (double here). Per stage the bound is max |Δ| ≤ 1e-5 · max |reference| and
+// cosine ≥ 1 − 1e-10. Measured (max |Δ| / max |ref|), tiny: embed 9.5e-7 / 2.06, tower 1.8e-6 / 3.26, projector
+// 2.6e-6 / 3.75; real widths: 1.2e-6 / 1.96, 2.9e-6 / 4.14, 3.5e-6 / 3.18; i.e. ≤ 1.1e-6 relative. Checked to fail: encoder norm eps 1e-5 instead of 2^-23 (tower 8.3e-5 / 3.26), RoPE row/column
 // swapped (0.30), bilinear source positions off by 0.1 % (embed 1.2e-2).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -193,6 +194,31 @@ TEST_P(VisionTowerTest, ImageAloneEqualsItsRowsInTheBatch) {
     row += alone->size();
   }
   EXPECT_EQ(row, batch->size());
+}
+
+// The same at sizes where the products are large (1,024 + 384 patches: OpenBLAS's threaded blocked path, M cut
+// differently among threads and tiles in each batch): image A alone, then after B, then before B, then again —
+// A's rows are the same bits every time (kernels/cpu/blas_gemm.h).
+TEST_P(VisionTowerTest, LargerImageAloneEqualsItsRowsInAnyBatch) {
+  const int64_t per_patch = 3 * int64_t{vcfg_.patch_size} * vcfg_.patch_size;
+  const std::vector<float> pa = hashed_pixels(11, 32 * 32 * per_patch), pb = hashed_pixels(12, 16 * 24 * per_patch);
+  const VisionImage a{pa.data(), {1, 32, 32}}, b{pb.data(), {1, 16, 24}};
+  auto alone = tower_.forward(std::span<const VisionImage>(&a, 1));
+  ASSERT_TRUE(alone) << alone.error().message();
+  const std::vector<VisionImage> b_then_a = {b, a}, a_then_b = {a, b};
+  auto after = tower_.forward(b_then_a);
+  auto before = tower_.forward(a_then_b);
+  auto again = tower_.forward(std::span<const VisionImage>(&a, 1));
+  ASSERT_TRUE(after && before && again);
+  const size_t rows = alone->size(), b_rows = after->size() - rows;
+  EXPECT_TRUE(std::equal(alone->begin(), alone->end(), after->begin() + static_cast<long>(b_rows))) << "A after B";
+  EXPECT_TRUE(std::equal(alone->begin(), alone->end(), before->begin())) << "A before B";
+  EXPECT_EQ(*alone, *again) << "run to run";
+  std::vector<float> projected_alone, projected_batch;
+  const int64_t tokens = static_cast<int64_t>(rows) / projector_.in_width();
+  projector_.forward(alone->data(), tokens, projected_alone);
+  projector_.forward(before->data(), static_cast<int64_t>(before->size()) / projector_.in_width(), projected_batch);
+  EXPECT_TRUE(std::equal(projected_alone.begin(), projected_alone.end(), projected_batch.begin())) << "projector";
 }
 
 TEST_P(VisionTowerTest, RefusesGridsItCannotRun) {

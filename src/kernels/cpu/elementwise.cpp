@@ -80,6 +80,45 @@ void situ_glu(const float* g, const float* u, int64_t count, float beta, float b
     _mm512_mask_storeu_ps(out + i, m, situ16(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i), vb, vib, vl, vil));
   });
 }
+
+namespace {
+// The constants of gelu_tanh_inplace: √(2/π) and 0.044715.
+constexpr float kGeluBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5), kGeluKappa = 0.044715f;
+}  // namespace
+
+void gelu_tanh_inplace(float* x, int64_t n) {
+  const __m512 beta = _mm512_set1_ps(kGeluBeta), kappa = _mm512_set1_ps(kGeluKappa), half = _mm512_set1_ps(0.5f),
+               one = _mm512_set1_ps(1.0f);
+  parallel_for(0, n, 4096, n >= kParallelMin, [&](int64_t i0) {
+    const int64_t i1 = std::min(n, i0 + 4096);
+    for (int64_t i = i0; i < i1; i += 16) {
+      const __mmask16 m = lanes(i, i1);
+      const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+      const __m512 inner = _mm512_mul_ps(beta, _mm512_add_ps(v, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(kappa, v), v), v)));
+      _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, _ZGVeN16v_tanhf(inner))));
+    }
+  });
+}
+
+float softmax_exp_row(float* x, int64_t n) {
+  // (Masked forms throughout: GCC 12 warns on the plain intrinsics' undefined pass-through operand.)
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  for (int64_t i = 0; i < n; i += 16) mx = _mm512_maskz_max_ps(0xFFFF, mx, _mm512_mask_loadu_ps(mx, lanes(i, n), x + i));
+  float lane[16], top = -INFINITY, total = 0.0f;
+  _mm512_storeu_ps(lane, mx);
+  for (float v : lane) top = std::max(top, v);
+  const __m512 m = _mm512_set1_ps(top);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = lanes(i, n);
+    const __m512 e = _mm512_maskz_mov_ps(k, _ZGVeN16v_expf(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m)));
+    _mm512_mask_storeu_ps(x + i, k, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  _mm512_storeu_ps(lane, sum);
+  for (float v : lane) total += v;
+  return total;
+}
 #else
 void swiglu(const float* g, const float* u, int64_t count, float* out) {
   parallel_for(0, count, 1, count >= kParallelMin, [&](int64_t i) { out[i] = silu(g[i]) * u[i]; });
@@ -95,6 +134,22 @@ void situ_glu(const float* g, const float* u, int64_t count, float beta, float b
     const float b = beta_lin * std::tanh(u[i] / beta_lin);
     out[i] = a * b;
   });
+}
+
+void gelu_tanh_inplace(float* x, int64_t n) {
+  const float beta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5), kappa = 0.044715f;
+  parallel_for(0, n, 1, n >= kParallelMin, [&](int64_t i) {
+    const float v = x[i];
+    x[i] = 0.5f * v * (1.0f + std::tanh(beta * (v + kappa * v * v * v)));
+  });
+}
+
+float softmax_exp_row(float* x, int64_t n) {
+  float m = -INFINITY, lane[16] = {}, total = 0.0f;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  for (int64_t i = 0; i < n; ++i) lane[i % 16] += x[i] = std::exp(x[i] - m);
+  for (float v : lane) total += v;
+  return total;
 }
 #endif
 

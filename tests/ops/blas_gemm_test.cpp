@@ -1,0 +1,139 @@
+// The vision tower's fp32 kernels: matmul_sgemm / sgemm over OpenBLAS (kernels/cpu/blas_gemm.h) and the two
+// elementwise helpers it uses (softmax_exp_row, gelu_tanh_inplace in kernels/cpu/elementwise.h):
+// - matmul_sgemm equals the fp64 product of the same fp32 / bf16 weights within fp32 summation error
+//   (4e-6 · Σ|w·x|), also when the bf16 weight is decoded in several slices of rows;
+// - a row of y has the same bits whatever the batch around it (T from 1 to 1,400, the row first or after others),
+//   at the tower's real widths and at tiny widths where OpenBLAS would otherwise switch to its small-matrix
+//   kernels (M·N·K ≤ 10^6; without the padding these rows differ), and the same bits run to run;
+// - softmax_exp_row and gelu_tanh_inplace equal their fp64 definitions within a few ulp (libmvec expf / tanhf;
+//   the softmax's x − max is the fp32 difference, as the kernel forms it).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/blas_gemm.h"
+#include "kernels/cpu/elementwise.h"
+#include "tensor/dtype.h"
+
+namespace kestrel::kernels {
+namespace {
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+struct Bf16Weight {
+  std::vector<uint16_t> bits;
+  WeightMatrix m;
+};
+Bf16Weight bf16_weight(int64_t out, int64_t in, uint32_t seed) {
+  Bf16Weight w;
+  for (float v : random_floats(static_cast<size_t>(out * in), seed)) w.bits.push_back(f32_to_bf16(v));
+  w.m = {WeightFormat::kBF16, out, in, w.bits.data()};
+  return w;
+}
+
+void expect_matches_fp64(const WeightMatrix& w, const float* x, int64_t T, const std::vector<float>& y) {
+  std::vector<float> row(static_cast<size_t>(w.in));
+  for (int64_t r = 0; r < w.out; ++r) {
+    decode_row(w, r, row.data());
+    for (int64_t t = 0; t < T; ++t) {
+      double exact = 0, mag = 0;
+      for (int64_t k = 0; k < w.in; ++k) {
+        exact += static_cast<double>(row[static_cast<size_t>(k)]) * x[t * w.in + k];
+        mag += std::fabs(static_cast<double>(row[static_cast<size_t>(k)]) * x[t * w.in + k]);
+      }
+      ASSERT_NEAR(y[static_cast<size_t>(t * w.out + r)], exact, 4e-6 * mag) << "row " << r << " token " << t;
+    }
+  }
+}
+
+TEST(BlasGemm, MatchesTheFp64Product) {
+  const int64_t T = 37;
+  const std::vector<float> x = random_floats(static_cast<size_t>(T * 4096), 1);
+  const std::vector<float> wf = random_floats(96 * 588, 2);
+  const WeightMatrix f32{WeightFormat::kF32, 96, 588, wf.data()};
+  std::vector<float> y(static_cast<size_t>(T * 96));
+  matmul_sgemm(f32, x.data(), T, y.data());
+  expect_matches_fp64(f32, x.data(), T, y);
+  // 600 × 4096 bf16 = 2,457,600 floats: decoded in two slices of 512 and 88 rows.
+  const Bf16Weight b = bf16_weight(600, 4096, 3);
+  ASSERT_GT(b.m.out * b.m.in, kDecodeSliceFloats);
+  y.assign(static_cast<size_t>(T * 600), 0.0f);
+  matmul_sgemm(b.m, x.data(), T, y.data());
+  expect_matches_fp64(b.m, x.data(), T, y);
+}
+
+// Rows [0, T) of x alone, then inside batches of T + extra rows (first, and after the extra rows): same bits.
+void expect_batch_invariant(int64_t out, int64_t in) {
+  const Bf16Weight w = bf16_weight(out, in, 7);
+  const int64_t kMaxRows = 1400 + 700;
+  const std::vector<float> pool = random_floats(static_cast<size_t>(kMaxRows * in), 8);
+  for (int64_t T : {1, 4, 16, 84, 300, 1400}) {
+    std::vector<float> alone(static_cast<size_t>(T * out)), again(alone.size());
+    matmul_sgemm(w.m, pool.data(), T, alone.data());
+    matmul_sgemm(w.m, pool.data(), T, again.data());
+    EXPECT_EQ(alone, again) << "run to run, T " << T;
+    for (int64_t extra : {3, 16, 700}) {
+      std::vector<float> y(static_cast<size_t>((T + extra) * out));
+      matmul_sgemm(w.m, pool.data(), T + extra, y.data());
+      EXPECT_TRUE(std::equal(alone.begin(), alone.end(), y.begin()))
+          << out << "x" << in << ": T " << T << " first in a batch of " << T + extra;
+      std::vector<float> shifted(static_cast<size_t>((T + extra) * in));
+      std::copy(pool.begin() + T * in, pool.begin() + (T + extra) * in, shifted.begin());
+      std::copy(pool.begin(), pool.begin() + T * in, shifted.begin() + extra * in);
+      matmul_sgemm(w.m, shifted.data(), T + extra, y.data());
+      EXPECT_TRUE(std::equal(alone.begin(), alone.end(), y.begin() + extra * out))
+          << out << "x" << in << ": T " << T << " after " << extra << " other rows";
+    }
+  }
+}
+
+TEST(BlasGemm, RowsDoNotDependOnTheBatchAtTheTowerWidths) {
+  expect_batch_invariant(4608, 1024);  // q/k/v
+  expect_batch_invariant(1024, 4096);  // MLP fc1
+}
+
+TEST(BlasGemm, RowsDoNotDependOnTheBatchAtTinyWidths) {
+  expect_batch_invariant(64, 48);
+  expect_batch_invariant(96, 128);
+  expect_batch_invariant(128, 588);
+}
+
+TEST(VisionElementwise, SoftmaxExpRowMatchesFp64) {
+  for (int64_t n : {1, 15, 16, 17, 1000, 4096}) {
+    std::vector<float> x = random_floats(static_cast<size_t>(n), static_cast<uint32_t>(n));
+    for (float& v : x) v *= 30.0f;
+    const std::vector<float> in = x;
+    const float sum = softmax_exp_row(x.data(), n);
+    float m = -INFINITY;
+    double exact_sum = 0;
+    for (float v : in) m = std::max(m, v);
+    for (int64_t i = 0; i < n; ++i) {  // exp of the fp32 difference (its rounding is the caller's), in fp64
+      const double e = std::exp(static_cast<double>(in[static_cast<size_t>(i)] - m));
+      exact_sum += e;
+      EXPECT_NEAR(x[static_cast<size_t>(i)], e, 1e-6 * e + 1e-30) << "n " << n << " i " << i;
+    }
+    EXPECT_NEAR(sum, exact_sum, 1e-6 * exact_sum) << "n " << n;
+  }
+}
+
+TEST(VisionElementwise, GeluTanhMatchesFp64) {
+  std::vector<float> x = random_floats(70001, 5);
+  for (float& v : x) v *= 8.0f;
+  const std::vector<float> in = x;
+  gelu_tanh_inplace(x.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = in[i], g = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+    EXPECT_NEAR(x[i], g, 2e-6 * std::fabs(v) + 1e-7) << "x " << v;
+  }
+}
+
+}  // namespace
+}  // namespace kestrel::kernels

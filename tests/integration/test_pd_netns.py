@@ -9,6 +9,7 @@ The test makes and removes its namespaces itself; it needs root (`ip netns`) and
 import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -119,6 +120,10 @@ def colocated():
     s.stop()
 
 
+# The workers of `pair`, by role: the link-down test looks at how the prefill ended.
+WORKERS = {}
+
+
 @pytest.fixture(scope="module")
 def pair():
     procs = []
@@ -134,6 +139,7 @@ def pair():
             sh("ip", "-n", ns, "link", "set", "lo", "up")
         procs.append(worker(NS_P, PORT_P, "prefill"))
         procs.append(worker(NS_D, PORT_D, "decode"))
+        WORKERS["prefill"], WORKERS["decode"] = procs[0][0], procs[1][0]
         router = spawn(NS_D, [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
                               "--prefill", "http://%s:%d" % (IP_P, PORT_P), str(PORT_P),
                               "--decode", "http://%s:%d" % (IP_D, PORT_D), "--host", IP_D, "--port", str(PORT_R),
@@ -218,6 +224,19 @@ def failed(m):
 
 
 def test_link_down_mid_transfer_fails_cleanly(pair, colocated):
+    # Known open defect (docs/disaggregation.md, "Known failure"): in about 1 run of 7 the prefill dies with SIGSEGV
+    # inside UCX 1.13's tcp progress after the link goes down. That one outcome, recognised by the prefill's exit
+    # signal, is reported as an expected failure; every other failure fails the test.
+    try:
+        link_down_mid_transfer(pair, colocated)
+    except Exception:
+        prefill = WORKERS.get("prefill")
+        if prefill is not None and prefill.poll() == -signal.SIGSEGV:
+            pytest.xfail("known defect: the prefill died with SIGSEGV in UCX 1.13 tcp progress after the link went down")
+        raise
+
+
+def link_down_mid_transfer(pair, colocated):
     s, want = chat(colocated.base, LONG, 4)
     assert s == 200, want
     p0, d0 = failed(metrics(NS_P, PORT_P)), failed(metrics(NS_D, PORT_D))

@@ -2,8 +2,9 @@
 """GGUF test files and golden logits from an INDEPENDENT reference: llama.cpp's converter and runtime.
 
 Reference: the llama.cpp vendored in llama-cpp-python 0.3.36 (convert_hf_to_gguf.py + conversion/kimi_k3.py,
-conversion/kimi_linear.py; src/models/kimi-k3.cpp, kimi-linear.cpp; gguf-py). Installation as described in
-tools/gen_k3_goldens.py.
+conversion/kimi_linear.py, conversion/deepseek.py; src/models/kimi-k3.cpp, kimi-linear.cpp, deepseek2.cpp;
+gguf-py). Installation as described in tools/gen_k3_goldens.py (or the sdist's llama_cpp package on PYTHONPATH
+with LLAMA_CPP_LIB_PATH naming a directory of libllama.so / libggml*.so built from the same sdist).
 
 Run (from the repository root, with the project venv):
 
@@ -14,9 +15,9 @@ For each case below:
   1. `kestrel make-model --preset P`: random checkpoint in the released HF layout (micro presets, ~1M
      parameters, so the committed GGUFs stay small).
   2. llama.cpp's convert_hf_to_gguf.py --outtype T (subprocess; set_vocab monkeypatched to
-     `_set_vocab_none` because the test checkpoints ship no tokenizer), or, for Q4_0,
-     llama_cpp.llama_model_quantize (MOSTLY_Q4_0, output and token-embedding tensors forced to Q4_0 too) on
-     the f32 conversion.
+     `_set_vocab_none` because the test checkpoints ship no tokenizer), or, for Q4_0 (and the deepseek2
+     F16 / Q8_0 files), llama_cpp.llama_model_quantize (MOSTLY_Q4_0 / MOSTLY_Q8_0 / MOSTLY_F16, output and
+     token-embedding tensors forced to the same type) on the f32 conversion.
   3. llama_cpp.Llama on the very same GGUF: f32 KV cache, logits of every position of a fixed 64-token
      prompt (numpy RandomState(0).randint(0, vocab, 64)), one ubatch, CPU  → `logits`.
   4. The same GGUF with every tensor decoded to F32 by gguf-py's own gguf.quants.dequantize (metadata copied
@@ -56,6 +57,8 @@ from golden_command import recorded_command  # noqa: E402
 GGML_TYPE_F32 = 0
 GGML_TYPE_Q4_0 = 2
 LLAMA_FTYPE_MOSTLY_Q4_0 = 2
+# llama_model_quantize targets: how value → (llama_ftype, ggml type forced on output and token_embd)
+QUANTIZE = {"quantize_q4_0": (LLAMA_FTYPE_MOSTLY_Q4_0, GGML_TYPE_Q4_0), "quantize_q8_0": (7, 8), "quantize_f16": (1, 1)}
 N_PROMPT = 64
 
 CONVERT_SNIPPET = r"""
@@ -63,10 +66,11 @@ import sys
 src, model_dir, out, outtype = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 sys.path.insert(0, src)
 import convert_hf_to_gguf as conv
-from conversion import kimi_k3, kimi_linear
+from conversion import deepseek, kimi_k3, kimi_linear
 # tokenizer-less test checkpoints: dummy vocabulary (vocab size still comes from the config)
 kimi_k3.KimiK3Model.set_vocab = lambda self: self._set_vocab_none()
 kimi_linear.KimiLinearModel.set_vocab = lambda self: self._set_vocab_none()
+deepseek.DeepseekV2Model.set_vocab = lambda self: self._set_vocab_none()
 sys.argv = ["convert_hf_to_gguf.py", "--outtype", outtype, "--outfile", out, model_dir]
 conv.main()
 """
@@ -78,7 +82,20 @@ CASES = [
     ("k3_micro_q4_0", "k3-micro-bf16", "quantize_q4_0", None),
     ("k3_micro_mxfp4", "k3-micro", "convert", "bf16"),  # experts stay MXFP4 (repacked), the rest BF16
     ("kimi_linear_micro_bf16", "kimi-linear-micro", "convert", "bf16"),
+    # deepseek2 (DeepseekV3ForCausalLM → conversion/deepseek.py DeepseekV2Model: kv_b split into k_b/v_b)
+    ("deepseek_v3_micro_bf16", "deepseek-v3-micro-bf16", "convert", "bf16"),
+    # F16 / Q8_0 / Q4_0 by llama_model_quantize from the f32 conversion, as users' files are made: it keeps
+    # attn_k_b / attn_v_b in F32 (llama-quant.cpp). The converter's own --outtype f16 / q8_0 converts those
+    # 3-D halves too, and llama.cpp 0.3.36's CPU backend then aborts on the file (GGML_ASSERT(*cur_backend_id
+    # != -1) in ggml-backend.cpp: no backend runs that MLA product).
+    ("deepseek_v3_micro_f16", "deepseek-v3-micro-bf16", "quantize_f16", None),
+    ("deepseek_v3_micro_q8_0", "deepseek-v3-micro-bf16", "quantize_q8_0", None),
+    ("deepseek_v3_micro_q4_0", "deepseek-v3-micro-bf16", "quantize_q4_0", None),
 ]
+
+# llama.cpp 0.3.36 crashes (SIGSEGV in llama_decode) running these files natively, Q8_0/Q4_0 matmuls on the
+# deepseek2 graph; their golden holds only `logits_exact` (llama.cpp on the file's exact F32 decode).
+NO_NATIVE_RUN = {"deepseek_v3_micro_q8_0", "deepseek_v3_micro_q4_0"}
 
 
 def run(cmd, **kw):
@@ -96,15 +113,40 @@ def llama_logits(llama_cpp, path, ids, threads):
     return out
 
 
-def quantize_q4_0(llama_cpp, src, dst):
+def quantize(llama_cpp, src, dst, how="quantize_q4_0"):
     p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype = LLAMA_FTYPE_MOSTLY_Q4_0
-    p.output_tensor_type = GGML_TYPE_Q4_0
-    p.token_embedding_type = GGML_TYPE_Q4_0
+    p.ftype, p.output_tensor_type = QUANTIZE[how]
+    p.token_embedding_type = p.output_tensor_type
     p.nthread = 2
     rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), p)
     if rc != 0:
         sys.exit(f"llama_model_quantize failed ({rc})")
+
+
+def keep_mla_halves_f32(gguf_mod, quantized, f32_src, dst):
+    """The quantized file with attn_k_b / attn_v_b taken back from the f32 conversion (every other tensor and
+    every KV copied unchanged). llama.cpp 0.3.36's CPU backend has no kernel for a quantized or F16 k_b / v_b
+    (GGML_ASSERT(*cur_backend_id != -1) in ggml-backend.cpp), and llama-quant.cpp means to leave them
+    unquantized (its exclusion list) but does not for these files."""
+    r, f = gguf_mod.GGUFReader(quantized), gguf_mod.GGUFReader(f32_src)
+    full = {t.name: t for t in f.tensors}
+    arch = r.fields["general.architecture"].contents()
+    w = gguf_mod.GGUFWriter(dst, arch)
+    for k, fld in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        vt = fld.types[0]
+        w.add_key_value(k, fld.contents(), vt, fld.types[-1] if vt == gguf_mod.GGUFValueType.ARRAY else None)
+    for t in r.tensors:
+        shape = [int(d) for d in reversed(t.shape)]
+        if t.name.endswith(("attn_k_b.weight", "attn_v_b.weight")):
+            w.add_tensor(t.name, np.asarray(full[t.name].data, dtype=np.float32).reshape(shape))
+        else:
+            w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)  # byte shape → element shape
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def dequantize_gguf(gguf_mod, src, dst):
@@ -337,15 +379,20 @@ def main():
         else:
             f32 = os.path.join(tmp, name + "-f32.gguf")
             convert("f32", f32)
-            quantize_q4_0(llama_cpp, f32, out)
+            if preset.startswith("deepseek"):
+                q = os.path.join(tmp, name + "-q.gguf")
+                quantize(llama_cpp, f32, q, how)
+                keep_mla_halves_f32(gguf_mod, q, f32, out)
+            else:
+                quantize(llama_cpp, f32, out, how)
         vocab = int(gguf_mod.GGUFReader(out).fields[next(k for k in gguf_mod.GGUFReader(out).fields
                                                          if k.endswith(".vocab_size"))].contents())
         prompt = np.random.RandomState(0).randint(0, vocab, N_PROMPT).astype(np.int32)
-        logits = llama_logits(llama_cpp, out, prompt, args.threads)
-        assert np.all(np.isfinite(logits))
         exact_path = os.path.join(tmp, name + "-exact-f32.gguf")
         dequantize_gguf(gguf_mod, out, exact_path)
         exact = llama_logits(llama_cpp, exact_path, prompt, args.threads)
+        logits = exact if name in NO_NATIVE_RUN else llama_logits(llama_cpp, out, prompt, args.threads)
+        assert np.all(np.isfinite(logits))
         r = nmse_rows(logits, exact)
         types = tensor_types(gguf_mod, out)
         meta = {
@@ -353,7 +400,8 @@ def main():
             "preset": preset,
             "gguf": name + ".gguf",
             "made_by": f"convert_hf_to_gguf.py --outtype {outtype}" if how == "convert" else
-                       "convert --outtype f32, then llama_model_quantize MOSTLY_Q4_0 (output, token_embd Q4_0)",
+                       f"convert --outtype f32, then llama_model_quantize ftype {QUANTIZE[how][0]} (output, "
+                       f"token_embd ggml type {QUANTIZE[how][1]})",
             "tensor_types": ",".join(types),
             "prompt": f"numpy RandomState(0).randint(0, {vocab}, {N_PROMPT})",
             "logits_exact": "llama.cpp on this GGUF with every tensor decoded to F32 by gguf-py (f32 activations)",
@@ -363,8 +411,13 @@ def main():
             "native_vs_exact_argmax_mismatch_rows": f"{int(np.sum(logits.argmax(1) != exact.argmax(1)))}/{len(r)}",
             "command": recorded_command("gen_gguf_goldens.py"),
         }
-        save_file({"prompt": prompt, "logits": logits, "logits_exact": exact}, os.path.join(args.out_dir, name + ".logits.safetensors"),
-                  metadata=meta)
+        tensors = {"prompt": prompt, "logits_exact": exact}
+        if name in NO_NATIVE_RUN:
+            meta = {k: v for k, v in meta.items() if not k.startswith("native_vs_exact")}
+            meta["logits"] = "absent: llama.cpp 0.3.36 crashes running this file natively (SIGSEGV in llama_decode)"
+        else:
+            tensors["logits"] = logits
+        save_file(tensors, os.path.join(args.out_dir, name + ".logits.safetensors"), metadata=meta)
         print(f"[{name}] {os.path.getsize(out)} bytes, types {types}, max|logit| {np.abs(logits).max():.4g}; "
               f"native vs exact decode: NMSE median {np.median(r):.3e} max {np.max(r):.3e}, "
               f"rows > 1e-2: {int(np.sum(r > 1e-2))}/{len(r)}", file=sys.stderr)

@@ -4,7 +4,9 @@
 Reference: the llama.cpp vendored in llama-cpp-python 0.3.36 (convert_hf_to_gguf.py + conversion/kimi_k3.py,
 conversion/kimi_linear.py, conversion/deepseek.py; src/models/kimi-k3.cpp, kimi-linear.cpp, deepseek2.cpp;
 gguf-py). Installation as described in tools/gen_k3_goldens.py (or the sdist's llama_cpp package on PYTHONPATH
-with LLAMA_CPP_LIB_PATH naming a directory of libllama.so / libggml*.so built from the same sdist).
+with LLAMA_CPP_LIB_PATH naming a directory of libllama.so / libggml*.so built from the same sdist; the package
+imports numpy, diskcache and jinja2). The deepseek2 cases: `--only deepseek_v3_micro_bf16,deepseek_v3_micro_f16,
+deepseek_v3_micro_q8_0,deepseek_v3_micro_q4_0`.
 
 Run (from the repository root, with the project venv):
 

@@ -10,6 +10,9 @@
 //       weights below 2^-14 become F16 subnormals and lose bits: measured 6.4e-6 (release), 1.7e-5
 //       (debug). Bound for all: max |Δlogit| ≤ 1e-4 on logits of magnitude ~4, same argmax everywhere
 //       (a wrong mapping, transpose or expert slice is ≥ 1e-2).
+//       deepseek2 (DeepSeek V3 micro, BF16 file and F16 from llama_model_quantize): measured 4.95e-6 (the
+//       BF16 kv_b is re-merged from the converter's halves into F32 and runs on the F32 kernel: another
+//       summation order than the BF16 kernel on the checkpoint's kv_b).
 //   (b) every GGUF vs llama.cpp on the same file (f32 KV), two ways:
 //       - vs llama.cpp on the file with every tensor decoded to F32 by gguf-py (`logits_exact`): the
 //         weights are then exactly the values we decode, both sides compute in fp32, so the bounds
@@ -291,6 +294,29 @@ INSTANTIATE_TEST_SUITE_P(Micro, GgufInt8VsLlamaCpp,
                                            Int8Case{"k3_mxfp4_experts", "k3_micro_mxfp4", 1e-3, 2.2e-4, 0.8, 6, 0.82},
                                            Int8Case{"kimi_linear_bf16", "kimi_linear_micro_bf16", 7e-5, 3.5e-5, 2e-4, 0, 0.95}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// deepseek2, one token per call: every position runs MLA in the absorbed (MQA) form over the cache instead
+// of the expanded form of the chunked prefill, with YaRN RoPE at each position; the same fp32 bounds against
+// llama.cpp on the exact F32 decode hold (measured max |Δlogit| 6.1e-6..7.4e-6, NMSE ≤ 5.1e-12). These files
+// keep k_b / v_b in BF16 / F16 / F32 (llama.cpp runs nothing else), so the absorbed products come from the
+// merged kv_b, not from int8 products on block-format halves.
+class GgufDeepseek2TokenByToken : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GgufDeepseek2TokenByToken, AbsorbedDecodeMatchesExactDecode) {
+  const Golden g = read_golden(data(std::string(GetParam()) + ".logits.safetensors"));
+  const auto got = run(data(std::string(GetParam()) + ".gguf"), g.prompt, false, 1);
+  ASSERT_EQ(got.size(), g.logits_exact.size());
+  const Stats e = compare(got, g.logits_exact, static_cast<int64_t>(g.prompt.size()));
+  std::printf("[%s] token by token vs llama.cpp on the exact F32 decode: max |dlogit| %.3g, max NMSE %.3g, top-1 %.3f\n",
+              GetParam(), e.max_abs, e.max_nmse, e.top1);
+  EXPECT_LE(e.max_abs, 2e-4);
+  EXPECT_LE(e.max_nmse, 1e-9);
+  EXPECT_EQ(e.top1, 1.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Micro, GgufDeepseek2TokenByToken,
+                         ::testing::Values("deepseek_v3_micro_bf16", "deepseek_v3_micro_f16", "deepseek_v3_micro_q8_0",
+                                           "deepseek_v3_micro_q4_0"));
 
 // deepseek2 metadata (llama.cpp's converter) → the same ModelConfig as the checkpoint's config.json it was
 // converted from: every field the DeepSeek model reads, the derived softmax scale bit for bit (YaRN mscale

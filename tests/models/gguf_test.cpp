@@ -10,9 +10,8 @@
 //       weights below 2^-14 become F16 subnormals and lose bits: measured 6.4e-6 (release), 1.7e-5
 //       (debug). Bound for all: max |Δlogit| ≤ 1e-4 on logits of magnitude ~4, same argmax everywhere
 //       (a wrong mapping, transpose or expert slice is ≥ 1e-2).
-//       deepseek2 (DeepSeek V3 micro, BF16 file and F16 from llama_model_quantize): measured 4.95e-6 (the
-//       BF16 kv_b is re-merged from the converter's halves into F32 and runs on the F32 kernel: another
-//       summation order than the BF16 kernel on the checkpoint's kv_b).
+//       deepseek2 (DeepSeek V3 micro, BF16 file and F16 from llama_model_quantize): measured 4.95e-6 on both
+//       files (so not from the weight values: some kernel runs in another summation order; not traced).
 //   (b) every GGUF vs llama.cpp on the same file (f32 KV), two ways:
 //       - vs llama.cpp on the file with every tensor decoded to F32 by gguf-py (`logits_exact`): the
 //         weights are then exactly the values we decode, both sides compute in fp32, so the bounds

@@ -17,9 +17,9 @@ For each case below:
   1. `kestrel make-model --preset P`: random checkpoint in the released HF layout (micro presets, ~1M
      parameters, so the committed GGUFs stay small).
   2. llama.cpp's convert_hf_to_gguf.py --outtype T (subprocess; set_vocab monkeypatched to
-     `_set_vocab_none` because the test checkpoints ship no tokenizer), or, for Q4_0 (and the deepseek2
-     F16 / Q8_0 files), llama_cpp.llama_model_quantize (MOSTLY_Q4_0 / MOSTLY_Q8_0 / MOSTLY_F16, output and
-     token-embedding tensors forced to the same type) on the f32 conversion.
+     `_set_vocab_none` because the test checkpoints ship no tokenizer), or, for Q4_0,
+     llama_cpp.llama_model_quantize (MOSTLY_Q4_0, output and token-embedding tensors forced to Q4_0 too) on
+     the f32 conversion.
   3. llama_cpp.Llama on the very same GGUF: f32 KV cache, logits of every position of a fixed 64-token
      prompt (numpy RandomState(0).randint(0, vocab, 64)), one ubatch, CPU  → `logits`.
   4. The same GGUF with every tensor decoded to F32 by gguf-py's own gguf.quants.dequantize (metadata copied
@@ -59,8 +59,6 @@ from golden_command import recorded_command  # noqa: E402
 GGML_TYPE_F32 = 0
 GGML_TYPE_Q4_0 = 2
 LLAMA_FTYPE_MOSTLY_Q4_0 = 2
-# llama_model_quantize targets: how value → (llama_ftype, ggml type forced on output and token_embd)
-QUANTIZE = {"quantize_q4_0": (LLAMA_FTYPE_MOSTLY_Q4_0, GGML_TYPE_Q4_0), "quantize_q8_0": (7, 8), "quantize_f16": (1, 1)}
 N_PROMPT = 64
 
 CONVERT_SNIPPET = r"""
@@ -86,18 +84,17 @@ CASES = [
     ("kimi_linear_micro_bf16", "kimi-linear-micro", "convert", "bf16"),
     # deepseek2 (DeepseekV3ForCausalLM → conversion/deepseek.py DeepseekV2Model: kv_b split into k_b/v_b)
     ("deepseek_v3_micro_bf16", "deepseek-v3-micro-bf16", "convert", "bf16"),
-    # F16 / Q8_0 / Q4_0 by llama_model_quantize from the f32 conversion, as users' files are made: it keeps
-    # attn_k_b / attn_v_b in F32 (llama-quant.cpp). The converter's own --outtype f16 / q8_0 converts those
-    # 3-D halves too, and llama.cpp 0.3.36's CPU backend then aborts on the file (GGML_ASSERT(*cur_backend_id
-    # != -1) in ggml-backend.cpp: no backend runs that MLA product).
-    ("deepseek_v3_micro_f16", "deepseek-v3-micro-bf16", "quantize_f16", None),
-    ("deepseek_v3_micro_q8_0", "deepseek-v3-micro-bf16", "quantize_q8_0", None),
+    ("deepseek_v3_micro_f16", "deepseek-v3-micro-bf16", "convert", "f16"),
+    ("deepseek_v3_micro_q8_0", "deepseek-v3-micro-bf16", "convert", "q8_0"),
     ("deepseek_v3_micro_q4_0", "deepseek-v3-micro-bf16", "quantize_q4_0", None),
 ]
 
-# llama.cpp 0.3.36 crashes (SIGSEGV in llama_decode) running these files natively, Q8_0/Q4_0 matmuls on the
-# deepseek2 graph; their golden holds only `logits_exact` (llama.cpp on the file's exact F32 decode).
-NO_NATIVE_RUN = {"deepseek_v3_micro_q8_0", "deepseek_v3_micro_q4_0"}
+# llama.cpp 0.3.36 runs deepseek2 files with quantized or F16 weights only without its CPU weight repacking
+# (extra buffer types): with it, these files stop at GGML_ASSERT(*cur_backend_id != -1) in ggml-backend.cpp
+# (attn_k_b / attn_v_b quantized or F16), or crash in llama_decode (the halves F32, the rest Q8_0 / Q4_0).
+# Repacking changes the weight layout and kernels, not the number formats (the same Q8_0 activations), so
+# these goldens are made with it off.
+NO_REPACK_PREFIX = "deepseek"
 
 
 def run(cmd, **kw):
@@ -105,7 +102,25 @@ def run(cmd, **kw):
     return subprocess.run(cmd, check=True, **kw)
 
 
-def llama_logits(llama_cpp, path, ids, threads):
+def llama_logits(llama_cpp, path, ids, threads, repack=True):
+    if not repack:  # llama_model_params.use_extra_bufts = false (what llama-bench --no-repack sets)
+        default = llama_cpp.llama_model_default_params
+
+        def params():
+            p = default()
+            p.use_extra_bufts = False
+            return p
+        llama_cpp.llama_model_default_params = params
+        llama_cpp.llama.llama_cpp.llama_model_default_params = params
+    try:
+        return _llama_logits(llama_cpp, path, ids, threads)
+    finally:
+        if not repack:
+            llama_cpp.llama_model_default_params = default
+            llama_cpp.llama.llama_cpp.llama_model_default_params = default
+
+
+def _llama_logits(llama_cpp, path, ids, threads):
     llm = llama_cpp.Llama(model_path=path, logits_all=True, n_ctx=256, n_batch=256, n_ubatch=256,
                           type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, n_threads=threads, n_threads_batch=threads,
                           n_gpu_layers=0, seed=0, flash_attn=False, verbose=False)
@@ -115,40 +130,15 @@ def llama_logits(llama_cpp, path, ids, threads):
     return out
 
 
-def quantize(llama_cpp, src, dst, how="quantize_q4_0"):
+def quantize_q4_0(llama_cpp, src, dst):
     p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype, p.output_tensor_type = QUANTIZE[how]
-    p.token_embedding_type = p.output_tensor_type
+    p.ftype = LLAMA_FTYPE_MOSTLY_Q4_0
+    p.output_tensor_type = GGML_TYPE_Q4_0
+    p.token_embedding_type = GGML_TYPE_Q4_0
     p.nthread = 2
     rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), p)
     if rc != 0:
         sys.exit(f"llama_model_quantize failed ({rc})")
-
-
-def keep_mla_halves_f32(gguf_mod, quantized, f32_src, dst):
-    """The quantized file with attn_k_b / attn_v_b taken back from the f32 conversion (every other tensor and
-    every KV copied unchanged). llama.cpp 0.3.36's CPU backend has no kernel for a quantized or F16 k_b / v_b
-    (GGML_ASSERT(*cur_backend_id != -1) in ggml-backend.cpp), and llama-quant.cpp means to leave them
-    unquantized (its exclusion list) but does not for these files."""
-    r, f = gguf_mod.GGUFReader(quantized), gguf_mod.GGUFReader(f32_src)
-    full = {t.name: t for t in f.tensors}
-    arch = r.fields["general.architecture"].contents()
-    w = gguf_mod.GGUFWriter(dst, arch)
-    for k, fld in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture":
-            continue
-        vt = fld.types[0]
-        w.add_key_value(k, fld.contents(), vt, fld.types[-1] if vt == gguf_mod.GGUFValueType.ARRAY else None)
-    for t in r.tensors:
-        shape = [int(d) for d in reversed(t.shape)]
-        if t.name.endswith(("attn_k_b.weight", "attn_v_b.weight")):
-            w.add_tensor(t.name, np.asarray(full[t.name].data, dtype=np.float32).reshape(shape))
-        else:
-            w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)  # byte shape → element shape
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def dequantize_gguf(gguf_mod, src, dst):
@@ -381,19 +371,15 @@ def main():
         else:
             f32 = os.path.join(tmp, name + "-f32.gguf")
             convert("f32", f32)
-            if preset.startswith("deepseek"):
-                q = os.path.join(tmp, name + "-q.gguf")
-                quantize(llama_cpp, f32, q, how)
-                keep_mla_halves_f32(gguf_mod, q, f32, out)
-            else:
-                quantize(llama_cpp, f32, out, how)
+            quantize_q4_0(llama_cpp, f32, out)
         vocab = int(gguf_mod.GGUFReader(out).fields[next(k for k in gguf_mod.GGUFReader(out).fields
                                                          if k.endswith(".vocab_size"))].contents())
         prompt = np.random.RandomState(0).randint(0, vocab, N_PROMPT).astype(np.int32)
         exact_path = os.path.join(tmp, name + "-exact-f32.gguf")
         dequantize_gguf(gguf_mod, out, exact_path)
-        exact = llama_logits(llama_cpp, exact_path, prompt, args.threads)
-        logits = exact if name in NO_NATIVE_RUN else llama_logits(llama_cpp, out, prompt, args.threads)
+        repack = not name.startswith(NO_REPACK_PREFIX)
+        logits = llama_logits(llama_cpp, out, prompt, args.threads, repack)
+        exact = llama_logits(llama_cpp, exact_path, prompt, args.threads, repack)
         assert np.all(np.isfinite(logits))
         r = nmse_rows(logits, exact)
         types = tensor_types(gguf_mod, out)
@@ -402,8 +388,7 @@ def main():
             "preset": preset,
             "gguf": name + ".gguf",
             "made_by": f"convert_hf_to_gguf.py --outtype {outtype}" if how == "convert" else
-                       f"convert --outtype f32, then llama_model_quantize ftype {QUANTIZE[how][0]} (output, "
-                       f"token_embd ggml type {QUANTIZE[how][1]})",
+                       "convert --outtype f32, then llama_model_quantize MOSTLY_Q4_0 (output, token_embd Q4_0)",
             "tensor_types": ",".join(types),
             "prompt": f"numpy RandomState(0).randint(0, {vocab}, {N_PROMPT})",
             "logits_exact": "llama.cpp on this GGUF with every tensor decoded to F32 by gguf-py (f32 activations)",
@@ -413,13 +398,10 @@ def main():
             "native_vs_exact_argmax_mismatch_rows": f"{int(np.sum(logits.argmax(1) != exact.argmax(1)))}/{len(r)}",
             "command": recorded_command("gen_gguf_goldens.py"),
         }
-        tensors = {"prompt": prompt, "logits_exact": exact}
-        if name in NO_NATIVE_RUN:
-            meta = {k: v for k, v in meta.items() if not k.startswith("native_vs_exact")}
-            meta["logits"] = "absent: llama.cpp 0.3.36 crashes running this file natively (SIGSEGV in llama_decode)"
-        else:
-            tensors["logits"] = logits
-        save_file(tensors, os.path.join(args.out_dir, name + ".logits.safetensors"), metadata=meta)
+        if not repack:
+            meta["reference"] += ", weight repacking off (use_extra_bufts = false)"
+        save_file({"prompt": prompt, "logits": logits, "logits_exact": exact},
+                  os.path.join(args.out_dir, name + ".logits.safetensors"), metadata=meta)
         print(f"[{name}] {os.path.getsize(out)} bytes, types {types}, max|logit| {np.abs(logits).max():.4g}; "
               f"native vs exact decode: NMSE median {np.median(r):.3e} max {np.max(r):.3e}, "
               f"rows > 1e-2: {int(np.sum(r > 1e-2))}/{len(r)}", file=sys.stderr)

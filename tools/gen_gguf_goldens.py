@@ -2,8 +2,11 @@
 """GGUF test files and golden logits from an INDEPENDENT reference: llama.cpp's converter and runtime.
 
 Reference: the llama.cpp vendored in llama-cpp-python 0.3.36 (convert_hf_to_gguf.py + conversion/kimi_k3.py,
-conversion/kimi_linear.py; src/models/kimi-k3.cpp, kimi-linear.cpp; gguf-py). Installation as described in
-tools/gen_k3_goldens.py.
+conversion/kimi_linear.py, conversion/deepseek.py; src/models/kimi-k3.cpp, kimi-linear.cpp, deepseek2.cpp;
+gguf-py). Installation as described in tools/gen_k3_goldens.py (or the sdist's llama_cpp package on PYTHONPATH
+with LLAMA_CPP_LIB_PATH naming a directory of libllama.so / libggml*.so built from the same sdist; the package
+imports numpy, diskcache and jinja2). The deepseek2 cases: `--only deepseek_v3_micro_bf16,deepseek_v3_micro_f16,
+deepseek_v3_micro_q8_0,deepseek_v3_micro_q4_0`.
 
 Run (from the repository root, with the project venv):
 
@@ -63,10 +66,11 @@ import sys
 src, model_dir, out, outtype = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 sys.path.insert(0, src)
 import convert_hf_to_gguf as conv
-from conversion import kimi_k3, kimi_linear
+from conversion import deepseek, kimi_k3, kimi_linear
 # tokenizer-less test checkpoints: dummy vocabulary (vocab size still comes from the config)
 kimi_k3.KimiK3Model.set_vocab = lambda self: self._set_vocab_none()
 kimi_linear.KimiLinearModel.set_vocab = lambda self: self._set_vocab_none()
+deepseek.DeepseekV2Model.set_vocab = lambda self: self._set_vocab_none()
 sys.argv = ["convert_hf_to_gguf.py", "--outtype", outtype, "--outfile", out, model_dir]
 conv.main()
 """
@@ -78,7 +82,19 @@ CASES = [
     ("k3_micro_q4_0", "k3-micro-bf16", "quantize_q4_0", None),
     ("k3_micro_mxfp4", "k3-micro", "convert", "bf16"),  # experts stay MXFP4 (repacked), the rest BF16
     ("kimi_linear_micro_bf16", "kimi-linear-micro", "convert", "bf16"),
+    # deepseek2 (DeepseekV3ForCausalLM → conversion/deepseek.py DeepseekV2Model: kv_b split into k_b/v_b)
+    ("deepseek_v3_micro_bf16", "deepseek-v3-micro-bf16", "convert", "bf16"),
+    ("deepseek_v3_micro_f16", "deepseek-v3-micro-bf16", "convert", "f16"),
+    ("deepseek_v3_micro_q8_0", "deepseek-v3-micro-bf16", "convert", "q8_0"),
+    ("deepseek_v3_micro_q4_0", "deepseek-v3-micro-bf16", "quantize_q4_0", None),
 ]
+
+# llama.cpp 0.3.36 runs deepseek2 files with quantized or F16 weights only without its CPU weight repacking
+# (extra buffer types): with it, these files stop at GGML_ASSERT(*cur_backend_id != -1) in ggml-backend.cpp
+# (attn_k_b / attn_v_b quantized or F16), or crash in llama_decode (the halves F32, the rest Q8_0 / Q4_0).
+# Repacking changes the weight layout and kernels, not the number formats (the same Q8_0 activations), so
+# these goldens are made with it off.
+NO_REPACK_PREFIX = "deepseek"
 
 
 def run(cmd, **kw):
@@ -86,7 +102,25 @@ def run(cmd, **kw):
     return subprocess.run(cmd, check=True, **kw)
 
 
-def llama_logits(llama_cpp, path, ids, threads):
+def llama_logits(llama_cpp, path, ids, threads, repack=True):
+    if not repack:  # llama_model_params.use_extra_bufts = false (what llama-bench --no-repack sets)
+        default = llama_cpp.llama_model_default_params
+
+        def params():
+            p = default()
+            p.use_extra_bufts = False
+            return p
+        llama_cpp.llama_model_default_params = params
+        llama_cpp.llama.llama_cpp.llama_model_default_params = params
+    try:
+        return _llama_logits(llama_cpp, path, ids, threads)
+    finally:
+        if not repack:
+            llama_cpp.llama_model_default_params = default
+            llama_cpp.llama.llama_cpp.llama_model_default_params = default
+
+
+def _llama_logits(llama_cpp, path, ids, threads):
     llm = llama_cpp.Llama(model_path=path, logits_all=True, n_ctx=256, n_batch=256, n_ubatch=256,
                           type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, n_threads=threads, n_threads_batch=threads,
                           n_gpu_layers=0, seed=0, flash_attn=False, verbose=False)
@@ -341,11 +375,12 @@ def main():
         vocab = int(gguf_mod.GGUFReader(out).fields[next(k for k in gguf_mod.GGUFReader(out).fields
                                                          if k.endswith(".vocab_size"))].contents())
         prompt = np.random.RandomState(0).randint(0, vocab, N_PROMPT).astype(np.int32)
-        logits = llama_logits(llama_cpp, out, prompt, args.threads)
-        assert np.all(np.isfinite(logits))
         exact_path = os.path.join(tmp, name + "-exact-f32.gguf")
         dequantize_gguf(gguf_mod, out, exact_path)
-        exact = llama_logits(llama_cpp, exact_path, prompt, args.threads)
+        repack = not name.startswith(NO_REPACK_PREFIX)
+        logits = llama_logits(llama_cpp, out, prompt, args.threads, repack)
+        exact = llama_logits(llama_cpp, exact_path, prompt, args.threads, repack)
+        assert np.all(np.isfinite(logits))
         r = nmse_rows(logits, exact)
         types = tensor_types(gguf_mod, out)
         meta = {
@@ -363,8 +398,10 @@ def main():
             "native_vs_exact_argmax_mismatch_rows": f"{int(np.sum(logits.argmax(1) != exact.argmax(1)))}/{len(r)}",
             "command": recorded_command("gen_gguf_goldens.py"),
         }
-        save_file({"prompt": prompt, "logits": logits, "logits_exact": exact}, os.path.join(args.out_dir, name + ".logits.safetensors"),
-                  metadata=meta)
+        if not repack:
+            meta["reference"] += ", weight repacking off (use_extra_bufts = false)"
+        save_file({"prompt": prompt, "logits": logits, "logits_exact": exact},
+                  os.path.join(args.out_dir, name + ".logits.safetensors"), metadata=meta)
         print(f"[{name}] {os.path.getsize(out)} bytes, types {types}, max|logit| {np.abs(logits).max():.4g}; "
               f"native vs exact decode: NMSE median {np.median(r):.3e} max {np.max(r):.3e}, "
               f"rows > 1e-2: {int(np.sum(r > 1e-2))}/{len(r)}", file=sys.stderr)

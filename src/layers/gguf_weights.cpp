@@ -39,6 +39,10 @@ constexpr Rename kLayerRenames[] = {
     {"block_sparse_moe.shared_experts.gate_proj", "ffn_gate_shexp"},
     {"block_sparse_moe.shared_experts.up_proj", "ffn_up_shexp"},
     {"block_sparse_moe.shared_experts.down_proj", "ffn_down_shexp"},
+    // DeepSeek V3 / Kimi K2 MoE (deepseek2): the same tensors under "mlp."
+    {"mlp.gate", "ffn_gate_inp"}, {"mlp.gate.e_score_correction_bias", "exp_probs_b.bias"},
+    {"mlp.shared_experts.gate_proj", "ffn_gate_shexp"}, {"mlp.shared_experts.up_proj", "ffn_up_shexp"},
+    {"mlp.shared_experts.down_proj", "ffn_down_shexp"},
 };
 constexpr Rename kRootRenames[] = {
     {"model.embed_tokens", "token_embd"}, {"lm_head", "output"}, {"model.norm.weight", "output_norm.weight"}};
@@ -81,7 +85,7 @@ std::optional<Mapped> map_name(std::string n) {
   if (n == "self_attn.A_log") return Mapped{blk + "ssm_a", Kind::kALog};
   if (n == "self_attn.kv_b_proj") return Mapped{blk, Kind::kKvB};
   if (n == "self_attn.g_proj") return Mapped{blk, Kind::kGProj};
-  if (consume(n, "block_sparse_moe.experts.")) {
+  if (consume(n, "block_sparse_moe.experts.") || consume(n, "mlp.experts.")) {
     const size_t d = n.find('.');
     if (d == std::string::npos || d == 0 || d > 6) return std::nullopt;
     int64_t e = 0;
@@ -90,7 +94,9 @@ std::optional<Mapped> map_name(std::string n) {
       e = e * 10 + (n[i] - '0');
     }
     const std::string w = n.substr(d + 1);
-    const char* t = w == "w1" ? "ffn_gate_exps.weight" : w == "w3" ? "ffn_up_exps.weight" : w == "w2" ? "ffn_down_exps.weight" : nullptr;
+    const char* t = w == "w1" || w == "gate_proj" ? "ffn_gate_exps.weight"
+                    : w == "w3" || w == "up_proj" ? "ffn_up_exps.weight"
+                    : w == "w2" || w == "down_proj" ? "ffn_down_exps.weight" : nullptr;
     if (t == nullptr) return std::nullopt;
     return Mapped{blk + t, Kind::kExpert, e};
   }

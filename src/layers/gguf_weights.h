@@ -1,6 +1,7 @@
 // GGUF tensors presented under the Hugging Face names the Binder asks for (K3 with or without the
-// `language_model.` prefix; Kimi Linear). This inverts what llama.cpp's converter does
-// (conversion/kimi_k3.py, conversion/kimi_linear.py, gguf-py tensor_mapping.py):
+// `language_model.` prefix; Kimi Linear; DeepSeek V3 / Kimi K2 `deepseek2`, whose MoE lives under
+// `mlp.` with experts.E.{gate,up,down}_proj). This inverts what llama.cpp's converter does
+// (conversion/kimi_k3.py, conversion/kimi_linear.py, conversion/deepseek.py, gguf-py tensor_mapping.py):
 //   renames                      model.layers.L.self_attn.q_proj → blk.L.attn_q, … (table in the .cpp)
 //   experts stacked to 3-D       experts.E.w1/w3/w2 → ffn_{gate,up,down}_exps ne [in, out, n_expert]:
 //                                expert E is rows [E·out, (E+1)·out) — a zero-copy view (any type)

@@ -1,5 +1,6 @@
 #include "loader/gguf_config.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 namespace kestrel {
@@ -47,14 +48,106 @@ class Keys {
   Status st_;
 };
 
+std::optional<std::string> opt_string(const GgufHeader& h, const std::string& key) {
+  const GgufValue* v = h.find(key);
+  return v ? v->as_string() : std::nullopt;
+}
+
+void token_ids(const GgufHeader& h, json& t) {
+  for (const auto& [hf, key] : {std::pair{"bos_token_id", "tokenizer.ggml.bos_token_id"},
+                                std::pair{"eos_token_id", "tokenizer.ggml.eos_token_id"},
+                                std::pair{"pad_token_id", "tokenizer.ggml.padding_token_id"}})
+    if (const GgufValue* v = h.find(key); v && !v->is_array() && v->as_int()) t[hf] = *v->as_int();
+}
+
+// `deepseek2` (DeepSeek V3, V3.2 without its indexer, Kimi K2 as conversion/deepseek.py writes them) →
+// a deepseek_v3 config.json. Only what that converter writes for these models is accepted: MLA with
+// q_lora and the k_b/v_b split (key_length_mla present), sigmoid routing with the e_score_correction
+// bias (noaux_tc, groups optional), YaRN given as factor/original length/betas/log multiplier (the
+// converter stores 0.1·mscale_all_dim; llama.cpp, like DeepSeek's configs, takes mscale = mscale_all_dim).
+Result<std::string> deepseek2_config_json(const GgufHeader& h, const std::string& label) {
+  Keys k(h, "deepseek2", label);
+  json t;
+  t["model_type"] = "deepseek_v3";
+  t["num_hidden_layers"] = k.req_int("block_count");
+  t["hidden_size"] = k.req_int("embedding_length");
+  t["num_attention_heads"] = k.req_int("attention.head_count");
+  t["intermediate_size"] = k.req_int("feed_forward_length");
+  t["rms_norm_eps"] = k.req_num("attention.layer_norm_rms_epsilon");
+  if (auto v = k.opt_int("vocab_size")) {
+    t["vocab_size"] = *v;
+  } else if (const GgufTensorInfo* e = h.tensor("token_embd.weight"); e && e->ne.size() == 2) {
+    t["vocab_size"] = e->ne[1];
+  } else {
+    k.fail("vocab_size", "missing, and no 2-D token_embd.weight to read it from");
+  }
+  t["hidden_act"] = "silu";
+  t["first_k_dense_replace"] = k.opt_int("leading_dense_block_count").value_or(0);
+  t["n_routed_experts"] = k.req_int("expert_count");
+  t["num_experts_per_tok"] = k.req_int("expert_used_count");
+  t["n_shared_experts"] = k.req_int("expert_shared_count");
+  t["moe_intermediate_size"] = k.req_int("expert_feed_forward_length");
+  if (const GgufValue* v = k.find("expert_weights_norm")) {
+    auto b = v->is_array() ? std::nullopt : v->as_int();
+    if (!b) k.fail("expert_weights_norm", "must be a bool");
+    t["norm_topk_prob"] = b.value_or(0) != 0;
+  } else {
+    t["norm_topk_prob"] = false;  // llama.cpp: absent = no renormalization
+  }
+  t["routed_scaling_factor"] = k.opt_num("expert_weights_scale").value_or(1.0);
+  // llama.cpp reads a missing gating function as softmax (DeepSeek V2 files); only sigmoid is built here.
+  if (auto v = k.opt_int("expert_gating_func"); !v || *v != 2)
+    k.fail("expert_gating_func", "only sigmoid routing (2, DeepSeek V3 / Kimi K2) is supported; missing or " +
+                                     (v ? std::to_string(*v) : std::string("absent")) + " means softmax (DeepSeek V2)");
+  t["scoring_func"] = "sigmoid";
+  if (!any_layer_tensor(h, ".exp_probs_b.bias"))
+    k.fail("expert_gating_func", "sigmoid routing without blk.*.exp_probs_b.bias (e_score_correction_bias) is not supported");
+  t["topk_method"] = "noaux_tc";
+  t["n_group"] = std::max<int64_t>(1, k.opt_int("expert_group_count").value_or(1));
+  t["topk_group"] = std::max<int64_t>(1, k.opt_int("expert_group_used_count").value_or(1));
+  if (auto v = k.opt_int("attention.q_lora_rank")) t["q_lora_rank"] = *v;
+  else k.fail("attention.q_lora_rank", "missing: MLA without a q_lora projection (DeepSeek V2-Lite) is not supported");
+  t["kv_lora_rank"] = k.req_int("attention.kv_lora_rank");
+  const int64_t rope = k.req_int("rope.dimension_count");
+  t["qk_rope_head_dim"] = rope;
+  if (!k.find("attention.key_length_mla"))
+    k.fail("attention.key_length_mla", "missing: files from converters before the k_b/v_b split are not supported");
+  t["qk_nope_head_dim"] = k.req_int("attention.key_length_mla") - rope;
+  t["v_head_dim"] = k.req_int("attention.value_length_mla");
+  t["rope_theta"] = k.opt_num("rope.freq_base").value_or(10000.0);
+  const auto scaling = opt_string(h, "deepseek2.rope.scaling.type");
+  if (scaling && *scaling == "yarn") {
+    if (auto a = k.opt_num("rope.scaling.yarn_attn_factor"); a && *a != 1.0)
+      k.fail("rope.scaling.yarn_attn_factor", "only 1 is supported");
+    if (auto e = k.opt_num("rope.scaling.yarn_ext_factor"); e && *e != 1.0)
+      k.fail("rope.scaling.yarn_ext_factor", "only 1 is supported");
+    // In float, as llama.cpp undoes the converter's 0.1 (0.1f / 0.1f is exactly 1).
+    const double mscale = static_cast<float>(k.req_num("rope.scaling.yarn_log_multiplier")) / 0.1f;
+    t["rope_scaling"] = {{"type", "yarn"},
+                         {"factor", k.req_num("rope.scaling.factor")},
+                         {"original_max_position_embeddings", k.req_int("rope.scaling.original_context_length")},
+                         {"beta_fast", k.opt_num("rope.scaling.yarn_beta_fast").value_or(32.0)},
+                         {"beta_slow", k.opt_num("rope.scaling.yarn_beta_slow").value_or(1.0)},
+                         {"mscale", mscale},
+                         {"mscale_all_dim", mscale}};
+  } else if (scaling && *scaling != "none") {
+    k.fail("rope.scaling.type", "'" + *scaling + "' is not supported (none, yarn)");
+  }
+  t["tie_word_embeddings"] = h.tensor("output.weight") == nullptr;
+  token_ids(h, t);
+  if (!k.status().is_ok()) return k.status();
+  return t.dump();
+}
+
 }  // namespace
 
 Result<std::string> gguf_to_hf_config_json(const GgufHeader& h, const std::string& label) {
   const GgufValue* archv = h.find("general.architecture");
   const auto arch = archv ? archv->as_string() : std::nullopt;
   if (!arch) return invalid_argument(label + ": key 'general.architecture': missing or not a string");
+  if (*arch == "deepseek2") return deepseek2_config_json(h, label);
   if (*arch != "kimi-k3" && *arch != "kimi-linear")
-    return unsupported(label + ": GGUF architecture '" + *arch + "' is not supported (kimi-k3, kimi-linear are)");
+    return unsupported(label + ": GGUF architecture '" + *arch + "' is not supported (kimi-k3, kimi-linear, deepseek2 are)");
   const bool k3 = *arch == "kimi-k3";
   Keys k(h, *arch, label);
   json t;
@@ -106,10 +199,7 @@ Result<std::string> gguf_to_hf_config_json(const GgufHeader& h, const std::strin
   t["mla_use_nope"] = true;  // llama.cpp's kimi-k3 / kimi-linear graphs never rotate (NoPE MLA)
   t["mla_use_output_gate"] = any_layer_tensor(h, ".attn_gate.weight");
   t["tie_word_embeddings"] = h.tensor("output.weight") == nullptr;
-  for (const auto& [hf, key] : {std::pair{"bos_token_id", "tokenizer.ggml.bos_token_id"},
-                                std::pair{"eos_token_id", "tokenizer.ggml.eos_token_id"},
-                                std::pair{"pad_token_id", "tokenizer.ggml.padding_token_id"}})
-    if (const GgufValue* v = h.find(key); v && !v->is_array() && v->as_int()) t[hf] = *v->as_int();
+  token_ids(h, t);
 
   json la;
   la["num_heads"] = k.req_int("attention.head_count");
@@ -145,7 +235,7 @@ Result<ModelConfig> model_config_from_gguf(const GgufHeader& h, const std::strin
   auto c = parse_model_config(*text, label + " (metadata)");
   if (!c) return c.error();
   const GgufTensorInfo* e = h.tensor("blk." + std::to_string(c->text.num_hidden_layers - 1) + ".ffn_gate_exps.weight");
-  c->text.experts_mxfp4 = e != nullptr && e->type == GgmlType::kMXFP4;
+  c->text.experts_mxfp4 = c->arch != Arch::kDeepseekV3 && e != nullptr && e->type == GgmlType::kMXFP4;
   return c;
 }
 

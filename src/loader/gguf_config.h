@@ -1,5 +1,5 @@
-// Typed ModelConfig from the metadata of a GGUF written by llama.cpp's converter for the `kimi-k3`
-// and `kimi-linear` architectures. The keys are translated into the Hugging Face config.json form
+// Typed ModelConfig from the metadata of a GGUF written by llama.cpp's converter for the `kimi-k3`,
+// `kimi-linear` and `deepseek2` (DeepSeek V3 / Kimi K2: a deepseek_v3 config) architectures. The keys are translated into the Hugging Face config.json form
 // and parsed by parse_model_config, so both sources get the same validation and derived fields.
 // Some HF fields have no key and are read off the tensor list (GGUF has them only implicitly):
 //   mla_use_output_gate ← blk.*.attn_gate present; use_full_rank_gate ← blk.*.ssm_g present;

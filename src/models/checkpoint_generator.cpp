@@ -202,6 +202,7 @@ Status write_vision(Writer& w, const json& vision) {
 std::vector<std::string> gen_preset_names() {
   return {"k3-tiny",  "k3-tiny-bf16", "k3-tiny-allexp",   "kimi-linear-tiny",
           "k3-bench", "k3-default",   "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v32-sparse-tiny", "deepseek-v2style-tiny",
+          "deepseek-v3-micro-bf16",
           "deepseek-bench", "deepseek-bench-dsa", "k3-micro", "k3-micro-bf16", "kimi-linear-micro", "k3-tiny-dsa", "k3-bench-dsa",
           "kimi-linear-bench", "k3-shape-bench"};
 }
@@ -299,6 +300,17 @@ Result<GenSpec> gen_preset(const std::string& name) {
     s.first_k_dense = 1, s.n_group = 4, s.topk_group = 2;
     s.topk_method = "group_limited_greedy", s.norm_topk_prob = false;
     s.mxfp4_experts = false, s.fp8 = false;
+    return s;
+  }
+  if (name == "deepseek-v3-micro-bf16") {  // DeepSeek V3 structure at micro widths, BF16: the deepseek2 GGUF tests
+    // (q_lora, YaRN, noaux_tc with groups, a shared expert, one dense first layer; every matrix input
+    // width a multiple of 32, incl. the converter's k_b [nope] and v_b [kv_lora] halves).
+    s.arch = "deepseek_v3";
+    s.hidden = 64, s.layers = 4, s.intermediate = 128;
+    s.mla_heads = 2, s.q_lora = 32, s.kv_lora = 64, s.nope = 32, s.rope = 32, s.v_dim = 32;
+    s.experts = 8, s.top_k = 2, s.shared = 1, s.moe_inter = 32, s.routed_scaling = 2.5f;
+    s.first_k_dense = 1, s.n_group = 4, s.topk_group = 2;
+    s.mxfp4_experts = false, s.fp8 = false, s.shards = 1;
     return s;
   }
   if (name == "deepseek-v3-tiny" || name == "deepseek-v32-tiny" || name == "deepseek-v32-sparse-tiny") {

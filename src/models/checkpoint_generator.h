@@ -46,7 +46,8 @@ struct GenSpec {
 
 // Named presets: "k3-tiny", "k3-tiny-bf16", "kimi-linear-tiny", "k3-bench", "k3-default",
 // "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v32-sparse-tiny" (V3.2 with index_topk 8),
-// "deepseek-v2style-tiny", "deepseek-bench", "deepseek-bench-dsa" (deepseek-bench as V3.2: indexer on every
+// "deepseek-v2style-tiny", "deepseek-v3-micro-bf16" (DeepSeek V3 structure at micro widths in BF16: the
+// source of the deepseek2 GGUF test files), "deepseek-bench", "deepseek-bench-dsa" (deepseek-bench as V3.2: indexer on every
 // layer, 8 × 128, top-2048).
 // "k3-tiny-dsa" (layers 4 and 8 sparse, top-16), "k3-bench-dsa" (k3-bench with both MLA layers sparse,
 // top-2048; every tensor shared with k3-bench is identical). "kimi-linear-bench" (Kimi-Linear-48B-A3B layer widths,

@@ -1,11 +1,21 @@
 #include "models/deepseek_model.h"
 
+#include <filesystem>
+
 #include "base/check.h"
 #include "kernels/cpu/elementwise.h"
+#include "loader/gguf_config.h"
 
 namespace kestrel {
 
 Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::string& dir, ExpertShard* shard) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(dir, ec)) {
+    if (shard != nullptr && shard->size > 1)
+      return unsupported(dir + ": expert parallelism needs a safetensors checkpoint (a GGUF file stacks a layer's "
+                               "experts in one tensor)");
+    return load_gguf(dir);
+  }
   auto cfg = load_model_config(dir);
   if (!cfg) return cfg.error();
   if (cfg->arch != Arch::kDeepseekV3 && cfg->arch != Arch::kDeepseekV32)
@@ -26,6 +36,26 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::string& di
   if (!unused.empty())
     return corrupt(m->ckpt_->file_of(unused.front()) + ": unexpected tensor '" + unused.front() + "' (" +
                    std::to_string(unused.size()) + " tensor(s) not used by " + m->cfg_.model_type + ")");
+  return m;
+}
+
+Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load_gguf(const std::string& path) {
+  auto g = GgufWeights::open(path);
+  if (!g) return g.error();
+  auto cfg = model_config_from_gguf((*g)->file().header(), path);
+  if (!cfg) return cfg.error();
+  if (cfg->arch != Arch::kDeepseekV3) return invalid_argument(path + ": not a deepseek2 GGUF file");
+  auto m = std::unique_ptr<DeepseekModel>(new DeepseekModel());
+  m->cfg_ = std::move(*cfg);
+  m->gguf_ = std::move(*g);
+  m->gguf_->show_progress("loading " + path);
+  Binder b(*m->gguf_);
+  KESTREL_RETURN_IF_ERROR(m->bind(b));
+  m->gguf_->finish_progress();
+  const auto unused = m->gguf_->unused();
+  if (!unused.empty())
+    return corrupt(path + ": unexpected tensor '" + unused.front() + "' (" + std::to_string(unused.size()) +
+                   " tensor(s) not used by " + m->cfg_.model_type + ")");
   return m;
 }
 

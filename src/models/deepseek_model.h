@@ -9,6 +9,9 @@
 // positions (all causal positions while the context is ≤ index_topk). Indexer keys live in their own
 // pages (MlaCache::indexer; CacheGeometry::sparse_layers = every layer), exactly as K3's sparse layers.
 // MTP layers (num_nextn_predict_layers, stored after the main layers) are accepted and not run.
+//
+// Also loads a `deepseek2` GGUF file (llama.cpp's converter; loader/gguf_config.h maps the metadata,
+// layers/gguf_weights.h the tensor names): the same layers, weights used in place from the mmap.
 #pragma once
 
 #include <memory>
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "layers/ffn.h"
+#include "layers/gguf_weights.h"
 #include "layers/mla_layer.h"
 #include "loader/checkpoint.h"
 #include "models/model.h"
@@ -25,7 +29,9 @@ namespace kestrel {
 
 class DeepseekModel final : public Model {
  public:
+  // `dir` is a checkpoint directory or a `deepseek2` GGUF file.
   static Result<std::unique_ptr<DeepseekModel>> load(const std::string& dir, ExpertShard* shard = nullptr);
+  static Result<std::unique_ptr<DeepseekModel>> load_gguf(const std::string& path);
   void forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions& opt = {}) override;
   double indexer_seconds() const override;
   std::span<const int32_t> last_topk(size_t layer) const override;
@@ -41,7 +47,8 @@ class DeepseekModel final : public Model {
   Status bind(Binder& b);
   Status skip_mtp_layers();
 
-  std::unique_ptr<Checkpoint> ckpt_;  // owns the mmaps every WeightMatrix points into
+  std::unique_ptr<Checkpoint> ckpt_;   // owns the mmaps every WeightMatrix points into
+  std::unique_ptr<GgufWeights> gguf_;  // or this, for a model loaded from GGUF
   kernels::WeightMatrix embed_, lm_head_;
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;

@@ -7,6 +7,7 @@
 #include "kernels/cpu/dsa_indexer.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/linear.h"
+#include "loader/gguf.h"
 #include "models/deepseek_model.h"
 #include "models/kimi_model.h"
 
@@ -134,13 +135,32 @@ Result<std::vector<float>> Model::encode_images(std::span<const VisionImage>, co
   return unsupported(cfg_.model_type + " model without a vision tower: image input is not supported");
 }
 
+namespace {
+// general.architecture of a GGUF file (the header only; the model then maps the file itself).
+Result<std::string> gguf_architecture(const std::string& path) {
+  auto f = GgufFile::open(path);
+  if (!f) return f.error();
+  const GgufValue* v = f->header().find("general.architecture");
+  const auto a = v ? v->as_string() : std::nullopt;
+  if (!a) return invalid_argument(path + ": key 'general.architecture': missing or not a string");
+  return *a;
+}
+}  // namespace
+
 Result<std::unique_ptr<Model>> load_model(const std::string& dir, ExpertShard* shard) {
 
   std::error_code ec;
-  if (std::filesystem::is_regular_file(dir, ec)) {  // a GGUF file (kimi-k3 / kimi-linear)
+  if (std::filesystem::is_regular_file(dir, ec)) {  // a GGUF file (kimi-k3 / kimi-linear / deepseek2)
     if (shard != nullptr && shard->size > 1)
       return unsupported(dir + ": expert parallelism needs a safetensors checkpoint (a GGUF file stacks a layer's "
                                "experts in one tensor)");
+    auto arch = gguf_architecture(dir);
+    if (!arch) return arch.error();
+    if (*arch == "deepseek2") {
+      auto m = DeepseekModel::load_gguf(dir);
+      if (!m) return m.error();
+      return std::unique_ptr<Model>(std::move(*m));
+    }
     auto m = KimiModel::load(dir);
     if (!m) return m.error();
     return std::unique_ptr<Model>(std::move(*m));

@@ -318,6 +318,17 @@ TEST(SchedulerGguf, BatchedEqualsAloneBitwise) {
   expect_batched_equals_alone(**s, 150, 24, seven_others(), 3, 10);
 }
 
+// The same on a deepseek2 GGUF (DeepSeek V3 structure, Q4_0 by llama_model_quantize): MLA pages only.
+TEST(SchedulerGguf, Deepseek2BatchedEqualsAloneBitwise) {
+  auto e = Engine::load(std::string(KESTREL_TEST_DATA) + "/gguf/deepseek_v3_micro_q4_0.gguf");
+  ASSERT_TRUE(e) << e.error().message();
+  SchedulerConfig c;
+  c.cache.budget_bytes = 64ll << 20;
+  auto s = Scheduler::create(**e, c);
+  ASSERT_TRUE(s) << s.error().message();
+  expect_batched_equals_alone(**s, 150, 24, seven_others(), 3, 10);
+}
+
 // DeepSeek through the scheduler: pool-backed MLA pages with no KDA slots (slot size 0), batched
 // requests equal their solo runs bitwise. Also V3.2 with top-8 DSA (every layer sparse, indexer keys
 // in their own pool pages) on prompts of 45..90 tokens, so the selection is really sparse.

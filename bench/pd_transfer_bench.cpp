@@ -42,6 +42,7 @@
 #include "kernels/cpu/dsa_indexer.h"
 #include "layers/kda_layer.h"
 #include "loader/model_config.h"
+#include "models/model.h"
 #include "pd/first_token.h"
 #include "pd/layout.h"
 #include "tensor/kv_cache_dtype.h"
@@ -74,25 +75,6 @@ T must(Result<T> r, const char* what) {
 
 void must(const Status& s, const char* what) {
   if (!s.is_ok()) die(std::string(what) + ": " + s.message());
-}
-
-// The cache geometry the model's layers give (Model::set_geometry), from config.json alone.
-CacheGeometry geometry_of(const ModelConfig& cfg) {
-  const TextConfig& c = cfg.text;
-  CacheGeometry g;
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const bool kda = c.attn_kind[static_cast<size_t>(l)] == AttnKind::kKda;
-    (kda ? g.kda_layers : g.mla_layers).push_back(l);
-    if (!kda && c.attn_sparse[static_cast<size_t>(l)]) g.sparse_layers.push_back(l);
-  }
-  g.index_row_bytes = g.sparse_layers.empty() ? 0 : kernels::indexer_row_bytes(c.index_head_dim);
-  if (!g.kda_layers.empty()) {
-    g.kda_conv_floats = KdaState::conv_floats(c);
-    g.kda_recurrent_floats = KdaState::recurrent_floats(c);
-  }
-  g.mla_row_floats = c.kv_lora_rank + c.qk_rope_head_dim;
-  g.mla_rope = c.qk_rope_head_dim;
-  return g;
 }
 
 // One side's pools holding one request of opts.tokens tokens.
@@ -468,7 +450,7 @@ Options parse(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
-  const CacheGeometry g = geometry_of(must(load_model_config(o.model), "config"));
+  const CacheGeometry g = cache_geometry_of(must(load_model_config(o.model), "config"));
   int to_child[2], to_parent[2];
   if (pipe(to_child) != 0 || pipe(to_parent) != 0) die("pipe");
   const pid_t pid = fork();  // before any UCX object exists in either process

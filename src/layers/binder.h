@@ -70,4 +70,19 @@ class Binder {
   ExpertShard* shard_ = nullptr;
 };
 
+// Binds every tensor of a GGUF file through `bind` (a model's bind(Binder&)), with the binding progress shown;
+// a tensor the model did not use is an error naming it, as for a checkpoint.
+template <class BindFn>
+Status bind_whole_gguf(GgufWeights& g, const std::string& label, const std::string& model_type, BindFn&& bind) {
+  g.show_progress("loading " + label);
+  Binder b(g);
+  KESTREL_RETURN_IF_ERROR(bind(b));
+  g.finish_progress();
+  const auto unused = g.unused();
+  if (!unused.empty())
+    return corrupt(label + ": unexpected tensor '" + unused.front() + "' (" + std::to_string(unused.size()) +
+                   " tensor(s) not used by " + model_type + ")");
+  return Status::ok();
+}
+
 }  // namespace kestrel

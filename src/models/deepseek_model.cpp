@@ -48,14 +48,7 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load_gguf(const std::strin
   auto m = std::unique_ptr<DeepseekModel>(new DeepseekModel());
   m->cfg_ = std::move(*cfg);
   m->gguf_ = std::move(*g);
-  m->gguf_->show_progress("loading " + path);
-  Binder b(*m->gguf_);
-  KESTREL_RETURN_IF_ERROR(m->bind(b));
-  m->gguf_->finish_progress();
-  const auto unused = m->gguf_->unused();
-  if (!unused.empty())
-    return corrupt(path + ": unexpected tensor '" + unused.front() + "' (" + std::to_string(unused.size()) +
-                   " tensor(s) not used by " + m->cfg_.model_type + ")");
+  KESTREL_RETURN_IF_ERROR(bind_whole_gguf(*m->gguf_, path, m->cfg_.model_type, [&](Binder& b) { return m->bind(b); }));
   return m;
 }
 

@@ -13,11 +13,8 @@
 
 namespace kestrel {
 
-void Model::set_geometry(const std::vector<bool>& is_kda) {
-  const TextConfig& c = cfg_.text;
-  num_layers_ = is_kda.size();
-  CacheGeometry& g = geom_;
-  g = CacheGeometry{};
+CacheGeometry cache_geometry_of(const TextConfig& c, const std::vector<bool>& is_kda) {
+  CacheGeometry g;
   for (size_t l = 0; l < is_kda.size(); ++l) {
     (is_kda[l] ? g.kda_layers : g.mla_layers).push_back(static_cast<int>(l));
     if (!is_kda[l] && l < c.attn_sparse.size() && c.attn_sparse[l]) g.sparse_layers.push_back(static_cast<int>(l));
@@ -29,6 +26,19 @@ void Model::set_geometry(const std::vector<bool>& is_kda) {
   }
   g.mla_row_floats = c.kv_lora_rank + c.qk_rope_head_dim;
   g.mla_rope = c.qk_rope_head_dim;
+  return g;
+}
+
+CacheGeometry cache_geometry_of(const ModelConfig& cfg) {
+  const TextConfig& c = cfg.text;
+  std::vector<bool> is_kda(static_cast<size_t>(c.num_hidden_layers), false);
+  for (size_t l = 0; l < is_kda.size() && l < c.attn_kind.size(); ++l) is_kda[l] = c.attn_kind[l] == AttnKind::kKda;
+  return cache_geometry_of(c, is_kda);
+}
+
+void Model::set_geometry(const std::vector<bool>& is_kda) {
+  num_layers_ = is_kda.size();
+  geom_ = cache_geometry_of(cfg_.text, is_kda);
 }
 
 SequenceState Model::new_sequence(KvCacheDtype kv) const {

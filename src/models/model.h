@@ -142,6 +142,12 @@ class Model {
   std::vector<float> head_in_;
 };
 
+// The per-sequence state of a model with these layer kinds (what Model::cache_geometry() gives once bound): MLA,
+// KDA and DSA layers, KDA state and MLA row sizes. The second form takes the layer kinds from text.attn_kind, from
+// config.json alone.
+CacheGeometry cache_geometry_of(const TextConfig& c, const std::vector<bool>& is_kda);
+CacheGeometry cache_geometry_of(const ModelConfig& cfg);
+
 // Reads config.json and loads the matching model; every checkpoint tensor must be bound. With a shard of
 // size > 1 (a cell rank, docs/cell.md) only that rank's routed experts are bound; the shard must outlive
 // the model.

@@ -201,7 +201,7 @@ TEST_P(VisionTowerTest, ImageAloneEqualsItsRowsInTheBatch) {
 // A's rows are the same bits every time (kernels/cpu/blas_gemm.h).
 TEST_P(VisionTowerTest, LargerImageAloneEqualsItsRowsInAnyBatch) {
   const int64_t per_patch = 3 * int64_t{vcfg_.patch_size} * vcfg_.patch_size;
-  const std::vector<float> pa = hashed_pixels(11, 32 * 32 * per_patch), pb = hashed_pixels(12, 16 * 24 * per_patch);
+  const std::vector<float> pa = testing::hashed_pixels(11, 32 * 32 * per_patch), pb = testing::hashed_pixels(12, 16 * 24 * per_patch);
   const VisionImage a{pa.data(), {1, 32, 32}}, b{pb.data(), {1, 16, 24}};
   auto alone = tower_.forward(std::span<const VisionImage>(&a, 1));
   ASSERT_TRUE(alone) << alone.error().message();

@@ -98,26 +98,33 @@ class RedisServer {
     ::kill(pid_, SIGKILL);
     ::waitpid(pid_, nullptr, 0);
     pid_ = -1;
+    paused_ = false;
   }
   // Both return once the child is seen stopped / running again (a signal is delivered asynchronously: a server
   // still running for a moment after kill() could answer a request the test means to stall).
+  // Each is a no-op unless the server is running / stopped (a teardown may resume a server it never paused).
   void pause() {
+    if (pid_ <= 0 || paused_) return;
     ::kill(pid_, SIGSTOP);
     int st = 0;
     while (::waitpid(pid_, &st, WUNTRACED) < 0 && errno == EINTR) {
     }
+    paused_ = true;
   }
   void resume() {
+    if (pid_ <= 0 || !paused_) return;
     ::kill(pid_, SIGCONT);
     int st = 0;
     while (::waitpid(pid_, &st, WCONTINUED) < 0 && errno == EINTR) {
     }
+    paused_ = false;
   }
 
  private:
   std::string binary_, dir_;
   int port_;
   pid_t pid_ = -1;
+  bool paused_ = false;
 };
 
 // Skips the calling test (or fails it in CI) when there is no redis-server; returns its path otherwise.

@@ -3,7 +3,9 @@
 // Debian libxxhash-dev's header, compiled here with this build's vector extensions. GCC 12 reports a false
 // -Wmaybe-uninitialized inside its own avx512fintrin.h for XXH3's AVX-512 accumulate loop (the vector it names is
 // a "don't care" operand of an intrinsic); this file holds nothing else.
+#if defined(__GNUC__) && !defined(__clang__)  // clang knows no such warning
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 

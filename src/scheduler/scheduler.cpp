@@ -44,7 +44,12 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(Engine& engine, const Sched
 }
 
 Scheduler::~Scheduler() {
-  thread_.request_stop();
+  {
+    // Under the lock: the scheduler thread checks stop_requested() under it before it waits, so the request
+    // cannot fall between its check and its wait (a lost wake-up would leave join() waiting forever).
+    std::lock_guard<std::mutex> lk(mu_);
+    thread_.request_stop();
+  }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
@@ -220,7 +225,10 @@ void Scheduler::drain(std::chrono::milliseconds bound) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ready_ = false;
-  thread_.request_stop();
+  {
+    std::lock_guard<std::mutex> lk(mu_);  // as in the destructor: no lost wake-up
+    thread_.request_stop();
+  }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();  // the loop has ended (and a cell's followers with it)
 }

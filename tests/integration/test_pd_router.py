@@ -57,8 +57,17 @@ def same_logprobs(a, b):
 
 
 class Router:
-    """`prefill` and `decode`: one Server or a list of them; `extra`: more router arguments (a policy)."""
+    """`prefill` and `decode`: one Server or a list of them; `extra`: more router arguments (a policy).
+    Its two ports are picked free by probing, so a server starting beside it (tests run in parallel) can take one
+    before the router binds it: a launch that fails with "address in use" is retried on new ports."""
     def __init__(self, prefill, decode, extra=()):
+        for attempt in range(3):
+            if self._launch(prefill, decode, extra):
+                return
+        raise RuntimeError("router could not bind its ports: " + open(self.log.name).read())
+
+    def _launch(self, prefill, decode, extra):
+        """True when ready; False when the router exited because a port was taken; raises otherwise."""
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="sglang-router-", suffix=".log", delete=False)
@@ -75,11 +84,14 @@ class Router:
         deadline = time.time() + 60
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError("router exited: " + open(self.log.name).read())
+                text = open(self.log.name).read()
+                if "address already in use" in text.lower() or "addrinuse" in text.lower():
+                    return False
+                raise RuntimeError("router exited: " + text)
             try:
                 with urllib.request.urlopen(self.base + "/readiness", timeout=1) as r:
                     if r.status == 200:
-                        return
+                        return True
             except Exception:
                 pass
             time.sleep(0.2)

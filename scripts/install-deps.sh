@@ -12,6 +12,7 @@ pkgs=(build-essential g++ cmake make pkg-config ccache
       libopenmpi-dev openmpi-bin  # dist/ MPI backend and its mpiexec tests (tests/unit/dist)
       libucx-dev  # disagg/: the prefill → decode transfer (UCX 1.13 UCP API) and its tests (tests/unit/disagg)
       libxxhash-dev  # disagg/: the transfer checksum (XXH3-64)
+      libnuma-dev  # dist/: NUMA placement of a cell's ranks (--numa)
       python3 python3-venv python3-pip curl
       wamerican  # /usr/share/dict/words: the default model's word test (tests/integration/test_default_model.py)
       chromium)  # headless, for the chat page test (tests/integration/test_chat_page.py)

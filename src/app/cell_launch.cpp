@@ -6,6 +6,8 @@
 #include <string>
 #include <utility>
 
+#include "dist/numa_placement.h"
+
 #ifdef KESTREL_HAVE_MPI
 #include "dist/mpi_communicator.h"
 #endif
@@ -40,6 +42,22 @@ Result<std::unique_ptr<CellLaunch>> open_cell(int64_t ep) {
   return unsupported("--ep " + std::to_string(ep) + ": this kestrel was built without Open MPI "
                      "(scripts/install-deps.sh installs libopenmpi-dev)");
 #endif
+}
+
+Status apply_numa(const Args& a, const CellLaunch* cl, bool quiet) {
+  auto mode = dist::parse_numa_mode(a.str("numa"));
+  if (!mode) return mode.error();
+  if (*mode == dist::NumaMode::kAuto && (cl == nullptr || cl->shard.size < 2)) return Status::ok();
+  auto p = dist::place_on_numa(*mode, cl != nullptr ? dist::local_rank_from_env() : 0);
+  if (!p) return p.error();
+  if (!quiet && (p->bound || *mode == dist::NumaMode::kNode)) {
+    if (cl != nullptr)
+      std::fprintf(stderr, "kestrel: rank %d of %d: %s\n", cl->shard.rank, cl->shard.size, p->describe().c_str());
+    else
+      std::fprintf(stderr, "kestrel: %s\n", p->describe().c_str());
+    std::fflush(stderr);
+  }
+  return Status::ok();
 }
 
 Result<dist::LivenessOptions> liveness_flags(const Args& a) {

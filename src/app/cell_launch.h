@@ -24,6 +24,11 @@ struct CellLaunch {
 // no Open MPI.
 Result<std::unique_ptr<CellLaunch>> open_cell(int64_t ep);
 
+// --numa, right after open_cell and before any thread pool starts or weights are touched: binds this process
+// (in a cell: the rank with its local rank on the host) to a NUMA node, CPUs and memory (dist/numa_placement.h).
+// `auto` binds only ranks of a cell on a host with several nodes. Logs where it bound unless `quiet`.
+Status apply_numa(const Args& a, const CellLaunch* cl, bool quiet);
+
 // --cell-liveness-ms and --cell-deadline-ms (the deadline at least the window).
 Result<dist::LivenessOptions> liveness_flags(const Args& a);
 

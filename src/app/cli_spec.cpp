@@ -12,6 +12,9 @@ const FlagSpec kCellLiveness{"cell-liveness-ms", "N", "1000",
                              "a cell: a rank without a heartbeat this long makes it unhealthy (serve: /health 503)"};
 const FlagSpec kCellDeadline{"cell-deadline-ms", "N", "5000",
                              "a cell: a rank without a heartbeat this long (frozen or gone) ends the cell, status 1"};
+const FlagSpec kNuma{"numa", "off|auto|node", "auto",
+                     "node: bind each rank's CPUs and memory to one NUMA node (round robin); auto: that in a cell on a "
+                     "host with several nodes"};
 const FlagSpec kKvCacheDtype{"kv-cache-dtype", "fp32|bf16|fp8", "fp32",
                              "element type of the MLA latent cache pages (bf16, fp8: smaller, logits not bit-equal to fp32)"};
 }  // namespace
@@ -47,6 +50,7 @@ const std::vector<CommandSpec>& command_specs() {
         kEp,
         kCellLiveness,
         kCellDeadline,
+        kNuma,
         {"no-prefix-cache", "", "", "recompute every prompt (by default cached prompt prefixes are reused)"},
         {"prefix-cache-snapshot-mib", "N", "256", "memory for the prefix cache's KDA state snapshots, MiB"},
         {"prefix-cache-generation-snapshots", "", "",
@@ -121,6 +125,7 @@ const std::vector<CommandSpec>& command_specs() {
         kEp,
         kCellLiveness,
         kCellDeadline,
+        kNuma,
         kQuiet}},
       {"bench",
        "Prefill/decode throughput and peak memory; llama-bench's pp/tg protocol; greedy logits for the gate.",
@@ -137,6 +142,7 @@ const std::vector<CommandSpec>& command_specs() {
         kEp,
         kCellLiveness,
         kCellDeadline,
+        kNuma,
         {"threads", "T", "", "OpenMP threads (default: OMP_NUM_THREADS, else every core)"},
         {"pp", "N", "0", "llama-bench protocol: prompt-processing test of N tokens"},
         {"tg", "N", "0", "llama-bench protocol: text-generation test of N tokens"},

@@ -123,6 +123,10 @@ int cmd_generate(const std::vector<std::string>& argv) {
   auto launch = open_cell(*ep);
   if (!launch) return usage_error("generate", launch.error());
   CellLaunch* cl = launch->get();
+  if (Status s = apply_numa(*a, cl, a->has("quiet")); !s.is_ok()) {  // before any thread pool or weight page
+    if (cl != nullptr) cell_exit(*cl, s);
+    return usage_error("generate", s);
+  }
   std::unique_ptr<dist::Liveness> liveness;  // a frozen or lost rank ends the cell at the deadline
   if (cl != nullptr) liveness = open_liveness(*cl, *lo, /*report_health=*/false);
   if (cl != nullptr && cl->shard.rank != 0) {  // a follower: rank 0 resolves (and maybe generates) the model first

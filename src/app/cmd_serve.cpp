@@ -162,6 +162,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
   auto launch = open_cell(*ep);
   if (!launch) return usage_error("serve", launch.error());
   CellLaunch* cl = launch->get();
+  if (Status s = apply_numa(*a, cl, a->has("quiet")); !s.is_ok()) {  // before any thread pool or weight page
+    if (cl != nullptr) cell_exit(*cl, s);
+    return usage_error("serve", s);
+  }
   std::unique_ptr<dist::Liveness> liveness;
   if (cl != nullptr) liveness = open_liveness(*cl, *lo, /*report_health=*/true);
   if (cl != nullptr && cl->shard.rank != 0) return serve_follower(*cl, *a, *kv, *liveness);

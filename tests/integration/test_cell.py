@@ -2,7 +2,8 @@
 tiny K3, K3 with DSA layers, Kimi Linear, DeepSeek V3 and V3.2 models at EP 2 and 4; every rank binds the
 replicated weights plus about 1/E of the routed-expert bytes; flag errors; and a SIGKILLed rank ends the cell
 non-zero within 10 s, mpirun naming the rank, with no rank process left behind; a SIGSTOPped (frozen) rank, rank 0
-included, ends the cell non-zero at the liveness deadline instead of hanging it."""
+included, ends the cell non-zero at the liveness deadline instead of hanging it; `--numa node` binds each rank and
+changes no result."""
 import json
 import os
 import shutil
@@ -209,3 +210,29 @@ def test_sigstop_of_a_rank_ends_the_cell_at_the_liveness_deadline(models, frozen
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+
+
+def test_numa_node_binds_every_rank_and_changes_no_result(models):
+    """`--numa node`: each rank binds to its host's node (round robin of local ranks; on a one-node host node 0
+    for both) and says so; the tokens and logits are the unbound cell's. A bad mode is a usage error."""
+    model = models["k3-tiny"]
+    want = generate(model, 2, "--top-logits", "5")
+    cmd = [MPIEXEC, "-np", "2", *MPI_FLAGS, BINARY, "generate", model, "--prompt-ids", PROMPT, "--max-tokens", "12",
+           "--ignore-eos", "--json", "--chunk", "7", "--top-logits", "5", "--ep", "2", "--numa", "node"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["tokens"] == want["tokens"] and got["top_logits"] == want["top_logits"]
+    def has_memory(node):  # "Node 0 MemTotal:  24576000 kB"
+        with open(f"/sys/devices/system/node/node{node}/meminfo") as f:
+            return any(l.split()[2] == "MemTotal:" and int(l.split()[3]) > 0 for l in f if len(l.split()) > 3)
+    nodes = sorted(n for n in (int(d[4:]) for d in os.listdir("/sys/devices/system/node")
+                               if d.startswith("node") and d[4:].isdigit()) if has_memory(n))
+    for rank in (0, 1):
+        line = next((l for l in r.stderr.splitlines() if l.startswith(f"kestrel: rank {rank} of 2: NUMA node")), None)
+        assert line is not None, r.stderr
+        assert line.startswith(f"kestrel: rank {rank} of 2: NUMA node {nodes[rank % len(nodes)]} of {len(nodes)} "), line
+        assert line.endswith("memory bound"), line
+    bad = subprocess.run([BINARY, "generate", model, "--prompt-ids", "1,2", "--numa", "socket"], capture_output=True,
+                         text=True, env=ENV, timeout=60)
+    assert bad.returncode == 2 and "--numa must be off, auto or node" in bad.stderr, bad.stderr

@@ -107,6 +107,7 @@ def test_unknown_flag_names_the_closest(args, wanted):
     (["serve", "--cell-liveness-ms", "2000", "--cell-deadline-ms", "1000"],
      b"--cell-deadline-ms must be at least --cell-liveness-ms"),
     (["serve", "--cell-liveness-ms", "5"], b"--cell-liveness-ms must be in 10..3600000"),
+    (["serve", "--numa", "socket"], b"--numa must be off, auto or node"),
     (["serve", "a", "b"], b"unexpected argument 'b'"),
     (["serve", "DIR", "--model", "DIR2"], b"the model is given twice"),
     (["serve", "--model", "DIR2", "DIR"], b"the model is given twice"),

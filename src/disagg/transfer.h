@@ -62,9 +62,10 @@ class IncomingTransfer {
 
   // kCreated → kAdvertised: leases the ranges and sends their addresses and rkeys to the peer.
   Status advertise(Deadline deadline);
-  // kAdvertised → kCompleted, or kFailed with the reason returned (kCorrupt for a size or checksum mismatch,
-  // kUnavailable for a lost, silent or failing peer or a missed deadline). When the endpoint knows its peer's
-  // instance id, `silence` applies and only that peer's completion counts.
+  // kAdvertised → kCompleted, or kFailed with the reason returned (kCorrupt for a size or checksum mismatch, a
+  // segment out of order, or one that does not match; kUnavailable for a lost, silent or failing peer or a missed
+  // deadline). Segments are verified as they arrive. When the endpoint knows its peer's instance id, `silence`
+  // applies and only that peer's segments and completion count.
   Status wait(Deadline deadline, std::chrono::milliseconds silence);
   // The non-blocking form of wait() for a caller that drives the worker itself (many transfers on one thread):
   // nullopt while nothing has happened yet (no completion, the peer neither failed nor silent, the deadline not

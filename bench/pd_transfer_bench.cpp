@@ -2,7 +2,7 @@
 // processes (fork: the child is the prefill side, the parent the decode side) over the transports UCX_TLS names
 // (tcp: loopback TCP; shm: shared memory), on the same pair of endpoints, so the same lanes carry every row.
 //   pd_transfer_bench MODEL_DIR [--tokens 4096] [--page-tokens 64] [--kv-cache-dtype fp32|bf16|fp8] [--reps 7]
-//                     [--scatter] [--json]
+//                     [--segment-kib 2048] [--scatter] [--json]
 // MODEL_DIR: a checkpoint directory (only its config.json is read). The request is a prompt of --tokens tokens in
 // real CachePools of that model's geometry (pd::handoff_layout: MLA pages per block, DSA indexer pages, KDA conv +
 // recurrent state of every KDA layer, the first-token record). --scatter takes the decode side's pages in a random
@@ -12,8 +12,11 @@
 //   link, 1 MiB puts   the same payload as 1 MiB puts, then the flush
 //   hand-off puts      disagg::put_and_flush over the request's ranges (the data plane alone), prefill side
 //   hand-off           the transfer as the decode side sees it, destinations advertised → completion verified:
-//                      OutgoingTransfer::run (checksum of the sources, puts, flush, completion message) and
-//                      IncomingTransfer (checksum of the landed bytes); what a hand-off costs a request
+//                      OutgoingTransfer::run in segments of --segment-kib (puts, checksum of the segment's sources,
+//                      flush, segment message; the completion) and IncomingTransfer (each segment's landed bytes
+//                      verified as it is announced); what a hand-off costs a request
+//   hand-off, 1 segment  the same with the whole payload as one segment (every check after the last put: the
+//                      serial form, for comparison)
 //   checksum           disagg::Checksum over the payload, one core, in process
 // ratio = row / the faster link row.
 #include <poll.h>
@@ -59,6 +62,7 @@ struct Options {
   int64_t tokens = 4096, page_tokens = 64;
   KvCacheDtype kv = KvCacheDtype::kF32;
   int reps = 7;
+  size_t segment_bytes = disagg::kDefaultSegmentBytes;
   bool scatter = false, json = false;
 };
 
@@ -257,19 +261,19 @@ int prefill_main(const CacheGeometry& g, const Options& o, Pipe pipe) {
   for (;;) {
     const std::string cmd = pipe.receive(worker.get());
     int n = 0;
-    unsigned long long piece = 0;
+    unsigned long long piece = 0, segment = 0;
     if (cmd == "quit") break;
     if (cmd == "lanes") {
       pipe.send(join(ep->transports()));
     } else if (std::sscanf(cmd.c_str(), "raw %llu", &piece) == 1) {
       const double s = raw_put_loop(*ep, raw.data(), raw.size(), raw_remote, raw_key.handle(), piece);
       pipe.send("ok " + std::to_string(s));
-    } else if (std::sscanf(cmd.c_str(), "full %d", &n) == 1) {
+    } else if (std::sscanf(cmd.c_str(), "full %d %llu", &n, &segment) == 2) {
       uint64_t sender = 0;
       auto dst = must(disagg::wait_destinations(*worker, transfer_id(n), Deadline::after(milliseconds(10000)), &sender),
                       "destinations");
       last = dst;
-      disagg::OutgoingTransfer out(transfer_id(n), *ep, std::move(dst), sources);
+      disagg::OutgoingTransfer out(transfer_id(n), *ep, std::move(dst), sources, segment);
       const auto t0 = Clock::now();
       must(out.run(Deadline::after(milliseconds(30000))), "transfer");
       pipe.send("ok " + std::to_string(std::chrono::duration<double>(Clock::now() - t0).count()));
@@ -337,24 +341,32 @@ int decode_main(const CacheGeometry& g, const Options& o, Pipe pipe, pid_t child
             std::to_string(raw_region->address(0)) + " " + to_hex(raw_region->packed_rkey()));
 
   disagg::RegionRegistry registry;
-  Row link1{"link, 1 put", {}}, link_mib{"link, 1 MiB puts", {}}, puts{"hand-off puts", {}}, full{"hand-off", {}};
+  Row link1{"link, 1 put", {}}, link_mib{"link, 1 MiB puts", {}}, puts{"hand-off puts", {}}, full{"hand-off", {}},
+      whole{"hand-off, 1 segment", {}};
+  // The decode side of one hand-off (its prefill told to go with `segment` bytes per segment): seconds.
   int n = 0;
+  auto hand_off = [&](size_t segment) {
+    pipe.send("full " + std::to_string(n) + " " + std::to_string(segment));
+    disagg::IncomingTransfer in(transfer_id(n++), *ep, registry, ranges);
+    const auto t0 = Clock::now();
+    must(in.advertise(Deadline::after(milliseconds(10000))), "advertise");
+    must(in.wait(Deadline::after(milliseconds(30000)), milliseconds(5000)), "hand-off");
+    const double t = std::chrono::duration<double>(Clock::now() - t0).count();
+    (void)answer(pipe, *worker);
+    return t;
+  };
   for (int rep = 0; rep <= o.reps; ++rep) {  // rep 0: warm-up (connection wire-up, first touch of the pages)
     pipe.send("raw " + std::to_string(req.bytes));
     const double a = answer(pipe, *worker);
     pipe.send("raw " + std::to_string(1 << 20));
     const double b = answer(pipe, *worker);
-    pipe.send("full " + std::to_string(n));
-    disagg::IncomingTransfer in(transfer_id(n), *ep, registry, ranges);
-    const auto t0 = Clock::now();
-    must(in.advertise(Deadline::after(milliseconds(10000))), "advertise");
-    must(in.wait(Deadline::after(milliseconds(30000)), milliseconds(5000)), "hand-off");
-    const double c = std::chrono::duration<double>(Clock::now() - t0).count();
-    (void)answer(pipe, *worker);
+    const double c = hand_off(o.segment_bytes);
+    const double e = hand_off(req.bytes);
     pipe.send("puts " + std::to_string(n++));
     const double d = answer(pipe, *worker);
     if (rep == 0) continue;
     link1.seconds.push_back(a), link_mib.seconds.push_back(b), full.seconds.push_back(c), puts.seconds.push_back(d);
+    whole.seconds.push_back(e);
   }
   pipe.send("lanes");
   const std::string prefill_lanes = pipe.receive(worker.get());
@@ -385,16 +397,16 @@ int decode_main(const CacheGeometry& g, const Options& o, Pipe pipe, pid_t child
   const size_t bytes = req.bytes;
   const double lim = std::max(link1.best_gbs(bytes), link_mib.best_gbs(bytes));
   const double lim_med = std::max(link1.median_gbs(bytes), link_mib.median_gbs(bytes));
-  const Row* rows[] = {&link1, &link_mib, &puts, &full, &sum_row};
+  const Row* rows[] = {&link1, &link_mib, &puts, &full, &whole, &sum_row};
   double load[1] = {0};
   (void)getloadavg(load, 1);  // the machine may be shared: the 1-minute load average goes with the numbers
   if (o.json) {
     std::printf("{\"bench\": \"pd_transfer_bench\", \"loadavg_1m\": %.2f, \"ucx_tls\": \"%s\", \"model\": \"%s\", \"tokens\": %lld, "
-                "\"page_tokens\": %lld, \"kv_cache_dtype\": \"%s\", \"scatter\": %s, \"payload_bytes\": %zu, "
+                "\"page_tokens\": %lld, \"kv_cache_dtype\": \"%s\", \"scatter\": %s, \"segment_bytes\": %zu, \"payload_bytes\": %zu, "
                 "\"ranges\": %zu, \"reps\": %d, \"lanes\": {\"prefill\": \"%s\", \"decode\": \"%s\"}, \"rows\": [",
                 load[0], tls ? tls : "", std::filesystem::path(o.model).filename().c_str(), static_cast<long long>(o.tokens),
                 static_cast<long long>(o.page_tokens), std::string(kv_cache_dtype_name(o.kv)).c_str(),
-                o.scatter ? "true" : "false", bytes, ranges.size(), o.reps, prefill_lanes.c_str(), decode_lanes.c_str());
+                o.scatter ? "true" : "false", o.segment_bytes, bytes, ranges.size(), o.reps, prefill_lanes.c_str(), decode_lanes.c_str());
     for (size_t i = 0; i < std::size(rows); ++i) {
       const Row& r = *rows[i];
       std::printf("%s{\"name\": \"%s\", \"best_gbs\": %.4f, \"median_gbs\": %.4f, \"ratio_best\": %.4f, "
@@ -406,15 +418,15 @@ int decode_main(const CacheGeometry& g, const Options& o, Pipe pipe, pid_t child
     }
     std::printf("]}\n");
   } else {
-    std::printf("UCX_TLS=%s  %s, %lld tokens, page %lld, %s%s: %zu bytes in %zu ranges; lanes prefill %s, decode %s; "
-                "load %.2f\n",
+    std::printf("UCX_TLS=%s  %s, %lld tokens, page %lld, %s%s, segments of %zu KiB: %zu bytes in %zu ranges; lanes "
+                "prefill %s, decode %s; load %.2f\n",
                 tls ? tls : "", std::filesystem::path(o.model).filename().c_str(), static_cast<long long>(o.tokens),
                 static_cast<long long>(o.page_tokens), std::string(kv_cache_dtype_name(o.kv)).c_str(),
-                o.scatter ? ", scattered pages" : "", bytes, ranges.size(), prefill_lanes.c_str(), decode_lanes.c_str(),
+                o.scatter ? ", scattered pages" : "", o.segment_bytes >> 10, bytes, ranges.size(), prefill_lanes.c_str(), decode_lanes.c_str(),
                 load[0]);
-    std::printf("%-18s %10s %10s %12s\n", "row", "best GB/s", "med GB/s", "best / link");
+    std::printf("%-20s %10s %10s %12s\n", "row", "best GB/s", "med GB/s", "best / link");
     for (const Row* r : rows)
-      std::printf("%-18s %10.3f %10.3f %11.0f%%\n", r->name.c_str(), r->best_gbs(bytes), r->median_gbs(bytes),
+      std::printf("%-20s %10.3f %10.3f %11.0f%%\n", r->name.c_str(), r->best_gbs(bytes), r->median_gbs(bytes),
                   100 * r->best_gbs(bytes) / lim);
   }
   return 0;
@@ -435,14 +447,16 @@ Options parse(int argc, char** argv) {
       auto d = parse_kv_cache_dtype(next());
       if (!d) die("--kv-cache-dtype: fp32, bf16 or fp8");
       o.kv = *d;
-    } else if (a == "--scatter") o.scatter = true;
+    } else if (a == "--segment-kib") o.segment_bytes = std::stoull(next()) << 10;
+    else if (a == "--scatter") o.scatter = true;
     else if (a == "--json") o.json = true;
     else if (!a.empty() && a[0] != '-' && o.model.empty()) o.model = a;
     else die("unknown argument " + a);
   }
   if (o.model.empty()) die("usage: pd_transfer_bench MODEL_DIR [--tokens N] [--page-tokens N] [--kv-cache-dtype D] "
-                           "[--reps N] [--scatter] [--json]");
-  if (o.tokens < 1 || o.page_tokens < 1 || o.reps < 1) die("--tokens, --page-tokens and --reps must be positive");
+                           "[--reps N] [--segment-kib N] [--scatter] [--json]");
+  if (o.tokens < 1 || o.page_tokens < 1 || o.reps < 1 || o.segment_bytes == 0)
+    die("--tokens, --page-tokens, --reps and --segment-kib must be positive");
   return o;
 }
 

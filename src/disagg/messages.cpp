@@ -4,11 +4,13 @@
 
 #include <string>
 
+#include "disagg/checksum.h"
+
 namespace kestrel::disagg {
 namespace {
 
 constexpr uint32_t kMagic = 0x4753444b;  // "KDSG" little-endian
-constexpr uint16_t kVersion = 2;  // 2: the completion checksum is XXH3-64 (1: FNV-1a)
+constexpr uint16_t kVersion = 3;  // 3: per-segment checksums (2: one XXH3-64 in the completion; 1: FNV-1a)
 constexpr size_t kHeaderBytes = 4 + 2 + 2 + 8 + 4 + 8;
 
 class Writer {
@@ -90,13 +92,33 @@ std::vector<std::byte> encode_destinations(uint64_t sender, uint64_t transfer_id
   return w.take();
 }
 
+std::vector<std::byte> encode_segment(uint64_t sender, uint64_t transfer_id, const Segment& s) {
+  Writer w = header(MessageKind::kSegment, sender, transfer_id);
+  w.u32(s.index);
+  w.u64(s.offset);
+  w.u64(s.length);
+  w.u64(s.checksum);
+  return w.take();
+}
+
 std::vector<std::byte> encode_completion(uint64_t sender, uint64_t transfer_id, const Completion& c) {
   Writer w = header(MessageKind::kCompletion, sender, transfer_id);
   w.u32(c.status);
   w.u32(c.ranges);
   w.u64(c.bytes);
+  w.u32(c.segments);
   w.u64(c.checksum);
   return w.take();
+}
+
+void SegmentDigest::add(uint64_t segment_checksum) {
+  for (int i = 0; i < 8; ++i) bytes_.push_back(static_cast<std::byte>(segment_checksum >> (8 * i)));
+}
+
+uint64_t SegmentDigest::value() const {
+  Checksum c;
+  c.update(bytes_);
+  return c.value();
 }
 
 Result<MessageHeader> decode_header(std::span<const std::byte> message, std::span<const std::byte>* body) {
@@ -143,13 +165,27 @@ Result<Destinations> decode_destinations(std::span<const std::byte> body) {
   return d;
 }
 
+Result<Segment> decode_segment(std::span<const std::byte> body) {
+  Reader r(body);
+  Segment s;
+  if (body.size() != 28) return bad("segment: " + std::to_string(body.size()) + " body bytes, expected 28");
+  r.u32(s.index);
+  r.u64(s.offset);
+  r.u64(s.length);
+  r.u64(s.checksum);
+  if (s.length == 0) return bad("segment: empty");
+  if (s.offset + s.length < s.offset) return bad("segment: wraps around");
+  return s;
+}
+
 Result<Completion> decode_completion(std::span<const std::byte> body) {
   Reader r(body);
   Completion c;
-  if (body.size() != 24) return bad("completion: " + std::to_string(body.size()) + " body bytes, expected 24");
+  if (body.size() != 28) return bad("completion: " + std::to_string(body.size()) + " body bytes, expected 28");
   r.u32(c.status);
   r.u32(c.ranges);
   r.u64(c.bytes);
+  r.u32(c.segments);
   r.u64(c.checksum);
   return c;
 }

@@ -5,10 +5,18 @@
 //
 //   kDestinations (decode → prefill): u32 rkey count, per rkey (u32 length, bytes); u32 range count, per range
 //                 (u64 remote address, u64 length, u32 rkey index)
-//   kCompletion   (prefill → decode, after the puts are flushed): u32 status (0 = every range put, else the
+//   kSegment      (prefill → decode, after a segment's puts are flushed): u32 segment index, u64 offset, u64
+//                 length, u64 checksum (checksum.h) of the segment's source bytes. The ranges, laid end to end in
+//                 their order, form one byte stream; segment k covers [offset, offset + length) of it, and the
+//                 segments follow each other in order without gaps, so the receiver verifies each one as soon as
+//                 it is announced, while the next is being written
+//   kCompletion   (prefill → decode, after the last segment): u32 status (0 = every range put, else the
 //                 sender gave up after the destinations arrived, 2 = withdrawn: the sender's request ended before
-//                 any put and none will come, the ranges are free), u32 range count, u64 total bytes, u64 checksum (checksum.h) of the source bytes
+//                 any put and none will come, the ranges are free), u32 range count, u64 total bytes, u32 segment
+//                 count, u64 checksum (checksum.h) of the segments' checksums (each a u64, little-endian, in order)
 //   kHeartbeat    (both ways, periodic): empty body
+//
+// Version 3: segments (version 2 had one checksum of the whole payload in the completion, version 1 FNV-1a).
 #pragma once
 
 #include <cstddef>
@@ -20,8 +28,8 @@
 
 namespace kestrel::disagg {
 
-enum class MessageKind : uint16_t { kDestinations = 1, kCompletion = 2, kHeartbeat = 3 };
-inline constexpr uint16_t kMaxMessageKind = 3;
+enum class MessageKind : uint16_t { kDestinations = 1, kCompletion = 2, kHeartbeat = 3, kSegment = 4 };
+inline constexpr uint16_t kMaxMessageKind = 4;
 
 struct MessageHeader {
   MessageKind kind = MessageKind::kHeartbeat;
@@ -44,12 +52,30 @@ struct Destinations {
 inline constexpr uint32_t kCompletionFailed = 1;
 inline constexpr uint32_t kCompletionWithdrawn = 2;
 
+struct Segment {
+  uint32_t index = 0;
+  uint64_t offset = 0;  // into the transfer's byte stream (its ranges end to end)
+  uint64_t length = 0;
+  uint64_t checksum = 0;  // of the source bytes [offset, offset + length)
+};
+
 struct Completion {
   uint32_t status = 0;  // 0: every range was put and flushed; kCompletionWithdrawn: nothing was put and nothing
                         // will be; otherwise the sender failed and the data is invalid
   uint32_t ranges = 0;
   uint64_t bytes = 0;
-  uint64_t checksum = 0;
+  uint32_t segments = 0;
+  uint64_t checksum = 0;  // of the segments' checksums (segment_digest)
+};
+
+// The completion's checksum: XXH3-64 over the segments' checksums, each as 8 little-endian bytes, in order.
+class SegmentDigest {
+ public:
+  void add(uint64_t segment_checksum);
+  uint64_t value() const;
+
+ private:
+  std::vector<std::byte> bytes_;
 };
 
 // Limits a decoder enforces before allocating anything.
@@ -60,12 +86,14 @@ inline constexpr size_t kMaxRkeyBytes = 64 * 1024;
 // The sender's pid is this process's (getpid()).
 std::vector<std::byte> encode_heartbeat(uint64_t sender);
 std::vector<std::byte> encode_destinations(uint64_t sender, uint64_t transfer_id, const Destinations& d);
+std::vector<std::byte> encode_segment(uint64_t sender, uint64_t transfer_id, const Segment& s);
 std::vector<std::byte> encode_completion(uint64_t sender, uint64_t transfer_id, const Completion& c);
 
 // Splits a message into its header and body; kCorrupt for a bad magic, version, kind or a short buffer.
 Result<MessageHeader> decode_header(std::span<const std::byte> message, std::span<const std::byte>* body);
 // Bodies; kCorrupt for anything truncated, trailing, out of the limits above, or an rkey index out of range.
 Result<Destinations> decode_destinations(std::span<const std::byte> body);
+Result<Segment> decode_segment(std::span<const std::byte> body);  // also kCorrupt for an empty or wrapping segment
 Result<Completion> decode_completion(std::span<const std::byte> body);
 
 }  // namespace kestrel::disagg

@@ -1,5 +1,6 @@
 #include "disagg/put.h"
 
+#include <algorithm>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,7 +20,16 @@ Status fail(Endpoint& ep, Status reason) {
 
 Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRange> ranges, Deadline deadline,
                      std::chrono::milliseconds lease) {
+  return put_and_flush(ep, transfer_id, ranges, Segments{{ranges.size()}, {}, {}}, deadline, lease);
+}
+
+Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRange> ranges, const Segments& segments,
+                     Deadline deadline, std::chrono::milliseconds lease) {
   if (ep.closed() || ep.failed()) return unavailable("disagg: put on a failed or closed endpoint");
+  if (segments.ends.empty() || segments.ends.back() != ranges.size() ||
+      !std::is_sorted(segments.ends.begin(), segments.ends.end())) {
+    return invalid_argument("disagg: segment ends must ascend to the range count");
+  }
   Worker& worker = ep.worker();
   const Clock::time_point started = Clock::now();
   // The peer renews the lease by any message; the call's start counts as one (a full lease to begin with).
@@ -36,7 +46,10 @@ Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRang
   FaultPolicy* faults = worker.faults();
   std::vector<void*> requests;
   std::vector<std::vector<std::byte>> corrupted;  // private copies, alive until the flush completes
-  void* flush = nullptr;
+  // Posted flushes, one per segment, in segment order (null: completed at once); next_flushed: the first segment
+  // whose flush has not been reported.
+  std::vector<void*> flushes;
+  size_t next_flushed = 0;
   auto pending = [&] {
     size_t n = 0;
     for (void*& r : requests) {
@@ -52,6 +65,30 @@ Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRang
     }
     return n;
   };
+  // Reports the segments whose flushes have completed, in order; a failed flush or report fails the endpoint.
+  auto reap_flushes = [&] {
+    while (next_flushed < flushes.size() && !ep.failed()) {
+      void*& f = flushes[next_flushed];
+      if (f != nullptr) {
+        ucs_status_t st = ucp_request_check_status(f);
+        if (st == UCS_INPROGRESS) return;
+        ucp_request_free(f);
+        f = nullptr;
+        if (st != UCS_OK) {
+          ep.mark_failed(ucx_error(st, "ucp_ep_flush_nbx"));
+          return;
+        }
+      }
+      if (segments.flushed) {
+        Status reported = segments.flushed(next_flushed);
+        if (!reported.is_ok()) {
+          ep.mark_failed(reported);
+          return;
+        }
+      }
+      ++next_flushed;
+    }
+  };
   // Marks the endpoint failed and closes it (kUcx: forced, every request completes, cancelled), then releases the
   // requests. A close still in progress (kHeartbeat) may leave a put reading a corrupted copy: the worker keeps it.
   auto abort_with = [&](Status reason) {
@@ -59,14 +96,32 @@ Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRang
     for (void* r : requests) {
       if (r != nullptr) ucp_request_free(r);
     }
-    if (flush != nullptr) ucp_request_free(flush);
+    for (void* f : flushes) {
+      if (f != nullptr) ucp_request_free(f);
+    }
     if (!ep.closed()) {
       for (auto& c : corrupted) worker.keep_until_destroyed(std::move(c));
     }
     return reason;
   };
 
-  for (size_t i = 0; i < ranges.size(); ++i) {
+  size_t segment = 0;
+  for (size_t i = 0; i <= ranges.size(); ++i) {
+    // Segments that end here (an empty one included): posted, then their flush.
+    while (segment < segments.ends.size() && segments.ends[segment] == i) {
+      if (segments.posted) {
+        Status st = segments.posted(segment);
+        if (!st.is_ok()) return abort_with(st);
+      }
+      ucp_request_param_t param{};
+      void* flush = ucp_ep_flush_nbx(ep.handle(), &param);
+      if (UCS_PTR_IS_ERR(flush)) return abort_with(ucx_error(UCS_PTR_STATUS(flush), "ucp_ep_flush_nbx"));
+      flushes.push_back(flush);
+      ++segment;
+      reap_flushes();
+      if (ep.failed()) return abort_with(ep.failure());
+    }
+    if (i == ranges.size()) break;
     const PutRange& r = ranges[i];
     if (r.rkey == nullptr || r.rkey->handle() == nullptr) {
       return abort_with(invalid_argument("disagg: put without rkey"));
@@ -94,33 +149,19 @@ Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRang
     if (request != nullptr) requests.push_back(request);
     worker.progress();
     (void)pending();
+    reap_flushes();
     if (ep.failed()) return abort_with(ep.failure());
     if (lease_expired()) return abort_with(lease_status());
   }
-  ucp_request_param_t param{};
-  flush = ucp_ep_flush_nbx(ep.handle(), &param);
-  if (UCS_PTR_IS_ERR(flush)) {
-    ucs_status_t st = UCS_PTR_STATUS(flush);
-    flush = nullptr;
-    return abort_with(ucx_error(st, "ucp_ep_flush_nbx"));
-  }
-  ucs_status_t flush_status = UCS_OK;
-  auto flushed = [&] {
-    if (flush == nullptr) return true;
-    ucs_status_t st = ucp_request_check_status(flush);
-    if (st == UCS_INPROGRESS) return false;
-    ucp_request_free(flush);
-    flush = nullptr;
-    flush_status = st;
-    return true;
-  };
   bool expired = false;
   Status waited = worker.wait(
-      [&] { return (flushed() && pending() == 0) || ep.failed() || (expired = lease_expired()); }, deadline,
-      "flushing puts");
+      [&] {
+        reap_flushes();
+        return (next_flushed == flushes.size() && pending() == 0) || ep.failed() || (expired = lease_expired());
+      },
+      deadline, "flushing puts");
   if (!waited.is_ok()) return abort_with(waited);
   if (expired) return abort_with(lease_status());
-  if (flush_status != UCS_OK) ep.mark_failed(ucx_error(flush_status, "ucp_ep_flush_nbx"));
   if (ep.failed()) return abort_with(ep.failure());
   return Status::ok();
 }

@@ -1,11 +1,15 @@
 // put_and_flush: one-sided writes of many (local source, remote address, rkey, length) ranges into a peer's
 // registered memory, then an endpoint flush: when it returns Ok every byte is in the peer's memory (remote
-// completion), so a control message sent afterwards on the same endpoint announces finished data.
+// completion), so a control message sent afterwards on the same endpoint announces finished data. Optionally in
+// segments: after a segment's puts are posted an endpoint flush is posted for it (without waiting), and the
+// caller hears when each segment's flush completes (in order) while the next segments' puts go on.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
+#include <vector>
 
 #include "base/result.h"
 #include "disagg/deadline.h"
@@ -33,5 +37,19 @@ struct PutRange {
 // put delayed by the fault policy is checked after the delay, once the worker has progressed).
 Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRange> ranges, Deadline deadline,
                      std::chrono::milliseconds lease = std::chrono::milliseconds(0));
+
+// The ranges cut into consecutive segments: segment k is ranges [ends[k-1], ends[k]) (ends ascending, the last
+// one ranges.size()). posted(k) runs once segment k's puts are posted (its sources may still be read by UCX;
+// they must not change), flushed(k) once every byte of segment k is in the peer's memory; flushed() runs in
+// segment order, always after posted() of the same segment, and a non-Ok status from either fails the call as
+// an endpoint failure would.
+struct Segments {
+  std::vector<size_t> ends;
+  std::function<Status(size_t)> posted, flushed;
+};
+
+// put_and_flush in segments: the same contract, faults (`index` counts puts within the call) and lease.
+Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRange> ranges, const Segments& segments,
+                     Deadline deadline, std::chrono::milliseconds lease = std::chrono::milliseconds(0));
 
 }  // namespace kestrel::disagg

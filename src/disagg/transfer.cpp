@@ -1,5 +1,6 @@
 #include "disagg/transfer.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -25,7 +26,12 @@ const char* to_string(TransferState s) {
 
 IncomingTransfer::IncomingTransfer(uint64_t id, Endpoint& ep, RegionRegistry& registry,
                                    std::vector<DestinationRange> ranges)
-    : id_(id), ep_(ep), registry_(registry), ranges_(std::move(ranges)) {}
+    : id_(id), ep_(ep), registry_(registry), ranges_(std::move(ranges)) {
+  for (const DestinationRange& r : ranges_) {
+    starts_.push_back(total_);
+    total_ += r.length;
+  }
+}
 
 IncomingTransfer::~IncomingTransfer() {
   if (state_ == TransferState::kAdvertised) (void)registry_.fail(id_);
@@ -94,8 +100,20 @@ std::optional<Status> IncomingTransfer::poll(Deadline deadline, std::chrono::mil
 
 std::optional<Status> IncomingTransfer::step(std::chrono::milliseconds silence) {
   Worker& worker = ep_.worker();
-  // Never a stale completion from another peer.
-  if (std::optional<Message> message = worker.take(MessageKind::kCompletion, id_, ep_.peer())) return verify(*message);
+  // Never a stale message from another peer. Segments first: a completion counts only the verified ones.
+  while (std::optional<Message> m = worker.take(MessageKind::kSegment, id_, ep_.peer())) {
+    if (std::optional<Status> failed = verify_segment(*m)) return failed;
+  }
+  if (!completion_) {
+    if (std::optional<Message> m = worker.take(MessageKind::kCompletion, id_, ep_.peer())) {
+      Result<Completion> c = decode_completion(m->body);
+      if (!c) return fail(c.error());
+      completion_ = *c;
+    }
+  }
+  if (completion_) {
+    if (std::optional<Status> outcome = settle()) return outcome;
+  }
   if (ep_.failed()) return fail(ep_.failure());
   if (ep_.peer()) {
     Clock::time_point since = advertised_at_;
@@ -109,30 +127,60 @@ std::optional<Status> IncomingTransfer::step(std::chrono::milliseconds silence) 
   return std::nullopt;
 }
 
-Status IncomingTransfer::verify(const Message& message) {
-  Result<Completion> c = decode_completion(message.body);
-  if (!c) return fail(c.error());
-  if (c->status == kCompletionWithdrawn) {
+std::optional<Status> IncomingTransfer::verify_segment(const Message& message) {
+  const std::string name = "disagg: transfer " + std::to_string(id_) + ": segment ";
+  Result<Segment> s = decode_segment(message.body);
+  if (!s) return fail(s.error());
+  if (s->index != segments_ || s->offset != verified_to_ || s->length > total_ - verified_to_) {
+    return fail(corrupt(name + std::to_string(s->index) + " at " + std::to_string(s->offset) + " (+" +
+                        std::to_string(s->length) + "), expected segment " + std::to_string(segments_) + " at " +
+                        std::to_string(verified_to_) + " of " + std::to_string(total_) + " bytes"));
+  }
+  // The destination bytes of [offset, offset + length): from the range that holds `offset` on.
+  Checksum sum;
+  const uint64_t end = s->offset + s->length;
+  size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), s->offset) - starts_.begin()) - 1;
+  for (uint64_t at = s->offset; at < end; ++i) {
+    const DestinationRange& r = ranges_[i];
+    const uint64_t from = at - starts_[i], n = std::min<uint64_t>(r.length - from, end - at);
+    sum.update({r.region->base() + r.offset + from, n});
+    at += n;
+  }
+  if (sum.value() != s->checksum) return fail(corrupt(name + std::to_string(s->index) + ": checksum mismatch"));
+  digest_.add(s->checksum);
+  ++segments_;
+  verified_to_ = end;
+  return std::nullopt;
+}
+
+std::optional<Status> IncomingTransfer::settle() {
+  const Completion& c = *completion_;
+  if (c.status == kCompletionWithdrawn) {
+    if (segments_ != 0) {
+      return fail(corrupt("disagg: transfer " + std::to_string(id_) + " withdrawn after " +
+                          std::to_string(segments_) + " segments had landed"));
+    }
     // The sender's word that it never put and never will: the same trust as a completion's.
     Status freed = registry_.complete(id_);
     if (!freed.is_ok()) return fail(freed);
     state_ = TransferState::kWithdrawn;
     return unavailable("disagg: the sender withdrew transfer " + std::to_string(id_) + " before any put");
   }
-  if (c->status != 0) return fail(unavailable("disagg: the sender failed transfer " + std::to_string(id_)));
-  uint64_t bytes = 0;
-  Checksum sum;
-  for (const DestinationRange& r : ranges_) {
-    bytes += r.length;
-    sum.update({r.region->base() + r.offset, r.length});
-  }
-  if (c->ranges != ranges_.size() || c->bytes != bytes) {
+  if (c.status != 0) return fail(unavailable("disagg: the sender failed transfer " + std::to_string(id_)));
+  if (c.ranges != ranges_.size() || c.bytes != total_ || c.segments < segments_) {
     return fail(corrupt("disagg: transfer " + std::to_string(id_) + ": completion reports " +
-                        std::to_string(c->ranges) + " ranges / " + std::to_string(c->bytes) + " bytes, expected " +
-                        std::to_string(ranges_.size()) + " / " + std::to_string(bytes)));
+                        std::to_string(c.ranges) + " ranges / " + std::to_string(c.bytes) + " bytes / " +
+                        std::to_string(c.segments) + " segments, expected " + std::to_string(ranges_.size()) +
+                        " / " + std::to_string(total_) + " / at least the " + std::to_string(segments_) +
+                        " verified"));
   }
-  if (c->checksum != sum.value()) {
-    return fail(corrupt("disagg: transfer " + std::to_string(id_) + ": checksum mismatch"));
+  if (segments_ < c.segments) return std::nullopt;  // announced, not yet here: until the deadline
+  if (verified_to_ != total_) {
+    return fail(corrupt("disagg: transfer " + std::to_string(id_) + ": segments cover " +
+                        std::to_string(verified_to_) + " of " + std::to_string(total_) + " bytes"));
+  }
+  if (c.checksum != digest_.value()) {
+    return fail(corrupt("disagg: transfer " + std::to_string(id_) + ": checksum mismatch (segment digest)"));
   }
   Status done = registry_.complete(id_);
   if (!done.is_ok()) return fail(done);
@@ -158,8 +206,12 @@ Status send_withdrawal(Endpoint& ep, uint64_t id, Deadline deadline) {
 }
 
 OutgoingTransfer::OutgoingTransfer(uint64_t id, Endpoint& ep, Destinations destinations,
-                                   std::vector<std::span<const std::byte>> sources)
-    : id_(id), ep_(ep), destinations_(std::move(destinations)), sources_(std::move(sources)) {}
+                                   std::vector<std::span<const std::byte>> sources, size_t segment_bytes)
+    : id_(id),
+      ep_(ep),
+      destinations_(std::move(destinations)),
+      sources_(std::move(sources)),
+      segment_bytes_(segment_bytes) {}
 
 Status OutgoingTransfer::fail(Status reason, Deadline deadline) {
   state_ = TransferState::kFailed;
@@ -185,9 +237,11 @@ Status OutgoingTransfer::run(Deadline deadline, std::chrono::milliseconds lease)
     if (!k) return fail(k.error(), deadline);
     keys.push_back(std::move(*k));
   }
+  if (segment_bytes_ == 0) return fail(invalid_argument("disagg: segment size 0"), deadline);
+  // The ranges' byte stream cut every segment_bytes_: a range across a boundary becomes two puts.
   std::vector<PutRange> puts;
-  Completion c;
-  Checksum sum;
+  Segments segments;
+  uint64_t at = 0;
   for (size_t i = 0; i < dst.size(); ++i) {
     if (sources_[i].size() != dst[i].length) {
       return fail(invalid_argument("disagg: transfer " + std::to_string(id_) + ": range " + std::to_string(i) +
@@ -195,16 +249,45 @@ Status OutgoingTransfer::run(Deadline deadline, std::chrono::milliseconds lease)
                                    std::to_string(dst[i].length) + " destination bytes"),
                   deadline);
     }
-    puts.push_back({sources_[i].data(), dst[i].address, sources_[i].size(), &keys[dst[i].rkey]});
-    sum.update(sources_[i]);
-    c.bytes += sources_[i].size();
+    size_t done = 0;
+    do {
+      const uint64_t boundary = (at / segment_bytes_ + 1) * segment_bytes_;
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(sources_[i].size() - done, boundary - at));
+      puts.push_back({sources_[i].data() + done, dst[i].address + done, n, &keys[dst[i].rkey]});
+      done += n;
+      at += n;
+      if (at == boundary) segments.ends.push_back(puts.size());
+    } while (done < sources_[i].size());
   }
+  const uint64_t total = at;
+  if (total == 0 || total % segment_bytes_ != 0) segments.ends.push_back(puts.size());
+  else segments.ends.back() = puts.size();  // zero-length ranges after the last boundary
+  Completion c;
   c.ranges = static_cast<uint32_t>(dst.size());
-  c.checksum = sum.value();
+  c.bytes = total;
+  c.segments = total == 0 ? 0 : static_cast<uint32_t>(segments.ends.size());
+  std::vector<uint64_t> sums(segments.ends.size());
+  SegmentDigest digest;
+  // The checksum of a segment's sources right after its puts, while the bytes they read are still in cache.
+  segments.posted = [&](size_t k) {
+    if (total == 0) return Status::ok();  // no segment to announce
+    Checksum sum;
+    for (size_t p = k == 0 ? 0 : segments.ends[k - 1]; p < segments.ends[k]; ++p) sum.update({puts[p].source, puts[p].length});
+    sums[k] = sum.value();
+    digest.add(sums[k]);
+    return Status::ok();
+  };
+  segments.flushed = [&](size_t k) {
+    if (total == 0) return Status::ok();
+    const uint64_t offset = k * segment_bytes_;
+    const Segment s{static_cast<uint32_t>(k), offset, std::min<uint64_t>(segment_bytes_, total - offset), sums[k]};
+    return ep_.send(encode_segment(ep_.worker().instance(), id_, s), MessageKind::kSegment, deadline);
+  };
   state_ = TransferState::kPosted;
-  Status put = put_and_flush(ep_, id_, puts, deadline, lease);
+  Status put = put_and_flush(ep_, id_, puts, segments, deadline, lease);
   keys.clear();  // remote keys go before the endpoint may be closed by the caller
   if (!put.is_ok()) return fail(put, deadline);
+  c.checksum = digest.value();
   state_ = TransferState::kFlushed;
   Status sent = ep_.send(encode_completion(ep_.worker().instance(), id_, c), MessageKind::kCompletion, deadline);
   if (!sent.is_ok()) {

@@ -3,15 +3,25 @@
 //
 //   decode (IncomingTransfer)                         prefill (OutgoingTransfer)
 //   advertise(): lease ranges, send kDestinations ──▶ wait_destinations()
-//                                                     run(): put every range            → kPosted
-//                                                            flush (remote completion)  → kFlushed
-//   wait() ◀──────────── kCompletion (sizes, checksum) ─ send the completion          → kCompleted
-//   verify sizes + checksum of the destination bytes
-//   → kCompleted (ranges free) or kFailed (ranges quarantined until the peer cannot write)
+//                                                     run(): per segment (segment_bytes of the ranges' byte
+//                                                            stream): put its ranges, checksum its sources
+//                                                            (still in cache), post a flush   → kPosted
+//   wait()/poll(): per kSegment, verify its ◀──────── flush of segment k done: kSegment k (offset, length,
+//   destination bytes (while k + 1 is written)        checksum), while segment k + 1 is put
+//                                                     every flush done                  → kFlushed
+//   all segments verified + ◀── kCompletion (sizes, segment count, digest of the segment checksums) → kCompleted
+//   the completion matches → kCompleted (ranges free) or kFailed (ranges quarantined until the peer cannot write)
+//
+// Every byte is verified once, by the segment that covers it, after its flush; the completion confirms that the
+// verified segments are all of them. The receiver's pass over segment k overlaps the sender's copy of k + 1 (on
+// another core), and the sender's checksum reads bytes its put has just read, so a hand-off costs about one copy
+// plus one cached pass, not a copy plus two passes from memory.
 //
 // Every state has a deadline. The decode side also fails when the endpoint reports an error (peer died,
 // connection lost), when the peer has been silent (no message, heartbeats included) for longer than the given
-// limit, or when the sender reports that it gave up. Nothing is ready until the checksum matches.
+// limit, when the sender reports that it gave up, or at once when a segment's checksum does not match (the rest
+// of the transfer lands in quarantined memory). A missing segment announcement fails at the deadline. Nothing is
+// ready until every segment matched and the completion agrees.
 #pragma once
 
 #include <chrono>
@@ -39,6 +49,9 @@ struct DestinationRange {
   size_t length = 0;
 };
 
+// The default segment size of a transfer (bench/pd_transfer_bench, docs/PERFORMANCE.md: 1-4 MiB measured).
+inline constexpr size_t kDefaultSegmentBytes = size_t{2} << 20;
+
 class IncomingTransfer {
  public:
   // `id` is non-zero and unique among this worker's live transfers (the router's bootstrap room).
@@ -49,9 +62,10 @@ class IncomingTransfer {
 
   // kCreated → kAdvertised: leases the ranges and sends their addresses and rkeys to the peer.
   Status advertise(Deadline deadline);
-  // kAdvertised → kCompleted, or kFailed with the reason returned (kCorrupt for a size or checksum mismatch,
-  // kUnavailable for a lost, silent or failing peer or a missed deadline). When the endpoint knows its peer's
-  // instance id, `silence` applies and only that peer's completion counts.
+  // kAdvertised → kCompleted, or kFailed with the reason returned (kCorrupt for a size or checksum mismatch, a
+  // segment out of order, or one that does not match; kUnavailable for a lost, silent or failing peer or a missed
+  // deadline). Segments are verified as they arrive. When the endpoint knows its peer's instance id, `silence`
+  // applies and only that peer's segments and completion count.
   Status wait(Deadline deadline, std::chrono::milliseconds silence);
   // The non-blocking form of wait() for a caller that drives the worker itself (many transfers on one thread):
   // nullopt while nothing has happened yet (no completion, the peer neither failed nor silent, the deadline not
@@ -65,12 +79,21 @@ class IncomingTransfer {
   Status fail(Status reason);
   // One look at the inbox and the peer: nullopt while still waiting, else the outcome.
   std::optional<Status> step(std::chrono::milliseconds silence);
-  Status verify(const Message& completion);
+  // A segment announcement: verified now (nullopt) or the transfer fails (the reason).
+  std::optional<Status> verify_segment(const Message& message);
+  // With the completion in hand: nullopt while announced segments are still to come, else the outcome.
+  std::optional<Status> settle();
 
   uint64_t id_;
   Endpoint& ep_;
   RegionRegistry& registry_;
   std::vector<DestinationRange> ranges_;
+  std::vector<uint64_t> starts_;  // stream offset of each range
+  uint64_t total_ = 0;
+  uint64_t verified_to_ = 0;  // the stream before this offset is verified
+  uint32_t segments_ = 0;     // segments verified
+  SegmentDigest digest_;
+  std::optional<Completion> completion_;
   TransferState state_ = TransferState::kCreated;
   Clock::time_point advertised_at_{};
 };
@@ -84,9 +107,10 @@ Status send_withdrawal(Endpoint& ep, uint64_t id, Deadline deadline);
 
 class OutgoingTransfer {
  public:
-  // sources[i] is written to destinations.ranges[i]; the lengths must match one for one.
+  // sources[i] is written to destinations.ranges[i]; the lengths must match one for one. The byte stream of the
+  // ranges is announced in segments of segment_bytes (the last one shorter; a range may span segments).
   OutgoingTransfer(uint64_t id, Endpoint& ep, Destinations destinations,
-                   std::vector<std::span<const std::byte>> sources);
+                   std::vector<std::span<const std::byte>> sources, size_t segment_bytes = kDefaultSegmentBytes);
 
   // kCreated → kPosted → kFlushed → kCompleted; kFailed on any error. A failure after the destinations arrived
   // (mismatched ranges, a bad rkey, a failed put) is reported to the peer by a completion with a non-zero status
@@ -103,6 +127,7 @@ class OutgoingTransfer {
   Endpoint& ep_;
   Destinations destinations_;
   std::vector<std::span<const std::byte>> sources_;
+  size_t segment_bytes_;
   TransferState state_ = TransferState::kCreated;
 };
 

@@ -1,4 +1,5 @@
-// disagg/ without UCX traffic: the control message format (round trips, every truncation and bad field rejected),
+// disagg/ without UCX traffic: the control message format (round trips, every truncation and bad field rejected,
+// older versions refused),
 // the checksum (XXH3-64 reference vectors; order matters, range boundaries do not), and the region registry's
 // rules (overlap refused, completion releases, failure quarantines until the peer cannot write).
 #include <gtest/gtest.h>
@@ -95,7 +96,7 @@ TEST(DisaggMessages, DestinationsRoundTrip) {
 }
 
 TEST(DisaggMessages, CompletionAndHeartbeatRoundTrip) {
-  Completion c{0, 5, 123456789012ull, 0xdeadbeefcafef00dull};
+  Completion c{0, 5, 123456789012ull, 13, 0xdeadbeefcafef00dull};
   std::vector<std::byte> m = encode_completion(1, 99, c);
   std::span<const std::byte> body;
   Result<MessageHeader> h = decode_header(m, &body);
@@ -106,6 +107,7 @@ TEST(DisaggMessages, CompletionAndHeartbeatRoundTrip) {
   EXPECT_EQ(back->status, 0u);
   EXPECT_EQ(back->ranges, 5u);
   EXPECT_EQ(back->bytes, c.bytes);
+  EXPECT_EQ(back->segments, 13u);
   EXPECT_EQ(back->checksum, c.checksum);
   std::vector<std::byte> hb = encode_heartbeat(3);
   h = decode_header(hb, &body);
@@ -114,10 +116,45 @@ TEST(DisaggMessages, CompletionAndHeartbeatRoundTrip) {
   EXPECT_TRUE(body.empty());
 }
 
+TEST(DisaggMessages, SegmentRoundTrip) {
+  Segment s{7, 0xfffffffff0000000ull, 0x0fffffff, 0x0123456789abcdefull};
+  std::vector<std::byte> m = encode_segment(4, 99, s);
+  std::span<const std::byte> body;
+  Result<MessageHeader> h = decode_header(m, &body);
+  ASSERT_TRUE(h) << h.error().message();
+  EXPECT_EQ(h->kind, MessageKind::kSegment);
+  EXPECT_EQ(h->sender, 4u);
+  EXPECT_EQ(h->transfer_id, 99u);
+  Result<Segment> back = decode_segment(body);
+  ASSERT_TRUE(back) << back.error().message();
+  EXPECT_EQ(back->index, 7u);
+  EXPECT_EQ(back->offset, s.offset);
+  EXPECT_EQ(back->length, s.length);
+  EXPECT_EQ(back->checksum, s.checksum);
+}
+
+// The completion's digest is the checksum of the segment checksums as 8 little-endian bytes each, in order.
+TEST(DisaggMessages, SegmentDigestIsTheChecksumOfTheLittleEndianSums) {
+  SegmentDigest d;
+  d.add(0x0807060504030201ull);
+  d.add(0x100f0e0d0c0b0a09ull);
+  std::vector<std::byte> le;
+  for (int i = 1; i <= 16; ++i) le.push_back(static_cast<std::byte>(i));
+  Checksum c;
+  c.update(le);
+  EXPECT_EQ(d.value(), c.value());
+  SegmentDigest swapped;
+  swapped.add(0x100f0e0d0c0b0a09ull);
+  swapped.add(0x0807060504030201ull);
+  EXPECT_NE(swapped.value(), d.value());
+  EXPECT_EQ(SegmentDigest().value(), Checksum().value());
+}
+
 TEST(DisaggMessages, EveryTruncationIsRejected) {
   std::vector<std::byte> d = encode_destinations(1, 2, sample());
-  std::vector<std::byte> c = encode_completion(1, 2, {0, 1, 2, 3});
-  for (const auto* m : {&d, &c}) {
+  std::vector<std::byte> c = encode_completion(1, 2, {0, 1, 2, 3, 4});
+  std::vector<std::byte> s = encode_segment(1, 2, {0, 0, 4096, 5});
+  for (const auto* m : {&d, &c, &s}) {
     for (size_t n = 0; n < m->size(); ++n) {
       std::span<const std::byte> cut(m->data(), n), body;
       Result<MessageHeader> h = decode_header(cut, &body);
@@ -126,7 +163,8 @@ TEST(DisaggMessages, EveryTruncationIsRejected) {
         continue;
       }
       bool ok = h->kind == MessageKind::kDestinations ? decode_destinations(body).has_value()
-                                                      : decode_completion(body).has_value();
+                : h->kind == MessageKind::kSegment     ? decode_segment(body).has_value()
+                                                       : decode_completion(body).has_value();
       EXPECT_FALSE(ok) << "accepted " << n << " of " << m->size() << " bytes";
     }
   }
@@ -142,13 +180,23 @@ TEST(DisaggMessages, BadFieldsAreRejected) {
   };
   EXPECT_FALSE(decode_header(flipped(0, std::byte{0}), &body));   // magic
   EXPECT_FALSE(decode_header(flipped(4, std::byte{1}), &body));   // version 1 (its checksum was FNV-1a)
-  EXPECT_FALSE(decode_header(flipped(4, std::byte{3}), &body));   // a later version
+  EXPECT_FALSE(decode_header(flipped(4, std::byte{2}), &body));   // version 2 (one checksum, no segments)
+  EXPECT_FALSE(decode_header(flipped(4, std::byte{4}), &body));   // a later version
   EXPECT_FALSE(decode_header(flipped(6, std::byte{0}), &body));   // kind 0
-  EXPECT_FALSE(decode_header(flipped(6, std::byte{4}), &body));   // kind past the last
+  EXPECT_FALSE(decode_header(flipped(6, std::byte{5}), &body));   // kind past the last
   std::vector<std::byte> trailing = m;
   trailing.push_back(std::byte{0});
   ASSERT_TRUE(decode_header(trailing, &body));
   EXPECT_FALSE(decode_completion(body));  // trailing byte
+  for (Segment bad_segment : {Segment{0, 100, 0, 1}, Segment{0, 0xffffffffffffff00ull, 0x200, 1}}) {  // empty, wraps
+    std::vector<std::byte> seg = encode_segment(1, 2, bad_segment);
+    ASSERT_TRUE(decode_header(seg, &body));
+    EXPECT_FALSE(decode_segment(body));
+  }
+  std::vector<std::byte> seg = encode_segment(1, 2, {0, 0, 1, 1});
+  seg.push_back(std::byte{0});
+  ASSERT_TRUE(decode_header(seg, &body));
+  EXPECT_FALSE(decode_segment(body));  // trailing byte
   Destinations bad = sample();
   bad.ranges[1].rkey = 2;  // only two rkeys
   std::vector<std::byte> d = encode_destinations(1, 2, bad);

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <deque>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -20,13 +21,16 @@
 
 namespace kestrel::disagg::testing {
 
-// Faults in the order they are to be applied: put faults by range index, dropped message kinds, and a stall switch.
+// Faults in the order they are to be applied: put faults by put index, dropped message kinds (every message of
+// the kind, or only the n-th, counting from 0), and a stall switch.
 class ScriptedFaults : public FaultPolicy {
  public:
-  std::vector<std::pair<size_t, PutFault>> puts;  // (range index, fault)
+  std::vector<std::pair<size_t, PutFault>> puts;  // (put index, fault)
   std::set<uint16_t> dropped_kinds;
+  std::set<std::pair<uint16_t, size_t>> dropped_nth;  // (kind, n)
   std::atomic<bool> stalled{false};
   size_t puts_seen = 0;
+  std::map<uint16_t, size_t> messages_seen;  // by kind
 
   PutFault on_put(uint64_t, size_t index, size_t) override {
     ++puts_seen;
@@ -35,7 +39,10 @@ class ScriptedFaults : public FaultPolicy {
     }
     return {};
   }
-  bool drop_message(uint16_t kind) override { return dropped_kinds.count(kind) != 0; }
+  bool drop_message(uint16_t kind) override {
+    const size_t n = messages_seen[kind]++;
+    return dropped_kinds.count(kind) != 0 || dropped_nth.count({kind, n}) != 0;
+  }
   bool stall_progress() override { return stalled; }
 };
 

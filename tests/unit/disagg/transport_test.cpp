@@ -96,7 +96,8 @@ class DisaggPair : public ::testing::Test {
         o.prefill = dst.error();
       } else {
         EXPECT_EQ(sender, decode->instance());
-        OutgoingTransfer out(kTransfer, *to_decode, std::move(*dst), prefill_sources ? *prefill_sources : sources());
+        OutgoingTransfer out(kTransfer, *to_decode, std::move(*dst), prefill_sources ? *prefill_sources : sources(),
+                             segment_bytes);
         o.prefill = out.run(Deadline::after(milliseconds(2000)));
         EXPECT_EQ(out.state(), o.prefill.is_ok() ? TransferState::kCompleted : TransferState::kFailed);
       }
@@ -171,6 +172,7 @@ class DisaggPair : public ::testing::Test {
   }
 
   ScriptedFaults faults;
+  size_t segment_bytes = kDefaultSegmentBytes;
   milliseconds prefill_ttl{60000};
   std::unique_ptr<Worker> decode, prefill;
   std::unique_ptr<Endpoint> to_prefill, to_decode;
@@ -244,6 +246,89 @@ TEST_F(DisaggPair, CorruptedByteIsAChecksumMismatch) {
   EXPECT_EQ(registry.counts().quarantined, 1u);
 }
 
+// Segments of 4096 bytes over the 12,686-byte stream of destinations() (4096 | 512 1 3583 | 4096 | 321 77): the
+// puts are r0, r1, r2, r3 cut in three (3583, 4096, 321), r4, seven in all; four segments.
+TEST_F(DisaggPair, SegmentedTransferLandsAndVerifies) {
+  ASSERT_NO_FATAL_FAILURE(connect(false));
+  segment_bytes = 4096;
+  Outcome o = run();
+  ASSERT_TRUE(o.prefill.is_ok()) << o.prefill.message();
+  ASSERT_TRUE(o.decode.is_ok()) << o.decode.message();
+  EXPECT_TRUE(landed());
+  EXPECT_EQ(untouched_bytes(), kPoolBytes - (4096 + 512 + 1 + 8000 + 77));
+  EXPECT_EQ(faults.puts_seen, 7u);
+  EXPECT_EQ(faults.messages_seen[static_cast<uint16_t>(MessageKind::kSegment)], 4u);
+  EXPECT_EQ(registry.counts().completed, 1u);
+}
+
+// Put 4 is bytes [8192, 12288) of the stream: segment 2 of 4. The receiver fails on that segment's checksum.
+TEST_F(DisaggPair, CorruptedByteInAMiddleSegmentFailsTheTransfer) {
+  ASSERT_NO_FATAL_FAILURE(connect(false));
+  segment_bytes = 4096;
+  faults.puts = {{4, {PutFault::Kind::kCorrupt, 100}}};
+  Outcome o = run();
+  EXPECT_TRUE(o.prefill.is_ok()) << o.prefill.message();
+  EXPECT_EQ(o.decode.code(), StatusCode::kCorrupt) << o.decode.message();
+  EXPECT_NE(o.decode.message().find("segment 2: checksum mismatch"), std::string::npos) << o.decode.message();
+  RegistryCounts c = registry.counts();
+  EXPECT_EQ(c.quarantined, 1u);
+  EXPECT_EQ(c.completed, 0u);
+  EXPECT_TRUE(registry.held(pool.data() + 12288, 1));
+}
+
+// Put 6 (r4, 77 bytes) lies in the last segment; without it that segment's bytes do not match.
+TEST_F(DisaggPair, DroppedPutInTheLastSegmentFailsTheTransfer) {
+  ASSERT_NO_FATAL_FAILURE(connect(false));
+  segment_bytes = 4096;
+  faults.puts = {{6, {PutFault::Kind::kDrop}}};
+  Outcome o = run();
+  EXPECT_TRUE(o.prefill.is_ok()) << o.prefill.message();
+  EXPECT_EQ(o.decode.code(), StatusCode::kCorrupt) << o.decode.message();
+  EXPECT_NE(o.decode.message().find("segment 3: checksum mismatch"), std::string::npos) << o.decode.message();
+  EXPECT_FALSE(landed());
+  EXPECT_EQ(registry.counts().quarantined, 1u);
+  EXPECT_EQ(registry.counts().completed, 0u);
+}
+
+// Every byte landed and the completion arrived, but the last segment was never announced, so its bytes were never
+// verified: not ready, failed at the deadline, quarantined.
+TEST_F(DisaggPair, LostLastSegmentNotificationFailsAtTheDeadline) {
+  ASSERT_NO_FATAL_FAILURE(connect(false));
+  segment_bytes = 4096;
+  faults.dropped_nth = {{static_cast<uint16_t>(MessageKind::kSegment), 3}};
+  Outcome o = run(milliseconds(300));
+  EXPECT_TRUE(o.prefill.is_ok()) << o.prefill.message();
+  EXPECT_EQ(o.decode.code(), StatusCode::kUnavailable) << o.decode.message();
+  EXPECT_NE(o.decode.message().find("deadline"), std::string::npos) << o.decode.message();
+  EXPECT_TRUE(landed());
+  EXPECT_EQ(faults.messages_seen[static_cast<uint16_t>(MessageKind::kSegment)], 4u);
+  EXPECT_EQ(registry.counts().quarantined, 1u);
+  EXPECT_EQ(registry.counts().completed, 0u);
+}
+
+// A segment announced twice (a sender out of step) is refused: each offset is verified once, in order.
+TEST_F(DisaggPair, SegmentOutOfOrderIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(connect(false));
+  IncomingTransfer in(kTransfer, *to_prefill, registry, destinations());
+  std::atomic<bool> stop{false};
+  Status sent;
+  std::thread prefill_side([&] {
+    sent = to_decode->send(encode_segment(prefill->instance(), kTransfer, {1, 4096, 512, 0}), MessageKind::kSegment,
+                           Deadline::after(milliseconds(2000)));
+    while (!stop) {
+      if (!prefill->progress()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  ASSERT_TRUE(in.advertise(Deadline::after(milliseconds(1000))).is_ok());
+  Status st = in.wait(Deadline::after(milliseconds(2000)), milliseconds(2000));
+  stop = true;
+  prefill_side.join();
+  EXPECT_TRUE(sent.is_ok()) << sent.message();
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st.message();
+  EXPECT_NE(st.message().find("expected segment 0 at 0"), std::string::npos) << st.message();
+  EXPECT_EQ(registry.counts().quarantined, 1u);
+}
+
 TEST_F(DisaggPair, DelayWithinTheDeadlineStillCompletes) {
   ASSERT_NO_FATAL_FAILURE(connect(false));
   faults.puts = {{2, {PutFault::Kind::kDelay, 0, milliseconds(50)}}};
@@ -278,8 +363,9 @@ TEST_F(DisaggPair, LostCompletionMessageFailsAtTheDeadline) {
 
 TEST_F(DisaggPair, CompletionFromAnotherPeerIsIgnored) {
   ASSERT_NO_FATAL_FAILURE(connect(false));
-  // A third instance (a prefill that served an earlier attempt with the same room, say) sends a completion whose
-  // sizes and checksum match the destination bytes as they are: it must not make the transfer ready.
+  // A third instance (a prefill that served an earlier attempt with the same room, say) sends a segment and a
+  // completion whose sizes and checksums match the destination bytes as they are: they must not make the transfer
+  // ready.
   WorkerOptions o;
   o.instance = 33;
   std::unique_ptr<Worker> other = std::move(Worker::create(o).value());
@@ -300,11 +386,19 @@ TEST_F(DisaggPair, CompletionFromAnotherPeerIsIgnored) {
     c.bytes += d.length;
   }
   c.ranges = static_cast<uint32_t>(destinations().size());
-  c.checksum = sum.value();
+  c.segments = 1;
+  SegmentDigest digest;
+  digest.add(sum.value());
+  c.checksum = digest.value();
+  const Segment whole{0, 0, c.bytes, sum.value()};
   Status sent;
   std::thread other_side([&] {
-    sent = other_ep->send(encode_completion(other->instance(), kTransfer, c), MessageKind::kCompletion,
+    sent = other_ep->send(encode_segment(other->instance(), kTransfer, whole), MessageKind::kSegment,
                           Deadline::after(milliseconds(2000)));
+    if (sent.is_ok()) {
+      sent = other_ep->send(encode_completion(other->instance(), kTransfer, c), MessageKind::kCompletion,
+                            Deadline::after(milliseconds(2000)));
+    }
     while (!stop) {
       if (!other->progress()) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }

@@ -116,7 +116,7 @@ MUTATIONS = {
     "cell_placement_rank0_only": (
         "src/scheduler/scheduler.cpp",
         "  for (size_t r = 0; r < (rank0_only ? 1 : ledgers_.size()); ++r) {",
-        "  for (size_t r = 0; r < 1; ++r) {",
+        "  for (size_t r = 0; r < (rank0_only ? 1 : 1); ++r) {",
         "SchedulerCell",
         "a serving cell places every request on rank 0"),
     "cell_drop_never_sent": (

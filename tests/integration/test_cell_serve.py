@@ -177,7 +177,7 @@ def test_sigkill_of_rank_1_mid_stream_ends_the_stream_and_the_cell():
         pids = rank_pids(cell.proc.pid)
         assert sorted(pids) == [0, 1], pids
         stream = cell.client.chat.completions.create(
-            model="kimi-k3", messages=[{"role": "user", "content": "Go on forever"}], max_tokens=600,
+            model="kimi-k3", messages=[{"role": "user", "content": "Go on forever"}], max_tokens=1600,
             temperature=0, stream=True, extra_body={"ignore_eos": True})
         chunks, killed, ended_by = 0, None, None
         try:

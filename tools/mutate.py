@@ -105,6 +105,26 @@ MUTATIONS = {
         "        add_weighted(acc_.data() + t * in_, ep_ret_recv_.data() + row * static_cast<size_t>(in_), w_[s], in_);",
         "CellFake.*ep[24]",
         "a cell drops each token's highest-id expert when another rank owns it"),
+    "cell_follower_state_reset": (
+        "src/runtime/cell.cpp",
+        "  mine_.push_back(SeqRun{r.ids.data(), static_cast<int64_t>(r.ids.size()), &p.st, false});",
+        "  Pooled& q = pooled_[-1 - r.seq];\n"
+        "  q.st = model_.new_sequence(kv_);\n"
+        "  mine_.push_back(SeqRun{r.ids.data(), static_cast<int64_t>(r.ids.size()), &q.st, false});",
+        "SchedulerCell",
+        "a serving cell's follower runs every step over a fresh state instead of its sequence's own"),
+    "cell_placement_rank0_only": (
+        "src/scheduler/scheduler.cpp",
+        "  for (size_t r = 0; r < (rank0_only ? 1 : ledgers_.size()); ++r) {",
+        "  for (size_t r = 0; r < (rank0_only ? 1 : 1); ++r) {",
+        "SchedulerCell",
+        "a serving cell places every request on rank 0"),
+    "cell_drop_never_sent": (
+        "src/scheduler/scheduler.cpp",
+        "    if (s.rank != 0 && !s.fresh) cell_runs_.push_back(",
+        "    if (false) cell_runs_.push_back(",
+        "SchedulerCell",
+        "a serving cell never tells a rank to free a finished sequence's slot and pages"),
     "ep_owner_off_by_one": (
         "src/layers/expert_shard.h",
         "  int owner(int64_t e, int64_t num_experts) const { return dist::expert_owner(e, num_experts, size); }",

@@ -68,15 +68,22 @@ void report_redis(const PrefixCacheConfig& c) {
     std::fprintf(stderr, "kestrel serve: the prefix cache's Redis tier does not answer (%s); serving without it until it does\n",
                  st.message().c_str());
 }
-// A rank other than 0: loads its experts, runs rank 0's steps until rank 0 stops, exits 0.
-int serve_follower(CellLaunch& c, const Args& a, KvCacheDtype kv, dist::Liveness& liveness) {
+// A rank other than 0: loads its experts, owns cache pools like rank 0's (rank 0's scheduler places sequences
+// in them), runs rank 0's steps until rank 0 stops, exits 0.
+int serve_follower(CellLaunch& c, const Args& a, const CachePoolConfig& pc, dist::Liveness& liveness) {
   if (Status s = c.comm->barrier(); !s.is_ok()) cell_exit(c, s);  // rank 0 resolved (maybe generated) the model
   int rc = 0;
   const std::string dir = resolve_model_or_default(a.str("model"), false, rc, a.str("preset"));
   if (rc) cell_exit(c, invalid_argument("no model"));
   auto eng = Engine::load(dir, &c.shard);
   if (!eng) cell_exit(c, eng.error());
-  Cell cell((*eng)->model(), *c.comm, {}, kv);
+  auto pools = CachePools::create((*eng)->model().cache_geometry(), pc);
+  if (!pools) cell_exit(c, pools.error());
+  std::fprintf(stderr, "kestrel serve: rank %d of %d: cache pools %lld bytes (%d KDA slots, %lld pages of %lld tokens)\n",
+               c.shard.rank, c.shard.size, static_cast<long long>((*pools)->arena_bytes()), (*pools)->num_slots(),
+               static_cast<long long>((*pools)->num_blocks()), static_cast<long long>((*pools)->page_tokens()));
+  Cell cell((*eng)->model(), *c.comm, {}, pc.kv_dtype);
+  cell.hold_in(**pools);
   if (Status s = cell.follow(); !s.is_ok()) cell_exit(c, s);
   liveness.expect_exit();  // rank 0 is stopping too: its connection closes any moment now
   std::fprintf(stderr, "kestrel serve: rank %d of %d: stopped\n", c.shard.rank, c.shard.size);
@@ -168,7 +175,13 @@ int cmd_serve(const std::vector<std::string>& argv) {
   }
   std::unique_ptr<dist::Liveness> liveness;
   if (cl != nullptr) liveness = open_liveness(*cl, *lo, /*report_health=*/true);
-  if (cl != nullptr && cl->shard.rank != 0) return serve_follower(*cl, *a, *kv, *liveness);
+  SchedulerConfig sc;  // the cache pools' part first: a cell's other ranks build the same pools
+  sc.max_context = static_cast<int>(ctx);
+  sc.cache.budget_bytes = cache_mib << 20;
+  sc.cache.max_slots = static_cast<int>(max_running);
+  sc.cache.page_tokens = page;
+  sc.cache.kv_dtype = *kv;
+  if (cl != nullptr && cl->shard.rank != 0) return serve_follower(*cl, *a, Scheduler::pool_config(sc), *liveness);
   // From here on an error on rank 0 of a cell ends the cell.
   auto fail = [&](const Status& s) {
     if (cl != nullptr) cell_exit(*cl, s);
@@ -185,15 +198,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
   auto eng = Engine::load(dir, cl != nullptr ? &cl->shard : nullptr);
   if (!eng) return fail(eng.error());
   print_load_notes(**eng, dir, !a->has("quiet"));
-  SchedulerConfig sc;
   sc.max_waiting = static_cast<int>(max_waiting);
   sc.max_batch_tokens = batch;
   sc.prefill_chunk = std::min(chunk, batch);
-  sc.max_context = static_cast<int>(ctx);
-  sc.cache.budget_bytes = cache_mib << 20;
-  sc.cache.max_slots = static_cast<int>(max_running);
-  sc.cache.page_tokens = page;
-  sc.cache.kv_dtype = *kv;
   sc.prefix_cache = !a->has("no-prefix-cache");
   sc.prefix.snapshot_budget_bytes = snapshot_mib << 20;
   sc.prefix.generation_snapshots = a->has("prefix-cache-generation-snapshots");
@@ -211,11 +218,19 @@ int cmd_serve(const std::vector<std::string>& argv) {
     sc.cache_fingerprint = *fp;
   }
   if (sc.prefix_cache && !redis.host.empty()) report_redis(sc.prefix);
-  // In a cell every scheduler step is a cell step: the requests' caches live on rank 0, the experts everywhere.
+  // In a cell every scheduler step is a cell step: each request's caches live on the rank it is placed on (rank 0's
+  // prefix cache serves rank 0's requests), the experts everywhere.
   std::optional<Cell> cell;
   if (cl != nullptr) cell.emplace((*eng)->model(), *cl->comm, ForwardOptions{}, *kv);
   auto sched = Scheduler::create(**eng, sc, cell ? &*cell : nullptr);
   if (!sched) return fail(sched.error());
+  if (cl != nullptr) {  // printed even with --quiet: the cell's memory layout
+    const ServiceStats st = (*sched)->stats();
+    std::fprintf(stderr, "kestrel serve: cell of %d ranks, data-parallel attention: each rank's cache pools %lld bytes "
+                 "(%lld KDA slots, %lld pages each); the prefix cache serves rank 0's requests\n", cl->shard.size,
+                 static_cast<long long>(st.rank_cache_bytes), static_cast<long long>(st.state_slots_total / cl->shard.size),
+                 static_cast<long long>(st.kv_blocks_total / cl->shard.size));
+  }
   // Prefill / decode roles: the hand-off service in front of the scheduler (destroyed before it).
   const std::string role = a->str("role");
   if (role != "both" && role != "prefill" && role != "decode")

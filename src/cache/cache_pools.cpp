@@ -8,6 +8,14 @@
 namespace kestrel {
 
 Result<std::unique_ptr<CachePools>> CachePools::create(const CacheGeometry& g, const CachePoolConfig& c) {
+  return make(g, c, false);
+}
+
+Result<std::unique_ptr<CachePools>> CachePools::create_ledger(const CacheGeometry& g, const CachePoolConfig& c) {
+  return make(g, c, true);
+}
+
+Result<std::unique_ptr<CachePools>> CachePools::make(const CacheGeometry& g, const CachePoolConfig& c, bool ledger) {
   if (c.page_tokens <= 0 || c.max_slots <= 0) return invalid_argument("cache: page size and slots must be positive");
   auto p = std::unique_ptr<CachePools>(new CachePools(g, c));
   const int64_t slot_bytes = g.slot_floats() * 4;
@@ -20,16 +28,18 @@ Result<std::unique_ptr<CachePools>> CachePools::create(const CacheGeometry& g, c
                             " KiB each); raise --cache-mib or lower --max-running");
   const int64_t blocks = (c.budget_bytes - slots_bytes) / p->block_bytes();
   if (blocks < 1) return invalid_argument("cache: budget leaves no room for MLA pages");
-  // Default-initialised (new float[n], not make_unique): pages are touched only when used, so the
-  // resident size follows the load, not the budget. Slots are zeroed on acquire.
-  p->slot_mem_.reset(new float[static_cast<size_t>(std::max<int64_t>(1, g.slot_floats() * c.max_slots))]);
-  p->block_mem_.reset(new uint8_t[static_cast<size_t>(blocks * p->mla_block_bytes_)]);
-  if (p->index_block_bytes_ > 0) p->index_mem_.reset(new uint8_t[static_cast<size_t>(blocks * p->index_block_bytes_)]);
+  p->ledger_ = ledger;
   p->slot_used_.assign(static_cast<size_t>(c.max_slots), false);
   for (int i = c.max_slots - 1; i >= 0; --i) p->free_slots_.push_back(i);
   p->refs_.assign(static_cast<size_t>(blocks), 0);
   p->free_blocks_.reserve(static_cast<size_t>(blocks));
   for (int64_t b = blocks - 1; b >= 0; --b) p->free_blocks_.push_back(static_cast<int32_t>(b));
+  if (ledger) return p;
+  // Default-initialised (new float[n], not make_unique): pages are touched only when used, so the
+  // resident size follows the load, not the budget. Slots are zeroed on acquire.
+  p->slot_mem_.reset(new float[static_cast<size_t>(std::max<int64_t>(1, g.slot_floats() * c.max_slots))]);
+  p->block_mem_.reset(new uint8_t[static_cast<size_t>(blocks * p->mla_block_bytes_)]);
+  if (p->index_block_bytes_ > 0) p->index_mem_.reset(new uint8_t[static_cast<size_t>(blocks * p->index_block_bytes_)]);
   return p;
 }
 
@@ -38,10 +48,25 @@ std::optional<int> CachePools::acquire_slot(SequenceState& s) {
   const int slot = free_slots_.back();
   free_slots_.pop_back();
   slot_used_[static_cast<size_t>(slot)] = true;
-  const size_t layers = static_cast<size_t>(std::max(geom_.kda_layers.empty() ? 0 : geom_.kda_layers.back() + 1,
-                                                      geom_.mla_layers.empty() ? 0 : geom_.mla_layers.back() + 1));
+  bind_slot(s, slot);
+  return slot;
+}
+
+bool CachePools::take_slot(SequenceState& s, int slot) {
+  if (slot < 0 || slot >= num_slots() || slot_used_[static_cast<size_t>(slot)]) return false;
+  free_slots_.erase(std::find(free_slots_.begin(), free_slots_.end(), slot));
+  slot_used_[static_cast<size_t>(slot)] = true;
+  bind_slot(s, slot);
+  return true;
+}
+
+// Points `s` at the slot's (zeroed) KDA state and readies its page tables; a ledger's sequence gets no views.
+void CachePools::bind_slot(SequenceState& s, int slot) {
   s.owns_storage = false;
   s.n_tokens = 0;
+  if (ledger_) return;
+  const size_t layers = static_cast<size_t>(std::max(geom_.kda_layers.empty() ? 0 : geom_.kda_layers.back() + 1,
+                                                      geom_.mla_layers.empty() ? 0 : geom_.mla_layers.back() + 1));
   s.kda.assign(layers, KdaState{});
   s.mla.assign(layers, MlaCache{});
   float* p = slot_mem_.get() + static_cast<int64_t>(slot) * geom_.slot_floats();
@@ -63,7 +88,6 @@ std::optional<int> CachePools::acquire_slot(SequenceState& s) {
     ic.page_tokens = cfg_.page_tokens;
     ic.pages.reserve(static_cast<size_t>(blocks_for(cfg_.max_seq_tokens)));
   }
-  return slot;
 }
 
 bool CachePools::grow(SequenceState& s, std::vector<int32_t>& blocks, int64_t n_tokens) {
@@ -80,8 +104,25 @@ bool CachePools::grow(SequenceState& s, std::vector<int32_t>& blocks, int64_t n_
   return true;
 }
 
+bool CachePools::take_blocks(SequenceState& s, std::vector<int32_t>& blocks, std::span<const int32_t> more) {
+  for (size_t i = 0; i < more.size(); ++i) {
+    const int32_t b = more[i];
+    if (b < 0 || b >= num_blocks() || refs_[static_cast<size_t>(b)] != 0 ||
+        std::find(more.begin(), more.begin() + static_cast<long>(i), b) != more.begin() + static_cast<long>(i))
+      return false;
+  }
+  for (int32_t b : more) {
+    free_blocks_.erase(std::find(free_blocks_.begin(), free_blocks_.end(), b));
+    refs_[static_cast<size_t>(b)] = 1;
+    blocks.push_back(b);
+    append_views(s, b);
+  }
+  return true;
+}
+
 // Appends block b's page of every MLA layer and every indexer to the sequence's page tables.
 void CachePools::append_views(SequenceState& s, int32_t b) {
+  if (ledger_) return;
   uint8_t* base = block_mem_.get() + static_cast<int64_t>(b) * mla_block_bytes_;
   const int64_t page_bytes = cfg_.page_tokens * geom_.mla_row(cfg_.kv_dtype).bytes();
   for (size_t m = 0; m < geom_.mla_layers.size(); ++m)

@@ -13,6 +13,10 @@
 // full blocks, and a sequence writes only the positions after its cached prefix (its own blocks).
 // Sized once from a memory budget; no allocation afterwards. Plain data structure: not
 // thread-safe (owned by the scheduler thread).
+// A ledger (create_ledger) sizes and allocates slots and blocks exactly as the pools of the same geometry and
+// config do, but holds no memory and gives sequences no views: rank 0 of a serving cell keeps one per other rank
+// (the bookkeeping of the pools that rank owns), and that rank takes the same slot and blocks in its own pools
+// (take_slot, take_blocks) when the step plan names them (runtime/cell.h).
 #pragma once
 
 #include <cstddef>
@@ -24,6 +28,7 @@
 
 #include "base/result.h"
 #include "models/model.h"
+#include "runtime/cell.h"
 
 namespace kestrel {
 
@@ -35,12 +40,16 @@ struct CachePoolConfig {
   KvCacheDtype kv_dtype = KvCacheDtype::kF32;  // MLA latent rows (--kv-cache-dtype)
 };
 
-class CachePools {
+class CachePools final : public CellPools {
  public:
   static Result<std::unique_ptr<CachePools>> create(const CacheGeometry& g, const CachePoolConfig& c);
+  static Result<std::unique_ptr<CachePools>> create_ledger(const CacheGeometry& g, const CachePoolConfig& c);
   CachePools(const CachePools&) = delete;
   CachePools& operator=(const CachePools&) = delete;
 
+  bool is_ledger() const { return ledger_; }
+  // Bytes of cache memory (KDA slots, MLA pages, indexer pages) pools of this size hold.
+  int64_t arena_bytes() const { return slot_bytes() * num_slots() + block_bytes() * num_blocks(); }
   int num_slots() const { return static_cast<int>(slot_used_.size()); }
   int free_slots() const { return static_cast<int>(free_slots_.size()); }
   int64_t num_blocks() const { return static_cast<int64_t>(refs_.size()); }
@@ -58,8 +67,13 @@ class CachePools {
   std::optional<int> acquire_slot(SequenceState& s);
   // Adds blocks to `s` until it can hold n_tokens; false (and no change) when the pool is short.
   bool grow(SequenceState& s, std::vector<int32_t>& blocks, int64_t n_tokens);
+  // A cell's follower rank: takes `slot` as acquire_slot would (zeroed state, views in `s`), and appends the
+  // named blocks (one reference each) to `s` and `blocks`. False (and no change) when the slot or a block is
+  // not free: the ledger that chose them disagrees with these pools.
+  bool take_slot(SequenceState& s, int slot) override;
+  bool take_blocks(SequenceState& s, std::vector<int32_t>& blocks, std::span<const int32_t> more) override;
   // Returns the slot and drops the sequence's reference on each of its blocks; `s` is reset to empty views.
-  void release(SequenceState& s, int slot, std::vector<int32_t>& blocks);
+  void release(SequenceState& s, int slot, std::vector<int32_t>& blocks) override;
 
   // Prefix-cache support.
   // Makes a freshly acquired `s` (no blocks, no tokens) start with `shared` blocks already filled by an
@@ -91,7 +105,10 @@ class CachePools {
 
  private:
   CachePools(const CacheGeometry& g, const CachePoolConfig& c) : geom_(g), cfg_(c) {}
+  static Result<std::unique_ptr<CachePools>> make(const CacheGeometry& g, const CachePoolConfig& c, bool ledger);
   void append_views(SequenceState& s, int32_t block);
+  void bind_slot(SequenceState& s, int slot);
+  bool ledger_ = false;
   CacheGeometry geom_;
   CachePoolConfig cfg_;
   int64_t mla_block_bytes_ = 0;

@@ -5,9 +5,9 @@
 namespace kestrel {
 
 namespace {
-// Plan wire format (int32): stop flag, run count, then per run: seq, rank, flags (1 reset, 2 all_logits),
-// token count, tokens.
-constexpr int32_t kReset = 1, kAllLogits = 2;
+// Plan wire format (int32): stop flag, run count, then per run: seq, rank, flags (1 reset, 2 all_logits, 4 pooled,
+// 8 drop), token count, tokens, and for a pooled run the page table's length and block ids.
+constexpr int32_t kReset = 1, kAllLogits = 2, kPooled = 4, kDrop = 8;
 
 void encode(const std::vector<CellRun>& runs, bool stop, std::vector<int32_t>& out) {
   out.clear();
@@ -16,9 +16,13 @@ void encode(const std::vector<CellRun>& runs, bool stop, std::vector<int32_t>& o
   for (const CellRun& r : runs) {
     out.push_back(r.seq);
     out.push_back(r.rank);
-    out.push_back((r.reset ? kReset : 0) | (r.all_logits ? kAllLogits : 0));
+    out.push_back((r.reset ? kReset : 0) | (r.all_logits ? kAllLogits : 0) | (r.pooled ? kPooled : 0) |
+                  (r.drop ? kDrop : 0));
     out.push_back(static_cast<int32_t>(r.ids.size()));
     out.insert(out.end(), r.ids.begin(), r.ids.end());
+    if (!r.pooled) continue;
+    out.push_back(static_cast<int32_t>(r.blocks.size()));
+    out.insert(out.end(), r.blocks.begin(), r.blocks.end());
   }
 }
 
@@ -32,17 +36,24 @@ Result<std::vector<CellRun>> decode(const std::vector<int32_t>& in, int nranks, 
     if (at + 4 > in.size()) return bad();
     r.seq = in[at], r.rank = in[at + 1];
     r.reset = (in[at + 2] & kReset) != 0, r.all_logits = (in[at + 2] & kAllLogits) != 0;
+    r.pooled = (in[at + 2] & kPooled) != 0, r.drop = (in[at + 2] & kDrop) != 0;
     const auto n = static_cast<size_t>(in[at + 3]);
     at += 4;
-    if (r.rank < 0 || r.rank >= nranks || n == 0 || at + n > in.size()) return bad();
+    if (r.rank < 0 || r.rank >= nranks || (n == 0) != r.drop || at + n > in.size()) return bad();
     r.ids.assign(in.begin() + static_cast<long>(at), in.begin() + static_cast<long>(at + n));
     at += n;
+    if (!r.pooled) continue;
+    if (at >= in.size()) return bad();
+    const auto nb = static_cast<size_t>(in[at++]);
+    if (at + nb > in.size()) return bad();
+    r.blocks.assign(in.begin() + static_cast<long>(at), in.begin() + static_cast<long>(at + nb));
+    at += nb;
   }
   if (at != in.size()) return bad();
   return runs;
 }
 
-int64_t rows_of(const CellRun& r) { return r.all_logits ? static_cast<int64_t>(r.ids.size()) : 1; }
+int64_t rows_of(const CellRun& r) { return r.drop ? 0 : r.all_logits ? static_cast<int64_t>(r.ids.size()) : 1; }
 }  // namespace
 
 Cell::Cell(Model& model, dist::Communicator& comm, ForwardOptions options, KvCacheDtype kv)
@@ -63,6 +74,7 @@ Status Cell::step(const std::vector<CellRun>& runs, std::vector<float>& logits) 
   // Checked here, before the broadcast, so that no rank ever receives a step it would refuse alone.
   const int64_t V = model_.config().text.vocab_size;
   for (const CellRun& r : runs) {
+    if (r.pooled || r.drop) return invalid_argument("cell: step() runs standalone sequences; pooled ones go through step_held");
     if (r.rank < 0 || r.rank >= size() || r.ids.empty())
       return invalid_argument("cell: run of sequence " + std::to_string(r.seq) + " has rank " +
                               std::to_string(r.rank) + " and " + std::to_string(r.ids.size()) + " tokens");
@@ -76,13 +88,19 @@ Status Cell::step(const std::vector<CellRun>& runs, std::vector<float>& logits) 
   return run(runs, &logits);
 }
 
-Status Cell::step_held(std::span<const SeqRun> runs, std::vector<float>& logits) {
+Status Cell::step_held(std::span<const SeqRun> local, const std::vector<CellRun>& remote, std::vector<float>& logits) {
   if (rank() != 0) return invalid_argument("cell: only rank 0 plans steps");
-  encode({}, false, plan_);  // no runs on any rank: the followers run an empty batch and send no logits
+  for (const CellRun& r : remote)
+    if (r.rank <= 0 || r.rank >= size() || !(r.pooled || r.drop) || r.all_logits || r.ids.empty() != r.drop)
+      return invalid_argument("cell: remote run of sequence " + std::to_string(r.seq) + " on rank " +
+                              std::to_string(r.rank) + " is not a pooled run or drop of another rank");
+  encode(remote, false, plan_);
   KESTREL_RETURN_IF_ERROR(exchange_plan(plan_));
-  model_.forward_batch(runs, logits, options_);
+  model_.forward_batch(local, logits, options_);
   local_.clear();
-  return collect({}, nullptr);
+  KESTREL_RETURN_IF_ERROR(collect(remote, &remote_));
+  logits.insert(logits.end(), remote_.begin(), remote_.end());
+  return Status::ok();
 }
 
 Status Cell::finish() {
@@ -106,8 +124,14 @@ Status Cell::follow() {
 Status Cell::run(const std::vector<CellRun>& runs, std::vector<float>* logits) {
   const int me = rank();
   mine_.clear();
+  for (const CellRun& r : runs)  // drops first: a slot or block freed here may be taken again in this plan
+    if (r.rank == me && r.drop) KESTREL_RETURN_IF_ERROR(place(r));
   for (const CellRun& r : runs) {
-    if (r.rank != me) continue;
+    if (r.rank != me || r.drop) continue;
+    if (r.pooled) {
+      KESTREL_RETURN_IF_ERROR(place(r));
+      continue;
+    }
     if (r.reset) seqs_.erase(r.seq);
     auto it = seqs_.find(r.seq);
     if (it == seqs_.end()) it = seqs_.emplace(r.seq, model_.new_sequence(kv_)).first;
@@ -118,6 +142,36 @@ Status Cell::run(const std::vector<CellRun>& runs, std::vector<float>* logits) {
   o.all_logits = false;
   model_.forward_batch(mine_, local_, o);
   return collect(runs, logits);
+}
+
+// The ledger on rank 0 and this rank's pools take and free the same slots and blocks in the same order, so any
+// disagreement is a bug: it ends the cell instead of computing over another sequence's state.
+Status Cell::place(const CellRun& r) {
+  const std::string who = "cell: rank " + std::to_string(rank()) + ": pooled sequence " + std::to_string(r.seq);
+  if (pools_ == nullptr) return invalid_argument(who + ": this rank holds no cache pools");
+  if (r.drop) {
+    auto it = pooled_.find(r.seq);
+    if (it == pooled_.end()) return corrupt(who + " dropped but not held");
+    pools_->release(it->second.st, r.seq, it->second.blocks);
+    pooled_.erase(it);
+    return Status::ok();
+  }
+  if (r.reset) {
+    if (pooled_.count(r.seq) != 0) return corrupt(who + " started afresh while still held");
+    Pooled& p = pooled_[r.seq];
+    if (!pools_->take_slot(p.st, r.seq)) return corrupt(who + ": the slot is not free here");
+    ++pooled_started_;
+  }
+  auto it = pooled_.find(r.seq);
+  if (it == pooled_.end()) return corrupt(who + " is not held here");
+  Pooled& p = it->second;
+  const size_t had = p.blocks.size();
+  if (r.blocks.size() < had || !std::equal(p.blocks.begin(), p.blocks.end(), r.blocks.begin()))
+    return corrupt(who + ": its page table differs from this rank's");
+  if (!pools_->take_blocks(p.st, p.blocks, std::span<const int32_t>(r.blocks).subspan(had)))
+    return corrupt(who + ": a page of its table is not free here");
+  mine_.push_back(SeqRun{r.ids.data(), static_cast<int64_t>(r.ids.size()), &p.st, false});
+  return Status::ok();
 }
 
 Status Cell::collect(const std::vector<CellRun>& runs, std::vector<float>* logits) {

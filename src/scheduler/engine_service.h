@@ -17,7 +17,11 @@ struct ServiceStats {
   int64_t waiting = 0;        // queued, not yet admitted
   int64_t running = 0;        // admitted sequences
   int64_t kv_blocks_used = 0, kv_blocks_total = 0;
-  int64_t state_slots_used = 0, state_slots_total = 0;
+  int64_t state_slots_used = 0, state_slots_total = 0;  // in a cell: over all its ranks
+  // A cell (data-parallel attention): per rank, the sequences it holds and its pages in use; each rank's cache
+  // pools hold rank_cache_bytes. Empty / 0 in one process.
+  std::vector<int64_t> rank_sequences, rank_kv_blocks_used;
+  int64_t rank_cache_bytes = 0;
   int64_t prompt_tokens_total = 0, generation_tokens_total = 0;
   int64_t preemptions_total = 0, cancelled_total = 0, requests_finished_total = 0;
   bool prefix_cache = false;

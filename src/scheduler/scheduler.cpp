@@ -14,11 +14,19 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(Engine& engine, const Sched
   if (cfg.max_context < 2 || cfg.max_waiting < 0) return invalid_argument("scheduler: bad limits");
   if (cell != nullptr && cell->rank() != 0) return invalid_argument("scheduler: only rank 0 of a cell schedules");
   auto s = std::unique_ptr<Scheduler>(new Scheduler(engine, cfg, cell));
-  CachePoolConfig pc = cfg.cache;
-  pc.max_seq_tokens = cfg.max_context;
+  const CachePoolConfig pc = pool_config(cfg);
   auto pools = CachePools::create(engine.model().cache_geometry(), pc);
   if (!pools) return pools.error();
   s->pools_ = std::move(*pools);
+  const int ranks = cell != nullptr ? cell->size() : 1;
+  s->ledgers_.resize(static_cast<size_t>(ranks));
+  for (int r = 1; r < ranks; ++r) {
+    auto ledger = CachePools::create_ledger(engine.model().cache_geometry(), pc);
+    if (!ledger) return ledger.error();
+    s->ledgers_[static_cast<size_t>(r)] = std::move(*ledger);
+  }
+  s->rank_blocks_used_.assign(static_cast<size_t>(ranks), 0);
+  s->rank_sequences_.assign(static_cast<size_t>(ranks), 0);
   if (cfg.prefix_cache) {
     if (cfg.prefill_chunk % s->pools_->page_tokens() != 0)
       return invalid_argument("prefix cache: the prefill chunk (" + std::to_string(cfg.prefill_chunk) +
@@ -37,10 +45,16 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(Engine& engine, const Sched
     return invalid_argument("cache: " + std::to_string(s->pools_->num_blocks() * s->pools_->page_tokens()) +
                             " tokens of MLA pages cannot hold one max-context sequence (" +
                             std::to_string(cfg.max_context) + "); raise --cache-mib or lower --max-context");
-  s->running_.reserve(static_cast<size_t>(pc.max_slots));
+  s->running_.reserve(static_cast<size_t>(pc.max_slots * ranks));
   s->thread_ = std::jthread([p = s.get()](std::stop_token st) { p->loop(st); });
   s->ready_ = true;
   return s;
+}
+
+CachePoolConfig Scheduler::pool_config(const SchedulerConfig& cfg) {
+  CachePoolConfig pc = cfg.cache;
+  pc.max_seq_tokens = cfg.max_context;
+  return pc;
 }
 
 Scheduler::~Scheduler() {
@@ -111,9 +125,14 @@ ServiceStats Scheduler::stats() const {
   s.waiting = waiting_count_ + static_cast<int64_t>(inbox_.size());
   s.running = running_count_;
   s.kv_blocks_used = blocks_used_;
-  s.kv_blocks_total = pools_->num_blocks();
+  s.kv_blocks_total = pools_->num_blocks() * static_cast<int64_t>(ledgers_.size());
   s.state_slots_used = slots_used_;
-  s.state_slots_total = pools_->num_slots();
+  s.state_slots_total = pools_->num_slots() * static_cast<int>(ledgers_.size());
+  if (ledgers_.size() > 1) {
+    s.rank_sequences = rank_sequences_;
+    s.rank_kv_blocks_used = rank_blocks_used_;
+    s.rank_cache_bytes = pools_->arena_bytes();
+  }
   s.prompt_tokens_total = metrics_.prompt_tokens;
   s.generation_tokens_total = metrics_.generation_tokens;
   s.preemptions_total = metrics_.preemptions;
@@ -291,14 +310,18 @@ bool Scheduler::take_inbox(bool block, std::stop_token& stop) {
 }
 
 void Scheduler::admit() {
-  for (auto it = waiting_.begin(); it != waiting_.end() && pools_->free_slots() > 0;) {
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
     if (waits_for_shared_prefill(**it)) {
       ++it;
       continue;
     }
+    const int rank = place(**it);
+    if (rank < 0) break;
     std::unique_ptr<Seq> s = std::move(*it);
     it = waiting_.erase(it);
-    s->slot = *pools_->acquire_slot(s->st);
+    s->rank = rank;
+    s->fresh = rank != 0;
+    s->slot = *pools_of(*s).acquire_slot(s->st);
     // The block list never reallocates while decoding (the pools reserve the page tables likewise).
     s->blocks.reserve(static_cast<size_t>(pools_->blocks_for(cfg_.max_context)));
     if (s->req.handoff == Handoff::kReceive) {
@@ -308,6 +331,27 @@ void Scheduler::admit() {
     attach_prefix(*s);
     running_.push_back(std::move(s));
   }
+}
+
+// Data-parallel placement: among the ranks with a free slot, the one with the most free pages net of what the
+// sequences running there still need for their tokens (so that requests admitted together spread), ties to the
+// lowest rank. Images and hand-offs stay on rank 0: the plan carries neither embeddings nor transfers.
+int Scheduler::place(const Seq& s) const {
+  const bool rank0_only = s.req.media != nullptr || s.req.handoff != Handoff::kNone;
+  std::vector<int64_t> room(ledgers_.size(), 0);
+  for (size_t r = 0; r < ledgers_.size(); ++r) room[r] = (r == 0 ? *pools_ : *ledgers_[r]).free_blocks();
+  for (const auto& p : running_)
+    if (p) {
+      const CachePools& pools = p->rank == 0 ? *pools_ : *ledgers_[static_cast<size_t>(p->rank)];
+      room[static_cast<size_t>(p->rank)] -=
+          std::max<int64_t>(0, pools.blocks_for(static_cast<int64_t>(p->tokens.size())) - static_cast<int64_t>(p->blocks.size()));
+    }
+  int best = -1;
+  for (size_t r = 0; r < (rank0_only ? 1 : ledgers_.size()); ++r) {
+    const CachePools& pools = r == 0 ? *pools_ : *ledgers_[r];
+    if (pools.free_slots() > 0 && (best < 0 || room[r] > room[static_cast<size_t>(best)])) best = static_cast<int>(r);
+  }
+  return best;
 }
 
 // Sharing a prefill still running: a fresh request whose prompt has more than one grid chunk in common (same
@@ -379,7 +423,7 @@ std::span<const Digest> Scheduler::keys_for(Seq& s, int64_t n_blocks) {
 // its prompt end and a branch point (where the cached pages go deeper than the usable hit), both floored to
 // the grid, so they are ends of chunks the prefill runs anyway.
 void Scheduler::attach_prefix(Seq& s) {
-  if (!prefix_) return;
+  if (!prefix_ || s.rank != 0) return;
   const int64_t B = prefix_->block_tokens(), G = cfg_.prefill_chunk, L = static_cast<int64_t>(s.tokens.size());
   const auto keys = keys_for(s, L / B);
   const PrefixCache::Lookup lk = prefix_->attach(keys, (L - 1) / G * G / B, G / B, s.st, s.blocks, s.slot);
@@ -402,7 +446,7 @@ void Scheduler::attach_prefix(Seq& s) {
 // After a forward: store the snapshot of a cut this sequence just reached; in decode, copy the state at
 // each block boundary into the snapshot it holds for its generation end.
 void Scheduler::after_forward(Seq& s, int64_t T) {
-  if (!prefix_) return;
+  if (!prefix_ || s.rank != 0) return;
   const int64_t n = s.st.n_tokens, B = prefix_->block_tokens();
   while (!s.shares.empty() && s.shares.front() <= n) {  // a boundary a waiting request shares
     const int64_t at = s.shares.front();
@@ -438,7 +482,7 @@ void Scheduler::after_forward(Seq& s, int64_t T) {
 // A sequence leaves (finished, cancelled, preempted): its full blocks stay cached, and the state it held
 // for its generation end becomes that boundary's snapshot. Nothing is kept from a failed sequence.
 void Scheduler::retire_prefix(Seq& s, bool keep) {
-  if (!prefix_) return;
+  if (!prefix_ || s.rank != 0) return;
   const int64_t B = prefix_->block_tokens();
   if (s.held >= 0) {
     if (keep && s.held_at > 0) prefix_->commit(keys_for(s, s.held_at / B), s.blocks, s.held);
@@ -459,15 +503,30 @@ void Scheduler::retire_prefix(Seq& s, bool keep) {
 
 void Scheduler::release(Seq& s, bool keep_prefix) {
   if (s.slot >= 0) retire_prefix(s, keep_prefix);
-  if (s.slot >= 0) pools_->release(s.st, s.slot, s.blocks);
+  if (s.slot >= 0) {
+    pools_of(s).release(s.st, s.slot, s.blocks);
+    // The rank frees its copy in the next step, before any run of that step can take the slot or pages again.
+    if (s.rank != 0 && !s.fresh) cell_runs_.push_back(CellRun{s.slot, s.rank, false, false, {}, false, true});
+  }
   s.slot = -1;
+  s.fresh = false;
   // Publish immediately so stats are current by the time the client sees the final event.
   // The prefix cache's counts go with the pool's: one scrape must never see pages it holds counted as in use
   // by nobody.
   std::lock_guard<std::mutex> lk(mu_);
   if (prefix_) prefix_stats_ = prefix_->stats();
-  blocks_used_ = pools_->num_blocks() - pools_->free_blocks();
-  slots_used_ = pools_->num_slots() - pools_->free_slots();
+  publish_pools_locked();
+}
+
+void Scheduler::publish_pools_locked() {
+  blocks_used_ = slots_used_ = 0;
+  for (size_t r = 0; r < ledgers_.size(); ++r) {
+    const CachePools& p = r == 0 ? *pools_ : *ledgers_[r];
+    rank_blocks_used_[r] = p.num_blocks() - p.free_blocks();
+    rank_sequences_[r] = p.num_slots() - p.free_slots();
+    blocks_used_ += rank_blocks_used_[r];
+    slots_used_ += rank_sequences_[r];
+  }
 }
 
 // Emits the final event and frees the sequence's cache. The caller drops it from its list.
@@ -565,13 +624,16 @@ bool Scheduler::step() {
   int64_t budget = cfg_.max_batch_tokens;
   auto plan = [&](Seq& s, int64_t T) -> bool {
     // Pages for the new tokens; preempt the youngest other running sequence if short.
-    while (!pools_->grow(s.st, s.blocks, s.st.n_tokens + T)) {
-      // Cached blocks no running sequence uses go first, then the youngest other sequence.
-      if (prefix_ && prefix_->make_room(pools_->blocks_for(s.st.n_tokens + T) - static_cast<int64_t>(s.blocks.size())))
+    CachePools& pools = pools_of(s);
+    while (!pools.grow(s.st, s.blocks, s.st.n_tokens + T)) {
+      // Cached blocks no running sequence uses go first, then the youngest other sequence on the same rank.
+      if (prefix_ && s.rank == 0 &&
+          prefix_->make_room(pools.blocks_for(s.st.n_tokens + T) - static_cast<int64_t>(s.blocks.size())))
         continue;
       Seq* victim = nullptr;
       for (auto it = running_.rbegin(); it != running_.rend(); ++it)
-        if (*it && it->get() != &s && std::find(run_seqs_.begin(), run_seqs_.end(), it->get()) == run_seqs_.end()) {
+        if (*it && it->get() != &s && (*it)->rank == s.rank &&
+            std::find(run_seqs_.begin(), run_seqs_.end(), it->get()) == run_seqs_.end()) {
           victim = it->get();
           break;
         }
@@ -606,17 +668,12 @@ bool Scheduler::step() {
     std::lock_guard<std::mutex> lk(mu_);
     waiting_count_ = static_cast<int64_t>(waiting_.size());
     running_count_ = static_cast<int64_t>(running_.size());
-    blocks_used_ = pools_->num_blocks() - pools_->free_blocks();
-    slots_used_ = pools_->num_slots() - pools_->free_slots();
+    publish_pools_locked();
   }
-  if (runs_.empty()) return false;
-
-  if (cell_ == nullptr) {
-    engine_.model().forward_batch(runs_, logits_);
-  } else if (Status st = cell_->step_held(runs_, logits_); !st.is_ok()) {
-    fail_cell(st);
-    return false;
-  }
+  // Nothing to run, but freed sequences of other ranks to drop: a step of drops only (the ranks free their memory now).
+  if (runs_.empty() && cell_runs_.empty()) return false;
+  if (!forward()) return false;
+  if (runs_.empty()) return true;
   const int64_t V = engine_.config().text.vocab_size;
   int64_t prompt_tokens = 0;
   for (size_t i = 0; i < run_seqs_.size(); ++i) {
@@ -634,9 +691,41 @@ bool Scheduler::step() {
   }
   for (size_t i = 0; i < run_seqs_.size(); ++i) {
     Seq& s = *run_seqs_[i];
-    if (s.pending() == 0) sample_and_emit(s, std::span<float>(logits_.data() + static_cast<int64_t>(i) * V, static_cast<size_t>(V)));
+    if (s.pending() == 0) sample_and_emit(s, std::span<float>(logits_.data() + rows_[i] * V, static_cast<size_t>(V)));
   }
   running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
+  return true;
+}
+
+bool Scheduler::forward() {
+  rows_.resize(runs_.size());
+  if (cell_ == nullptr) {
+    engine_.model().forward_batch(runs_, logits_);
+    for (size_t i = 0; i < runs_.size(); ++i) rows_[i] = static_cast<int64_t>(i);
+    return true;
+  }
+  // Rank 0's runs in order, then the other ranks' runs (after the drops) in order: the logits rows come back so.
+  local_runs_.clear();
+  for (size_t i = 0; i < runs_.size(); ++i)
+    if (run_seqs_[i]->rank == 0) rows_[i] = static_cast<int64_t>(local_runs_.size()), local_runs_.push_back(runs_[i]);
+  int64_t row = static_cast<int64_t>(local_runs_.size());
+  for (size_t i = 0; i < runs_.size(); ++i) {
+    Seq& s = *run_seqs_[i];
+    if (s.rank == 0) continue;
+    rows_[i] = row++;
+    const int32_t* ids = runs_[i].ids;
+    cell_runs_.push_back(CellRun{s.slot, s.rank, s.fresh, false, std::vector<int32_t>(ids, ids + runs_[i].T), true, false,
+                                 s.blocks});
+    s.fresh = false;
+  }
+  const Status st = cell_->step_held(local_runs_, cell_runs_, logits_);
+  cell_runs_.clear();
+  if (!st.is_ok()) {
+    fail_cell(st);
+    return false;
+  }
+  for (size_t i = 0; i < runs_.size(); ++i)  // the ledger's count of what the other rank now holds
+    if (run_seqs_[i]->rank != 0) run_seqs_[i]->st.n_tokens += runs_[i].T;
   return true;
 }
 
@@ -686,8 +775,7 @@ void Scheduler::loop(std::stop_token stop) {
       if (prefix_) prefix_stats_ = prefix_->stats();
       waiting_count_ = static_cast<int64_t>(waiting_.size());
       running_count_ = static_cast<int64_t>(running_.size());
-      blocks_used_ = pools_->num_blocks() - pools_->free_blocks();
-      slots_used_ = pools_->num_slots() - pools_->free_slots();
+      publish_pools_locked();
     }
     if (!worked && !running_.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -701,7 +789,13 @@ void Scheduler::loop(std::stop_token stop) {
   reserved_.clear();
   running_.clear();
   waiting_.clear();
-  // A cell's followers leave their loop (not after a failed step: the cell's collective state is unknown).
+  // A cell's followers free what they still hold and leave their loop (not after a failed step: the cell's
+  // collective state is unknown).
+  if (cell_ != nullptr && !failed_ && !cell_runs_.empty()) {
+    runs_.clear();
+    run_seqs_.clear();
+    forward();
+  }
   if (cell_ != nullptr && !failed_)
     if (Status st = cell_->finish(); !st.is_ok()) {
       std::lock_guard<std::mutex> lk(mu_);

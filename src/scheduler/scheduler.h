@@ -5,8 +5,13 @@
 // recompute when pages run out) → one batched forward → sample → emit → free.
 // Prefill chunks have a fixed size per sequence (not cut to fit the budget), so a sequence's
 // numerics do not depend on what else is running: logits are bitwise identical alone or batched.
-// In a cell (runtime/cell.h) every forward is a cell step on rank 0: the sequences and their caches stay on
-// rank 0, the other ranks run their experts for it. A failed step (a lost rank) fails every request with the
+// In a cell (runtime/cell.h) every forward is a cell step on rank 0 and attention is data parallel: every rank
+// owns cache pools of the configured size, rank 0 keeps a ledger of each other rank's pools (cache_pools.h) and
+// places each admitted request on one rank (the one with the most free pages net of what its running sequences
+// still need, ties to the lowest; requests with images or a hand-off on rank 0).
+// A sequence placed on another rank runs there from the plan (slot, page table); its logits come back and are
+// sampled here. Freeing it (finish, cancel, preemption) frees the ledger's slot and pages and sends the rank a
+// drop in the next plan. The prefix cache serves rank 0's sequences only. A failed step (a lost rank) fails every request with the
 // error and stops the loop for good; failure() says why. On a normal stop the loop ends the cell's followers.
 // Thread-safety: submit/cancel/stats/ready/failure/drain may be called from any thread.
 #pragma once
@@ -50,6 +55,8 @@ class Scheduler final : public EngineService {
   // `cell` (rank 0 of a cell, or null): every forward runs as a cell step; it must outlive the scheduler, and
   // only the scheduler thread talks to it.
   static Result<std::unique_ptr<Scheduler>> create(Engine& engine, const SchedulerConfig& cfg, Cell* cell = nullptr);
+  // The pools' configuration for `cfg`: a cell's other ranks build theirs (Cell::hold_in) from it.
+  static CachePoolConfig pool_config(const SchedulerConfig& cfg);
   ~Scheduler() override;
 
   Result<uint64_t> submit(GenerationRequest req) override;
@@ -85,7 +92,9 @@ class Scheduler final : public EngineService {
  private:
   struct Seq {
     GenerationRequest req;
-    SequenceState st;
+    SequenceState st;  // on another rank of a cell: the ledger's bookkeeping (n_tokens, no views)
+    int rank = 0;      // the cell rank whose pools hold it
+    bool fresh = false;  // placed on another rank and not yet sent there
     int slot = -1;
     std::vector<int32_t> blocks;
     std::vector<int32_t> tokens;  // prompt + generated: everything the cache must hold
@@ -122,6 +131,13 @@ class Scheduler final : public EngineService {
   void loop(std::stop_token stop);
   bool take_inbox(bool block, std::stop_token& stop);
   void admit();
+  // The rank a request is placed on (-1: none has a free slot it may use).
+  int place(const Seq& s) const;
+  CachePools& pools_of(const Seq& s) { return s.rank == 0 ? *pools_ : *ledgers_[static_cast<size_t>(s.rank)]; }
+  // The forward of runs_: in one process, or as a cell step with the drops and remote runs; false if it failed.
+  bool forward();
+  // Under mu_: the pools' occupancy for stats().
+  void publish_pools_locked();
   Status check_media(const GenerationRequest& req) const;
   bool step();
   void finish(Seq& s, FinishReason r, const std::string& error = "");
@@ -148,6 +164,8 @@ class Scheduler final : public EngineService {
   SchedulerConfig cfg_;
   Cell* cell_ = nullptr;
   std::unique_ptr<CachePools> pools_;
+  std::vector<std::unique_ptr<CachePools>> ledgers_;  // by cell rank (none for rank 0, whose pools are pools_)
+  std::vector<CellRun> cell_runs_;  // the next cell step's drops, then its remote runs
   std::unique_ptr<PrefixCache> prefix_;
   std::atomic<bool> flush_requested_{false};
 
@@ -162,6 +180,7 @@ class Scheduler final : public EngineService {
   std::string failure_;  // set once by fail_cell
   int64_t waiting_count_ = 0, running_count_ = 0;  // mirrors for stats()
   int64_t blocks_used_ = 0, slots_used_ = 0;
+  std::vector<int64_t> rank_blocks_used_, rank_sequences_;  // a cell: per rank
   Metrics metrics_;
   PrefixCacheStats prefix_stats_;
   std::atomic<bool> ready_{false};
@@ -175,6 +194,8 @@ class Scheduler final : public EngineService {
   std::vector<SeqRun> runs_;
   std::vector<Seq*> run_seqs_;
   std::vector<float> logits_;
+  std::vector<SeqRun> local_runs_;
+  std::vector<int64_t> rows_;  // run i's logits row
   std::vector<std::pair<float, int32_t>> lp_scratch_;
   GenerationEvent token_event_;
   std::deque<GenerationRequest> taken_requests_;  // take_inbox's swap targets, empty between calls

@@ -75,6 +75,17 @@ std::string prometheus_text(const ServiceStats& s, bool ready) {
   metric(o, "kestrel_kv_blocks_total", "gauge", "KV cache pages in total.", double(s.kv_blocks_total));
   metric(o, "kestrel_state_slots_used", "gauge", "Recurrent-state slots in use.", double(s.state_slots_used));
   metric(o, "kestrel_state_slots_total", "gauge", "Recurrent-state slots in total.", double(s.state_slots_total));
+  if (!s.rank_sequences.empty()) {  // a cell with data-parallel attention: each rank's own pools
+    metric(o, "kestrel_cell_rank_cache_bytes", "gauge", "Cache pool bytes (KDA slots, MLA and indexer pages) on each rank.",
+           double(s.rank_cache_bytes));
+    auto per_rank = [&](const char* name, const char* help, const std::vector<int64_t>& v) {
+      o += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n";
+      for (size_t r = 0; r < v.size(); ++r)
+        o += std::string(name) + "{rank=\"" + std::to_string(r) + "\"} " + std::to_string(v[r]) + "\n";
+    };
+    per_rank("kestrel_cell_rank_sequences", "Sequences held by each rank of the cell.", s.rank_sequences);
+    per_rank("kestrel_cell_rank_kv_blocks_used", "KV cache pages in use on each rank of the cell.", s.rank_kv_blocks_used);
+  }
   metric(o, "kestrel_prompt_tokens_total", "counter", "Prompt tokens processed.", double(s.prompt_tokens_total));
   metric(o, "kestrel_generation_tokens_total", "counter", "Tokens generated.", double(s.generation_tokens_total));
   metric(o, "kestrel_preemptions_total", "counter", "Sequences preempted.", double(s.preemptions_total));

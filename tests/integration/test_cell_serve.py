@@ -1,6 +1,8 @@
 """`kestrel serve --ep 2` as a cell under mpiexec (docs/cell.md): rank 0 serves HTTP and schedules, every scheduler
-step runs on both ranks. Through the `openai` client: greedy chat completions with logprobs under concurrent
-streams (batched across requests) equal those of one `kestrel serve` process bit for bit; SIGKILL of rank 1
+step runs on both ranks, and each request's attention state lives on one rank (data-parallel attention). Through
+the `openai` client: greedy chat completions with logprobs under 16 concurrent streams (batched across requests,
+placed on both ranks) equal those of one `kestrel serve` process bit for bit, and afterwards neither rank holds a
+sequence or page; each rank logs the same cache pool bytes; SIGKILL of rank 1
 mid-stream ends the client's stream within seconds and the cell non-zero, with no rank left; SIGTERM to mpiexec
 ends the stream in flight with a final chunk and stops every rank cleanly. The liveness watchdog (heartbeats on
 TCP beside MPI): with a stream in flight (rank 0 waiting in a collective), /health answers 503 naming the rank
@@ -76,7 +78,9 @@ class Proc:
 
 
 PROMPTS = ["Hello there", "What is a cell?", "Count: one two three", "Tell me about experts", "zz",
-           "Kestrel serves Kimi", "A longer prompt with several more words in it than the others", "ok"]
+           "Kestrel serves Kimi", "A longer prompt with several more words in it than the others", "ok",
+           "Ranks step in lockstep", "Pages and slots", "Nine", "Ten tokens or so, give or take a few",
+           "Where does the state live?", "x y z", "Data parallel attention", "The sixteenth stream"]
 
 
 def complete(client, i):
@@ -86,6 +90,35 @@ def complete(client, i):
     c = r.choices[0]
     lp = [(t.token, t.logprob, [(x.token, x.logprob) for x in t.top_logprobs]) for t in c.logprobs.content]
     return c.message.content, getattr(c.message, "reasoning_content", None), c.finish_reason, lp
+
+
+def stream(client, i):
+    """PROMPTS[i] as a stream: the same fields as complete() gathered from the chunks."""
+    text, reasoning, finish, lp = "", None, None, []
+    for chunk in client.chat.completions.create(model="kimi-k3", messages=[{"role": "user", "content": PROMPTS[i]}],
+                                                max_tokens=24, temperature=0, logprobs=True, top_logprobs=3,
+                                                stream=True, extra_body={"ignore_eos": True}):
+        if not chunk.choices:
+            continue
+        c = chunk.choices[0]
+        text += c.delta.content or ""
+        r = getattr(c.delta, "reasoning_content", None)
+        if r:
+            reasoning = (reasoning or "") + r
+        finish = c.finish_reason or finish
+        if c.logprobs and c.logprobs.content:
+            lp += [(t.token, t.logprob, [(x.token, x.logprob) for x in t.top_logprobs]) for t in c.logprobs.content]
+    return text, reasoning, finish, lp
+
+
+def rank_metric(proc, name):
+    """{rank: value} of a per-rank gauge on /metrics."""
+    out = {}
+    with urllib.request.urlopen(proc.base + "/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + "{rank="):
+                out[int(line.split('"')[1])] = float(line.split()[1])
+    return out
 
 
 def all_concurrently(client):
@@ -109,12 +142,31 @@ def test_cell_serve_answers_equal_one_process_bit_for_bit():
         one.close()
     cell = Proc(2)
     try:
-        got = all_concurrently(cell.client)
+        out = [None] * len(PROMPTS)
+        threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, stream(cell.client, i)))
+                   for i in range(len(PROMPTS))]
+        for t in threads:
+            t.start()
+        held = {0: 0.0, 1: 0.0}  # the most sequences each rank held at once while the streams ran
+        while any(t.is_alive() for t in threads):
+            for r, n in rank_metric(cell, "kestrel_cell_rank_sequences").items():
+                held[r] = max(held[r], n)
+            time.sleep(0.05)
+        for t in threads:
+            t.join()
         batched = cell.metric("kestrel_step_sequences_max")
+        after = rank_metric(cell, "kestrel_cell_rank_sequences")
+        pages_after = rank_metric(cell, "kestrel_cell_rank_kv_blocks_used")
+        log = cell.text()
     finally:
         cell.close()
     assert batched is not None and batched > 1, "the cell never batched requests together"
-    for i, (e, g) in enumerate(zip(expected, got)):
+    assert held[0] >= 1 and held[1] >= 1, f"requests were not placed on both ranks: {held}"
+    assert after == {0: 0, 1: 0}, after
+    assert pages_after[1] == 0, pages_after  # rank 0 may keep prefix-cache pages; rank 1 keeps nothing
+    pool_bytes = [line.split("cache pools ")[1].split()[0] for line in log.splitlines() if "cache pools " in line]
+    assert len(pool_bytes) == 2 and pool_bytes[0] == pool_bytes[1], log  # rank 0's line and rank 1's
+    for i, (e, g) in enumerate(zip(expected, out)):
         assert g[2] == "length" and len(g[3]) == 24, g
         assert g == e, f"request {i}: the cell's answer or logprobs differ from one process"  # exact floats
 
@@ -125,7 +177,7 @@ def test_sigkill_of_rank_1_mid_stream_ends_the_stream_and_the_cell():
         pids = rank_pids(cell.proc.pid)
         assert sorted(pids) == [0, 1], pids
         stream = cell.client.chat.completions.create(
-            model="kimi-k3", messages=[{"role": "user", "content": "Go on forever"}], max_tokens=600,
+            model="kimi-k3", messages=[{"role": "user", "content": "Go on forever"}], max_tokens=1600,
             temperature=0, stream=True, extra_body={"ignore_eos": True})
         chunks, killed, ended_by = 0, None, None
         try:

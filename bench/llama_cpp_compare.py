@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Side-by-side benchmark, Kestrel vs llama.cpp, on the very same GGUF files.
 
-`python` is one with the `llama_cpp` package (llama-cpp-python from PyPI, built from its source package) and
-SDIST that source package unpacked (`pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36`), whose
-vendor/llama.cpp holds the converter and gguf-py.
+The peers are fetched and built by bench/peers.py from their PyPI source packages into a cache directory
+outside the repository (default ~/.cache/kestrel-peers): llama.cpp from llama-cpp-python's (its converter,
+gguf-py and Python bindings too), ik_llama.cpp from ik-llama-cpp-python's. The script runs itself under the
+peers' virtual environment (torch + transformers for the converter), so any python3 starts it:
 
-    python bench/llama_cpp_compare.py --kestrel build/release/kestrel \\
-        --llama-cpp-src SDIST/vendor/llama.cpp --work-dir /tmp/llbench -r 3 \\
-        --out-json bench_llama_cpp.json --out-md bench_llama_cpp.md
+    python3 bench/llama_cpp_compare.py --kestrel build/release/kestrel --work-dir /tmp/llbench -r 3 \
+        -p 512,4096,16384 --out-json bench_llama_cpp.json --out-md bench_llama_cpp.md
+
+(`--llama-cpp-src DIR` instead uses an llama.cpp tree of your own, with `llama_cpp` importable by this python.)
 
 Models (made once under --work-dir, reused afterwards; sha256 recorded):
   kimi-linear-bench  Kimi-Linear-48B-A3B layer widths (hidden 2304, 32 KDA/MLA heads, 3 KDA + 1 MLA,
@@ -16,6 +18,9 @@ Models (made once under --work-dir, reused afterwards; sha256 recorded):
                      dense 33792): layer 0 KDA + dense, layer 1 MLA + MoE (32 experts top-8), vocab 32768
                                                                                           -> Q4_0, and the
                      released format (MXFP4 experts repacked by the converter, everything else BF16)
+  deepseek2-lite-bench  DeepSeek-V2-Lite layer widths (hidden 2048, 16 MLA heads without q_lora, kv_lora 512,
+                     64 experts top-6 + 2 shared at 1408, dense 10944), 1 dense + 3 MoE layers, vocab 32768
+                                                                                          -> Q4_0
 Pipeline: `kestrel make-model` (HF layout) -> llama.cpp's convert_hf_to_gguf.py -> llama_model_quantize
 (Q4_0; output and token_embd forced to Q4_0, F32 norms/routers kept as llama.cpp keeps them).
 
@@ -24,7 +29,8 @@ Protocol per file (docs/model-math.md §9.3; llama-bench semantics):
   * correctness gate first: a fixed random 32-token prompt, Kestrel's greedy 16-token continuation and the
     logits behind each choice (`kestrel bench --gate-*`) against llama.cpp's logits at the same positions
     (llama.cpp fed the prompt + Kestrel's tokens). Bounds below (GATE_*); timing is skipped when it fails;
-  * pp512: one llama_decode of 512 tokens (n_batch = n_ubatch = 512) on an empty context;
+  * ppN (N from -p, 512 by default): N prompt tokens on an empty context (llama.cpp: llama_decode calls of
+    n_batch = n_ubatch = 512 tokens);
     tg128: 128 single-token decodes from an empty context; -r repetitions, mean ± sd of per-repetition t/s;
     both engines with 2 threads, one untimed warm-up (a pp-token prefill + 1 decode, as llama-bench) first;
   * Kestrel: `kestrel bench --model FILE --threads 2 --pp 512 --tg 128 --reps R --json`;
@@ -39,6 +45,10 @@ and after the cells; --dram-gb-s overrides); prefill GOP/s = pp t/s ×
 compressed-tensors MXFP4 experts, bf16 activations on BF16 weights) applies to safetensors checkpoints (GGUF
 files already run that way by default), so it is run on the K3 safetensors checkpoint the MXFP4 GGUF was
 converted from (same expert bits, same BF16 rest) as an extra Kestrel row.
+ik_llama.cpp loads none of the kimi-k3 / kimi-linear files; on the cells it loads (IK_ARCHS) it is timed with
+its own llama-bench (-p/-n/-r as above, JSON output, --ik-args: its MLA, flash-attention and fused-MoE
+options), not gated (the gate is Kestrel against mainline llama.cpp). llama.cpp 0.3.36 runs deepseek2 files only
+with its CPU weight repacking off (NO_REPACK_ARCHS; tools/gen_gguf_goldens.py says why).
 """
 import argparse
 import json
@@ -53,6 +63,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llbench_models as lm  # noqa: E402
+import peers  # noqa: E402
 
 # Gate bounds. llama.cpp quantizes activations to Q8_0 before Q4_0/Q8_0/MXFP4 products (Kestrel's default
 # GGUF int8 mode does the same, bit for bit: tests/ops/gguf_int8_test) and rounds them to BF16/F16 elsewhere
@@ -74,7 +85,11 @@ CELLS = [
     ("kimi-linear-bench Q4_0", "kimi-linear-bench", "q4_0", []),
     ("k3-shape-bench Q4_0", "k3-shape-bench", "q4_0", []),
     ("k3-shape-bench MXFP4 experts + BF16", "k3-shape-bench", "mxfp4", ["int8"]),
+    ("deepseek2-lite-bench Q4_0", "deepseek2-lite-bench", "q4_0", []),
 ]
+IK_ARCHS = {"deepseek2"}  # GGUF architectures of these cells that ik_llama.cpp loads
+NO_REPACK_ARCHS = {"deepseek2"}
+IK_ARGS = "-mla 3 -fa 1 -fmoe 1"
 
 
 def warm_page_cache(path):
@@ -120,14 +135,26 @@ def kestrel_gate(kestrel, model, prompt, gen, logits_path, env_extra=None):
     return j["generated"], logits
 
 
-def llama_open(llama_cpp, path, threads, n_ctx, logits_all=False):
-    return llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
-                           n_threads_batch=threads, n_gpu_layers=0, logits_all=logits_all, seed=0, verbose=False)
+def llama_open(llama_cpp, path, threads, n_ctx, logits_all=False, repack=True):
+    """repack=False: llama_model_params.use_extra_bufts = false (what llama-bench --no-repack sets)."""
+    default = llama_cpp.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = repack
+        return p
+    llama_cpp.llama.llama_cpp.llama_model_default_params = params
+    try:
+        return llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
+                               n_threads_batch=threads, n_gpu_layers=0, logits_all=logits_all, seed=0,
+                               verbose=False)
+    finally:
+        llama_cpp.llama.llama_cpp.llama_model_default_params = default
 
 
-def llama_gate(llama_cpp, path, threads, prompt, generated):
+def llama_gate(llama_cpp, path, threads, prompt, generated, repack=True):
     """llama.cpp's logits at the positions where Kestrel chose each generated token (teacher forcing)."""
-    llm = llama_open(llama_cpp, path, threads, 128, logits_all=True)
+    llm = llama_open(llama_cpp, path, threads, 128, logits_all=True, repack=repack)
     seq = list(prompt) + list(generated[:-1])
     llm.eval(seq)
     rows = np.array(llm.scores[len(prompt) - 1: len(seq)], dtype=np.float32, copy=True)
@@ -146,11 +173,19 @@ def gate_stats(ours, ref, generated):
                          and np.mean(nmse <= GATE_CLEAN_NMSE) >= GATE_MIN_CLEAN_FRAC)}
 
 
-def llama_bench(llama_cpp, path, threads, pp, tg, reps):
-    llm = llama_open(llama_cpp, path, threads, max(pp, tg) + 64)
+def stats(n, runs):
+    """runs: (wall seconds, cpu seconds) per repetition of n tokens."""
+    secs = [w for w, _ in runs]
+    ts = [n / x for x in secs]
+    return {"n_tokens": n, "seconds": secs, "tok_s": ts, "tok_s_mean": float(np.mean(ts)),
+            "tok_s_sd": float(np.std(ts, ddof=1)) if len(ts) > 1 else 0.0, "cores_used": [c / w for w, c in runs]}
+
+
+def llama_bench(llama_cpp, path, threads, pps, tg, reps, repack=True):
+    """{"pp": {N: stats}, "tg": stats}: the pp sizes and tg of one loaded model, in this process."""
+    llm = llama_open(llama_cpp, path, threads, max(max(pps), tg) + 64, repack=repack)
     vocab = llm.n_vocab()
-    pp_ids = [(i * 7919 + 13) % vocab for i in range(pp)]  # the same ids Kestrel's bench uses
-    tg_ids = [(i * 7919 + 13) % vocab for i in range(tg)]
+    tg_ids = [(i * 7919 + 13) % vocab for i in range(tg)]  # the same ids Kestrel's bench uses
 
     # process_time = CPU seconds of all threads of this process (llama.cpp's workers included):
     # cpu / wall = cores the engine actually got (< threads means a contended machine).
@@ -167,23 +202,52 @@ def llama_bench(llama_cpp, path, threads, pp, tg, reps):
             llm.eval([t])
         return time.perf_counter() - t0, time.process_time() - c0
 
-    run_pp([(i * 7919 + 13) % vocab for i in range(max(pp, 32))]), run_tg(tg_ids[:1])  # warm-up, as for Kestrel
-    res = {}
-    for name, n, fn, ids in (("pp", pp, run_pp, pp_ids), ("tg", tg, run_tg, tg_ids)):
-        if n <= 0:
-            continue
-        runs = [fn(ids) for _ in range(reps)]
-        secs = [w for w, _ in runs]
-        ts = [n / s for s in secs]
-        res[name] = {"n_tokens": n, "seconds": secs, "tok_s": ts, "tok_s_mean": float(np.mean(ts)),
-                     "tok_s_sd": float(np.std(ts, ddof=1)) if reps > 1 else 0.0,
-                     "cores_used": [c / w for w, c in runs]}
+    res = {"pp": {}}
+    for pp in pps:
+        ids = [(i * 7919 + 13) % vocab for i in range(pp)]
+        run_pp(ids[:max(32, min(pp, 512))])  # warm-up, as for Kestrel
+        res["pp"][str(pp)] = stats(pp, [run_pp(ids) for _ in range(reps)])
+    if tg > 0:
+        run_tg(tg_ids[:1])
+        res["tg"] = stats(tg, [run_tg(tg_ids) for _ in range(reps)])
     llm.close()
     return res
 
 
-def fmt(r, k):
-    return f"{r[k]['tok_s_mean']:.2f} ± {r[k]['tok_s_sd']:.2f}" if r and k in r else "—"
+def kestrel_bench_all(kestrel, model, threads, pps, tg, reps, env_extra=None):
+    """Kestrel's bench once per pp size (tg with the first), in the shape llama_bench returns."""
+    res = {"pp": {}}
+    for i, pp in enumerate(pps):
+        r = kestrel_bench(kestrel, model, threads, pp, tg if i == 0 else 0, reps, env_extra)
+        res["pp"][str(pp)] = r["pp"]
+        if "tg" in r:
+            res["tg"] = r["tg"]
+    return res
+
+
+def ik_bench(peer, path, threads, pps, tg, reps, extra):
+    """ik_llama.cpp's llama-bench (-o json), in the shape llama_bench returns (no per-run CPU time: its
+    cores_used are not measured)."""
+    cmd = [os.path.join(peer["bin"], "llama-bench"), "-m", path, "-t", str(threads), "-p", ",".join(map(str, pps)),
+           "-n", str(tg), "-r", str(reps), "-o", "json", *extra]
+    lm.log("+ " + " ".join(cmd))
+    env = dict(os.environ, LD_LIBRARY_PATH=peer["bin"])
+    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
+    res = {"pp": {}, "command": cmd[1:]}
+    for e in out:
+        n = e["n_prompt"] or e["n_gen"]
+        ts = [float(x) for x in e["samples_ts"]]
+        r = {"n_tokens": n, "seconds": [n / x for x in ts], "tok_s": ts, "tok_s_mean": float(e["avg_ts"]),
+             "tok_s_sd": float(e["stddev_ts"])}
+        if e["n_gen"] == 0:
+            res["pp"][str(n)] = r
+        elif e["n_prompt"] == 0:
+            res["tg"] = r
+    return res
+
+
+def fmt(r):
+    return f"{r['tok_s_mean']:.2f} ± {r['tok_s_sd']:.2f}" if r else "—"
 
 
 def main():
@@ -191,12 +255,19 @@ def main():
     ap.add_argument("--kestrel", default="build/release/kestrel")
     ap.add_argument("--membw", default="build/release/bench/membw_bench")
     ap.add_argument("--w4a8-bench", default="build/release/bench/w4a8_bench")
-    ap.add_argument("--llama-cpp-src", required=True,
-                    help="vendor/llama.cpp of the unpacked llama-cpp-python source package (converter, gguf-py)")
+    ap.add_argument("--peers-dir", default=peers.default_dir(),
+                    help="where bench/peers.py fetches and builds the peers (default: %(default)s)")
+    ap.add_argument("--llama-cpp-src",
+                    help="an llama.cpp tree of your own (converter, gguf-py) instead of the peers' build; "
+                         "`llama_cpp` must then be importable by this python")
+    ap.add_argument("--engines", default="llama.cpp,ik_llama.cpp",
+                    help="peers to time beside Kestrel: llama.cpp (always: the gate's reference), ik_llama.cpp")
+    ap.add_argument("--ik-args", default=IK_ARGS, help="ik_llama.cpp llama-bench options (default: %(default)s)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="parallel jobs of the peers' builds")
     ap.add_argument("--work-dir", default="/tmp/llbench")
     ap.add_argument("-r", "--reps", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("-p", "--pp", type=int, default=512)
+    ap.add_argument("-p", "--pp", default="512", help="prompt sizes, comma-separated (default: %(default)s)")
     ap.add_argument("-n", "--tg", type=int, default=128)
     ap.add_argument("--cells", default="all", help="comma-separated cell indices (0..%d) or 'all'" % (len(CELLS) - 1))
     ap.add_argument("--no-int8", action="store_true", help="skip the --kernels fast safetensors rows")
@@ -205,9 +276,21 @@ def main():
     ap.add_argument("--out-json", default="llama_cpp_compare.json")
     ap.add_argument("--out-md", default="llama_cpp_compare.md")
     args = ap.parse_args()
-    sys.path.insert(0, os.path.join(args.llama_cpp_src, "gguf-py"))  # the vendored gguf-py (header reader)
+    pps = [int(x) for x in args.pp.split(",")]
+    engines = args.engines.split(",")
+    if args.llama_cpp_src:
+        llama_src, llama_peer = args.llama_cpp_src, None
+        import llama_cpp
+    else:
+        venv_py = peers.venv_python(args.peers_dir)
+        if os.path.realpath(sys.prefix) != os.path.realpath(os.path.dirname(os.path.dirname(venv_py))):
+            os.execv(venv_py, [venv_py, os.path.abspath(__file__), *sys.argv[1:]])  # the converter needs torch
+        llama_peer = peers.ensure("llama.cpp", args.peers_dir, args.jobs)
+        llama_src = llama_peer["src"]
+        llama_cpp = peers.import_llama_cpp(llama_peer)
+    ik_peer = peers.ensure("ik_llama.cpp", args.peers_dir, args.jobs) if "ik_llama.cpp" in engines else None
+    sys.path.insert(0, os.path.join(llama_src, "gguf-py"))  # the vendored gguf-py (header reader)
     import gguf
-    import llama_cpp
 
     os.makedirs(args.work_dir, exist_ok=True)
     t_start = time.time()
@@ -218,7 +301,7 @@ def main():
     for _, preset, kind, _ in cells:
         ckpt = lm.make_checkpoint(args.kestrel, preset, os.path.join(args.work_dir, preset))
         mx = os.path.join(args.work_dir, f"{preset}-{'mxfp4' if preset.startswith('k3') else 'bf16'}.gguf")
-        lm.convert(sys.executable, args.llama_cpp_src, ckpt, mx, "bf16")
+        lm.convert(sys.executable, llama_src, ckpt, mx, "bf16")
         path = lm.quantize_q4_0(mx, os.path.join(args.work_dir, f"{preset}-q4_0.gguf")) if kind == "q4_0" else mx
         files[(preset, kind)] = (ckpt, path)
 
@@ -232,13 +315,14 @@ def main():
     for name, preset, kind, extra in cells:
         ckpt, path = files[(preset, kind)]
         facts = lm.header_facts(gguf, path)
+        repack = facts["arch"] not in NO_REPACK_ARCHS
         sha = lm.sha256(path)
         lm.log(f"== {name}: {path} sha256 {sha}, active {facts['active_bytes_per_token'] / 1e9:.3f} GB/token")
-        cell = {"cell": name, "file": path, "sha256": sha, "header": facts, "rows": []}
+        cell = {"cell": name, "file": path, "sha256": sha, "header": facts, "llama_cpp_repack": repack, "rows": []}
         # Gate.
         prompt = [int(t) for t in rng.randint(0, facts["vocab"], GATE_PROMPT)]
         gen, ours = kestrel_gate(args.kestrel, path, prompt, GATE_GEN, os.path.join(args.work_dir, "gate.f32"))
-        ref = llama_gate(llama_cpp, path, args.threads, prompt, gen)
+        ref = llama_gate(llama_cpp, path, args.threads, prompt, gen, repack)
         cell["gate"] = gate_stats(ours, ref, gen)
         lm.log(f"   gate: {cell['gate']}")
         if not cell["gate"]["pass"]:
@@ -247,23 +331,27 @@ def main():
             continue
         # Timing.
         warm_page_cache(path)
-        lc = llama_bench(llama_cpp, path, args.threads, args.pp, args.tg, args.reps)
+        lc = llama_bench(llama_cpp, path, args.threads, pps, args.tg, args.reps, repack)
         warm_page_cache(path)
-        ks = kestrel_bench(args.kestrel, path, args.threads, args.pp, args.tg, args.reps)
-        cell["rows"].append({"engine": "llama.cpp", **lc})
+        ks = kestrel_bench_all(args.kestrel, path, args.threads, pps, args.tg, args.reps)
+        cell["rows"].append({"engine": "llama.cpp" if repack else "llama.cpp (no repack)", **lc})
         cell["rows"].append({"engine": "kestrel", **ks})
+        if ik_peer and facts["arch"] in IK_ARCHS:
+            warm_page_cache(path)
+            ik = ik_bench(ik_peer, path, args.threads, pps, args.tg, args.reps, args.ik_args.split())
+            cell["rows"].append({"engine": "ik_llama.cpp", **ik})
         if "int8" in extra and not args.no_int8:
             # Same expert bits and BF16 rest, as compressed-tensors safetensors (the only MXFP4 the int8 mode
             # covers). Gate: against llama.cpp on the MXFP4 GGUF, like the other rows.
             env = {"KESTREL_MXFP4_INT8": "1", "KESTREL_BF16_ACTS": "1"}  # = --kernels fast
             gen8, ours8 = kestrel_gate(args.kestrel, ckpt, prompt, GATE_GEN, os.path.join(args.work_dir, "gate.f32"), env)
-            ref8 = ref if gen8 == gen else llama_gate(llama_cpp, path, args.threads, prompt, gen8)
+            ref8 = ref if gen8 == gen else llama_gate(llama_cpp, path, args.threads, prompt, gen8, repack)
             g8 = gate_stats(ours8, ref8, gen8)
             lm.log(f"   int8 gate: {g8}")
             row = {"engine": "kestrel --kernels fast (safetensors)", "gate": g8}
             if g8["pass"]:
                 warm_page_cache(ckpt)
-                row.update(kestrel_bench(args.kestrel, ckpt, args.threads, args.pp, args.tg, args.reps, env))
+                row.update(kestrel_bench_all(args.kestrel, ckpt, args.threads, pps, args.tg, args.reps, env))
             cell["rows"].append(row)
         results.append(cell)
 
@@ -275,43 +363,53 @@ def main():
     out = {"machine": {"cpu": platform.processor() or "", "threads": args.threads,
                        "dram_read_gb_s_measured": [bw_before, bw_after], "roofline_gb_s": bw,
                        "vnni_peak_ops": peak},
-           "protocol": {"pp": args.pp, "tg": args.tg, "reps": args.reps, "gate_prompt": GATE_PROMPT,
+           "protocol": {"pp": pps, "tg": args.tg, "reps": args.reps, "gate_prompt": GATE_PROMPT,
                         "gate_gen": GATE_GEN, "gate_median_nmse": GATE_MEDIAN_NMSE, "gate_min_top1": GATE_MIN_TOP1,
-                        "gate_clean_nmse": GATE_CLEAN_NMSE, "gate_min_clean_frac": GATE_MIN_CLEAN_FRAC},
+                        "gate_clean_nmse": GATE_CLEAN_NMSE, "gate_min_clean_frac": GATE_MIN_CLEAN_FRAC,
+                        "ik_args": args.ik_args if ik_peer else None},
            "kestrel_git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
-           "llama_cpp_python": llama_cpp.__version__, "cells": results, "wall_s": time.time() - t_start}
+           "llama_cpp_python": llama_cpp.__version__,
+           "peers": {p["name"]: {k: p[k] for k in ("package", "version", "sdist_sha256")}
+                     for p in (llama_peer, ik_peer) if p},
+           "cells": results, "wall_s": time.time() - t_start}
+    pp_cols = " | ".join(f"pp{n} t/s" for n in pps)
+    ratio_cols = " | ".join(f"pp{n} ratio" for n in pps)
     md = [f"DRAM read roofline {bw:.1f} GB/s (membw_bench in this run, before / after: {bw_before:.1f} / "
           f"{bw_after:.1f}), VNNI int8 peak {peak * 1e-12:.2f} TOPS ({args.threads} threads, "
-          f"measured in this run); pp{args.pp} / tg{args.tg}, -r {args.reps}, mean ± sd t/s.", "",
-          "| model / file | engine | pp t/s | tg t/s | pp ratio | tg ratio | active GB/token | tg GB/s | % roofline | "
-          "pp GOP/s | % VNNI peak | cores used pp / tg | gate (median NMSE / top-1) |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          f"measured in this run); tg{args.tg}, -r {args.reps}, mean ± sd t/s; ratios against the cell's "
+          f"llama.cpp row; % VNNI peak at pp{pps[0]}.", "",
+          f"| model / file | engine | {pp_cols} | tg t/s | {ratio_cols} | tg ratio | active GB/token | tg GB/s | "
+          f"% roofline | pp{pps[0]} GOP/s | % VNNI peak | cores used pp / tg | gate (median NMSE / top-1) |",
+          "|---|---|" + "---|" * (2 * len(pps) + 11)]
     for c in results:
         f = c["header"]
         ab, ap_ = f["active_bytes_per_token"], f["active_params_per_token"]
         base = c["rows"][0] if c["rows"] else None
         if not c["rows"]:
-            md.append(f"| {c['cell']} | — | gate failed | | | | {ab / 1e9:.3f} | | | | | | "
+            md.append(f"| {c['cell']} | — | gate failed |" + " |" * (2 * len(pps) + 3) + f" {ab / 1e9:.3f} | | | | | | "
                       f"{c['gate']['median_nmse']:.2e} / {c['gate']['top1']:.2f} |")
             continue
         for r in c["rows"]:
             g = r.get("gate", c["gate"])
             if "pp" not in r:
-                md.append(f"| {c['cell']} | {r['engine']} | gate failed | | | | | | | | | | "
-                          f"{g['median_nmse']:.2e} / {g['top1']:.2f} |")
+                md.append(f"| {c['cell']} | {r['engine']} | gate failed |" + " |" * (2 * len(pps) + 9) +
+                          f" {g['median_nmse']:.2e} / {g['top1']:.2f} |")
                 continue
-            pp, tg = r["pp"]["tok_s_mean"], r["tg"]["tok_s_mean"]
-            rp = pp / base["pp"]["tok_s_mean"]
+            pp0, tg = r["pp"][str(pps[0])]["tok_s_mean"], r["tg"]["tok_s_mean"]
+            rps = {str(n): r["pp"][str(n)]["tok_s_mean"] / base["pp"][str(n)]["tok_s_mean"] for n in pps}
             rt = tg / base["tg"]["tok_s_mean"]
-            r["derived"] = {"pp_ratio": rp, "tg_ratio": rt, "tg_gb_s": tg * ab / 1e9,
-                            "roofline_frac": tg * ab / 1e9 / bw, "pp_gop_s": pp * 2 * ap_ / 1e9,
-                            "vnni_frac": pp * 2 * ap_ / peak}
+            r["derived"] = {"pp_ratio": rps, "tg_ratio": rt, "tg_gb_s": tg * ab / 1e9,
+                            "roofline_frac": tg * ab / 1e9 / bw, "pp_gop_s": pp0 * 2 * ap_ / 1e9,
+                            "vnni_frac": pp0 * 2 * ap_ / peak}
             d = r["derived"]
-            gate_txt = "(reference)" if r["engine"] == "llama.cpp" else f"{g['median_nmse']:.2e} / {g['top1']:.2f}"
-            md.append(f"| {c['cell']} | {r['engine']} | {fmt(r, 'pp')} | {fmt(r, 'tg')} | {rp:.2f}× | {rt:.2f}× | "
+            gate_txt = ("(reference)" if r is base else "(not gated)" if r["engine"] == "ik_llama.cpp"
+                        else f"{g['median_nmse']:.2e} / {g['top1']:.2f}")
+            cores = (f"{np.mean(r['pp'][str(pps[0])]['cores_used']):.2f} / {np.mean(r['tg']['cores_used']):.2f}"
+                     if "cores_used" in r["tg"] else "—")
+            md.append(f"| {c['cell']} | {r['engine']} | " + " | ".join(fmt(r["pp"][str(n)]) for n in pps) +
+                      f" | {fmt(r['tg'])} | " + " | ".join(f"{rps[str(n)]:.2f}×" for n in pps) + f" | {rt:.2f}× | "
                       f"{ab / 1e9:.3f} | {d['tg_gb_s']:.1f} | {100 * d['roofline_frac']:.0f} % | {d['pp_gop_s']:.0f} | "
-                      f"{100 * d['vnni_frac']:.1f} % | {np.mean(r['pp']['cores_used']):.2f} / "
-                      f"{np.mean(r['tg']['cores_used']):.2f} | {gate_txt} |")
+                      f"{100 * d['vnni_frac']:.1f} % | {cores} | {gate_txt} |")
     md += ["", "Files (sha256):", ""] + [f"* `{os.path.basename(c['file'])}` {c['sha256']} "
                                          f"({c['header']['file_bytes'] / 1e9:.2f} GB; tensor bytes by type: "
                                          + ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in sorted(c["header"]["bytes_by_type"].items()))

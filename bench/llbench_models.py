@@ -179,6 +179,9 @@ def header_facts(gguf_mod, path):
         active += nb * frac
         if len(t.shape) >= 2 and int(t.shape[0]) > 1 and int(t.shape[1]) > 1:
             active_params += ne * frac
+    vocab = int(_field(r, f"{arch}.vocab_size", 0) or 0)
+    if not vocab:  # the deepseek2 converter writes no vocab_size: the embedding's rows
+        vocab = next(int(t.shape[-1]) for t in r.tensors if t.name == "token_embd.weight")
     return {"arch": arch, "n_expert": n_expert, "top_k": top_k, "file_bytes": os.path.getsize(path),
             "tensor_bytes": total, "active_bytes_per_token": active, "active_params_per_token": active_params,
-            "bytes_by_type": types, "vocab": int(_field(r, f"{arch}.vocab_size", 0) or 0)}
+            "bytes_by_type": types, "vocab": vocab}

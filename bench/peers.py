@@ -1,0 +1,145 @@
+"""The peer engines of the side-by-side benchmarks, fetched and built from their PyPI source packages into a
+cache directory outside the repository (default ~/.cache/kestrel-peers, or $KESTREL_PEERS_DIR).
+
+    llama.cpp     the llama.cpp tree vendored in llama-cpp-python's source package (its Python bindings run
+                  from the unpacked package against the library built here)
+    ik_llama.cpp  the ik_llama.cpp tree vendored in ik-llama-cpp-python's source package
+
+Each is built once with CMake (Release, -march=native, shared libraries) for the targets the benchmarks run:
+libllama, llama-bench, llama-server, llama-quantize. A finished build leaves a stamp naming the source package's
+SHA-256; a build that stopped half way is redone. The Python side (llama.cpp's converter needs torch and
+transformers; the bindings need jinja2 and diskcache) lives in a virtual environment in the same directory,
+made from bench/requirements-peers.txt.
+
+    python bench/peers.py [--peers-dir DIR] [--jobs N] [llama.cpp] [ik_llama.cpp]   # fetch + build, print paths
+"""
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REQUIREMENTS = os.path.join(HERE, "requirements-peers.txt")
+
+# name -> (PyPI package, version, the engine's tree inside the source package)
+PEERS = {
+    "llama.cpp": ("llama-cpp-python", "0.3.36", "vendor/llama.cpp"),
+    "ik_llama.cpp": ("ik-llama-cpp-python", "0.1.5", "vendor/ik_llama.cpp"),
+}
+TARGETS = ["llama", "llama-bench", "llama-server", "llama-quantize"]
+CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_CURL=OFF",
+               "-DLLAMA_BUILD_TESTS=OFF"]
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(cmd, **kw):
+    log("+ " + " ".join(shlex.quote(str(c)) for c in cmd))
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def default_dir():
+    return os.environ.get("KESTREL_PEERS_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kestrel-peers")
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 24), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+def venv_python(peers_dir):
+    """The peers' virtual environment (made on first use), as a path to its python."""
+    venv = os.path.join(peers_dir, "venv")
+    py = os.path.join(venv, "bin", "python")
+    stamp = os.path.join(venv, "requirements.sha256")
+    want = sha256(REQUIREMENTS)
+    if os.path.exists(py) and os.path.exists(stamp) and open(stamp).read() == want:
+        return py
+    if not os.path.exists(py):
+        run([sys.executable, "-m", "venv", venv])
+    run([py, "-m", "pip", "install", "-q", "-r", REQUIREMENTS])
+    with open(stamp, "w") as f:
+        f.write(want)
+    return py
+
+
+def _fetch(peers_dir, package, version):
+    """The unpacked source package (pip download --no-binary: the registry's sdist, nothing prebuilt)."""
+    dl = os.path.join(peers_dir, "sdist")
+    os.makedirs(dl, exist_ok=True)
+    stem = f"{package.replace('-', '_')}-{version}"
+    tarball = os.path.join(dl, stem + ".tar.gz")
+    if not os.path.exists(tarball):
+        run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-d", dl,
+             f"{package}=={version}"])
+    root = os.path.join(peers_dir, stem)
+    if not os.path.isdir(root):
+        tmp = root + ".part"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        with tarfile.open(tarball) as t:
+            if hasattr(tarfile, "data_filter"):
+                t.extractall(tmp, filter="data")
+            else:
+                t.extractall(tmp)
+        os.replace(os.path.join(tmp, stem), root)
+        shutil.rmtree(tmp)
+    return root, sha256(tarball)
+
+
+def ensure(name, peers_dir=None, jobs=2):
+    """Fetch and build one peer; returns its paths: root (the unpacked package), src (the engine's tree, with
+    the converter and gguf-py for llama.cpp), bin (binaries and shared libraries)."""
+    package, version, vendor = PEERS[name]
+    peers_dir = peers_dir or default_dir()
+    os.makedirs(peers_dir, exist_ok=True)
+    root, digest = _fetch(peers_dir, package, version)
+    src = os.path.join(root, vendor)
+    build = os.path.join(root, "build")
+    bin_dir = os.path.join(build, "bin")
+    stamp = os.path.join(build, "kestrel-peer.json")
+    want = {"package": package, "version": version, "sdist_sha256": digest, "cmake": CMAKE_FLAGS, "targets": TARGETS}
+    if not (os.path.exists(stamp) and json.load(open(stamp)) == want):
+        if os.path.exists(stamp):
+            os.remove(stamp)
+        run(["cmake", "-S", src, "-B", build, *CMAKE_FLAGS], stdout=subprocess.DEVNULL)
+        run(["cmake", "--build", build, "-j", str(jobs), "--target", *TARGETS], stdout=subprocess.DEVNULL)
+        with open(stamp, "w") as f:
+            json.dump(want, f)
+    return {"name": name, "package": package, "version": version, "sdist_sha256": digest, "root": root, "src": src,
+            "bin": bin_dir}
+
+
+def import_llama_cpp(peer):
+    """llama-cpp-python's bindings from the unpacked package, bound to the library built by ensure()."""
+    os.environ["LLAMA_CPP_LIB_PATH"] = peer["bin"]
+    sys.path.insert(0, peer["root"])
+    import llama_cpp
+    return llama_cpp
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("peers", nargs="*", default=list(PEERS), choices=list(PEERS))
+    ap.add_argument("--peers-dir", default=default_dir())
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    args = ap.parse_args()
+    out = {"venv_python": venv_python(args.peers_dir)}
+    for name in args.peers:
+        out[name] = ensure(name, args.peers_dir, args.jobs)
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -220,6 +220,48 @@ float lane_model(const WeightMatrix& w, const Q8Acts& a, int64_t r, int64_t t) {
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
+// The small-T kernel at the token counts batched MoE decode gives an expert (1-8, and a few more):
+// T = 1..11 covers every tail of 1-3 tokens after 0, 1 and 2 register blocks of 4; each token's
+// outputs must be its bits alone with either chunk loader, rows cut at odd places, and, for Q4_0 /
+// Q8_0, the lane model's (the scalar statement of the arithmetic).
+TEST_P(GgufInt8Kernel, TailTokensInOneBlockKeepEachTokensBits) {
+  if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI path: " << isa_unsupported_reason(Isa::kAvx512Vnni);
+  const auto [format, in] = GetParam();
+  const int64_t out = 23, Tmax = 11;  // rows: 5 groups of 4 and 3 single rows
+  std::mt19937 rng(static_cast<unsigned>(in) * 11 + static_cast<unsigned>(format));
+  const std::vector<uint8_t> data = random_blocks(format, out, in, rng);
+  WeightMatrix w;
+  w.format = format, w.out = out, w.in = in, w.data = data.data();
+  std::uniform_real_distribution<float> dist(-2, 2);
+  std::vector<float> x(static_cast<size_t>(Tmax * in));
+  for (auto& v : x) v = dist(rng);
+  for (int j = 0; j < 32; ++j) x[static_cast<size_t>(2 * in + j)] = 0;  // token 2, block 0: all zero
+  const bool lanes = format != WeightFormat::kGgufMxfp4;
+  std::vector<float> alone(static_cast<size_t>(Tmax * out));
+  for (int64_t t = 0; t < Tmax; ++t) {
+    Q8Acts one;
+    quantize_q8_0_acts(x.data() + t * in, 1, in, one);
+    gguf_int8_rows_avx512(w, one, alone.data() + t * out, out, 0, out);
+    if (lanes) {
+      for (int64_t r = 0; r < out; ++r)
+        ASSERT_EQ(alone[static_cast<size_t>(t * out + r)], lane_model(w, one, r, 0)) << "t " << t << " r " << r;
+    }
+  }
+  for (const bool vbmi : {true, false})
+    for (int64_t T = 1; T <= Tmax; ++T) {
+      Q8Acts a;
+      quantize_q8_0_acts(x.data(), T, in, a);
+      std::vector<float> y(static_cast<size_t>(T * out), -1.0f);
+      gguf_int8_rows_avx512(w, a, y.data(), out, 0, 9, vbmi);
+      gguf_int8_rows_avx512(w, a, y.data(), out, 9, 10, vbmi);
+      gguf_int8_rows_avx512(w, a, y.data(), out, 10, out, vbmi);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t r = 0; r < out; ++r)
+          ASSERT_EQ(y[static_cast<size_t>(t * out + r)], alone[static_cast<size_t>(t * out + r)])
+              << "vbmi " << vbmi << " T " << T << " t " << t << " r " << r;
+    }
+}
+
 class GgufInt8Gemm : public ::testing::TestWithParam<Case> {};
 
 // The prefill GEMM form (gguf_int8_gemm_rows) gives the small-T kernel's bits for every token at every

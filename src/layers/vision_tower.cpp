@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "kernels/cpu/blas_gemm.h"
+#include "kernels/cpu/flash_attention.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/scratch.h"
@@ -123,30 +125,28 @@ void VisionTower::embed(std::span<const VisionImage> images, std::vector<float>&
   }
 }
 
-// Per image, per head and block of query rows, one work item: S = scale · Q_block K^T and O = exp(S − max) V as
-// OpenBLAS products straight on the q/k/v rows (leading dimension 3·qkv width, no gathers), the row sums from
-// softmax_exp_row, out = O / sum. Items run in parallel, each product single-threaded inside the region, so memory
-// stays at threads × block × patches and an item's bits depend only on its image.
-void VisionTower::attention(std::span<const VisionImage> images, const float* qkv, float* out) const {
-  constexpr int64_t kQueryBlock = 256;
+// Per image: each head's keys and values packed once (kernels::pack_keys_values, heads in parallel), then one work
+// item per head and block of kQueryBlock query rows, key-tiled with an online softmax (kernels::attend_rows) so the
+// score tile stays in L2. Items run in parallel; an item's bits depend only on its image's rows.
+void VisionTower::attention(std::span<const VisionImage> images, const float* qkv, float* out,
+                            std::vector<float>& kv) const {
+  constexpr int64_t kQueryBlock = 96;
   const int64_t heads = v_.num_heads, hd = head_dim_, width = 3 * int64_t{v_.qkv_hidden}, qw = v_.qkv_hidden;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   int64_t start = 0;
   for (const VisionImage& im : images) {
     const int64_t n = im.patches(), blocks = (n + kQueryBlock - 1) / kQueryBlock;
+    const int64_t per_head = kernels::packed_kv_floats(n, hd);
+    kv.resize(static_cast<size_t>(heads * per_head + 16));
+    float* packed = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(kv.data()) + 63) & ~uintptr_t{63});
     const float* base = qkv + start * width;
+    kernels::parallel_for_dynamic(heads, 1, [&](int64_t h) {
+      kernels::pack_keys_values(base + qw + h * hd, base + 2 * qw + h * hd, width, n, hd, packed + h * per_head);
+    });
     kernels::parallel_for_dynamic(heads * blocks, 1, [&](int64_t item) {
       const int64_t h = item / blocks, i0 = item % blocks * kQueryBlock, B = std::min(kQueryBlock, n - i0);
-      float* s = kernels::thread_scratch(kernels::kScratchVisionScores, static_cast<size_t>(B * n));
-      kernels::sgemm(true, B, n, hd, scale, base + i0 * width + h * hd, width, base + qw + h * hd, width, s, n);
-      float sums[kQueryBlock];
-      for (int64_t i = 0; i < B; ++i) sums[i] = kernels::softmax_exp_row(s + i * n, n);
-      float* dst = out + (start + i0) * qw + h * hd;
-      kernels::sgemm(false, B, hd, n, 1.0f, s, n, base + 2 * qw + h * hd, width, dst, qw);
-      for (int64_t i = 0; i < B; ++i) {
-        const float inv = 1.0f / sums[i];
-        for (int64_t d = 0; d < hd; ++d) dst[i * qw + d] *= inv;
-      }
+      kernels::attend_rows(base + i0 * width + h * hd, width, B, packed + h * per_head, n, hd, scale,
+                           out + (start + i0) * qw + h * hd, qw);
     });
     start += n;
   }
@@ -183,7 +183,7 @@ void VisionTower::block_forward(const Block& blk, std::span<const VisionImage> i
         }
       }
   });
-  attention(images, qkv.data(), attn.data());
+  attention(images, qkv.data(), attn.data(), buf.kv);
   kernels::matmul_sgemm(blk.wo, attn.data(), T, proj.data());
   for (int64_t i = 0; i < T * D; ++i) x[static_cast<size_t>(i)] += proj[static_cast<size_t>(i)];
   kernels::rms_norm(x.data(), blk.norm1.data(), T, D, kEncoderNormEps, h.data());

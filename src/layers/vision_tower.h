@@ -68,12 +68,13 @@ class VisionTower {
   // Activations of one block, sized once per encode and reused by every block (no page faults per block).
   struct BlockBuffers {
     std::vector<float> h, qkv, attn, proj, mid;
+    std::vector<float> kv;  // one image's keys and values packed per head (kernels::pack_keys_values)
   };
   // Position grid interpolated to h x w (or the grid itself when it is h x w): [h·w, hidden].
   void position_grid(int64_t h, int64_t w, std::vector<float>& out) const;
   void block_forward(const Block& blk, std::span<const VisionImage> images, const std::vector<int64_t>& rope_pos,
                      std::vector<float>& x, BlockBuffers& buf) const;
-  void attention(std::span<const VisionImage> images, const float* qkv, float* out) const;
+  void attention(std::span<const VisionImage> images, const float* qkv, float* out, std::vector<float>& kv) const;
 
   VisionConfig v_;
   int64_t head_dim_ = 0;

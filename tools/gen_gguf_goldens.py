@@ -6,7 +6,8 @@ conversion/kimi_linear.py, conversion/deepseek.py; src/models/kimi-k3.cpp, kimi-
 gguf-py). Installation as described in tools/gen_k3_goldens.py (or the sdist's llama_cpp package on PYTHONPATH
 with LLAMA_CPP_LIB_PATH naming a directory of libllama.so / libggml*.so built from the same sdist; the package
 imports numpy, diskcache and jinja2). The deepseek2 cases: `--only deepseek_v3_micro_bf16,deepseek_v3_micro_f16,
-deepseek_v3_micro_q8_0,deepseek_v3_micro_q4_0`.
+deepseek_v3_micro_q8_0,deepseek_v3_micro_q4_0` (DeepSeek V3 structure) and `--only deepseek_v2_lite_micro_bf16,
+deepseek_v2_lite_micro_q8_0,deepseek_v2_lite_micro_q4_0` (DeepSeek-V2-Lite structure).
 
 Run (from the repository root, with the project venv):
 
@@ -87,6 +88,10 @@ CASES = [
     ("deepseek_v3_micro_f16", "deepseek-v3-micro-bf16", "convert", "f16"),
     ("deepseek_v3_micro_q8_0", "deepseek-v3-micro-bf16", "convert", "q8_0"),
     ("deepseek_v3_micro_q4_0", "deepseek-v3-micro-bf16", "quantize_q4_0", None),
+    # deepseek2 as DeepSeek-V2-Lite: no q_lora (attn_q), softmax greedy routing without exp_probs_b, 27 layers
+    ("deepseek_v2_lite_micro_bf16", "deepseek-v2-lite-micro-bf16", "convert", "bf16"),
+    ("deepseek_v2_lite_micro_q8_0", "deepseek-v2-lite-micro-bf16", "convert", "q8_0"),
+    ("deepseek_v2_lite_micro_q4_0", "deepseek-v2-lite-micro-bf16", "quantize_q4_0", None),
 ]
 
 # llama.cpp 0.3.36 runs deepseek2 files with quantized or F16 weights only without its CPU weight repacking

@@ -60,11 +60,12 @@ void token_ids(const GgufHeader& h, json& t) {
     if (const GgufValue* v = h.find(key); v && !v->is_array() && v->as_int()) t[hf] = *v->as_int();
 }
 
-// `deepseek2` (DeepSeek V3, V3.2 without its indexer, Kimi K2 as conversion/deepseek.py writes them) →
-// a deepseek_v3 config.json. Only what that converter writes for these models is accepted: MLA with
-// q_lora and the k_b/v_b split (key_length_mla present), sigmoid routing with the e_score_correction
-// bias (noaux_tc, groups optional), YaRN given as factor/original length/betas/log multiplier (the
-// converter stores 0.1·mscale_all_dim; llama.cpp, like DeepSeek's configs, takes mscale = mscale_all_dim).
+// `deepseek2` (DeepSeek V2 / V2-Lite, V3, V3.2 without its indexer, Kimi K2 as conversion/deepseek.py
+// writes them) → a deepseek_v3 config.json. Only what that converter writes for these models is accepted:
+// MLA with or without q_lora and the k_b/v_b split (key_length_mla present), sigmoid routing with the
+// e_score_correction bias (noaux_tc) or softmax routing without it (V2), groups optional, YaRN given as
+// factor/original length/betas/log multiplier (the converter stores 0.1·mscale_all_dim; llama.cpp, like
+// DeepSeek's V2 and V3 configs, takes mscale = mscale_all_dim).
 Result<std::string> deepseek2_config_json(const GgufHeader& h, const std::string& label) {
   Keys k(h, "deepseek2", label);
   json t;
@@ -95,18 +96,42 @@ Result<std::string> deepseek2_config_json(const GgufHeader& h, const std::string
     t["norm_topk_prob"] = false;  // llama.cpp: absent = no renormalization
   }
   t["routed_scaling_factor"] = k.opt_num("expert_weights_scale").value_or(1.0);
-  // llama.cpp reads a missing gating function as softmax (DeepSeek V2 files); only sigmoid is built here.
-  if (auto v = k.opt_int("expert_gating_func"); !v || *v != 2)
-    k.fail("expert_gating_func", "only sigmoid routing (2, DeepSeek V3 / Kimi K2) is supported; missing or " +
-                                     (v ? std::to_string(*v) : std::string("absent")) + " means softmax (DeepSeek V2)");
-  t["scoring_func"] = "sigmoid";
-  if (!any_layer_tensor(h, ".exp_probs_b.bias"))
-    k.fail("expert_gating_func", "sigmoid routing without blk.*.exp_probs_b.bias (e_score_correction_bias) is not supported");
-  t["topk_method"] = "noaux_tc";
-  t["n_group"] = std::max<int64_t>(1, k.opt_int("expert_group_count").value_or(1));
+  // Routing. llama.cpp reads a missing gating function as softmax (DeepSeek V2 / V2.5 files carry none;
+  // the converter writes 1 from a V2 config's scoring_func). Sigmoid (2) comes with the correction bias
+  // (noaux_tc); softmax without it, as DeepSeek V2's greedy (one group) or group_limited_greedy (groups).
+  const int64_t gating = k.opt_int("expert_gating_func").value_or(1);
+  const bool bias = any_layer_tensor(h, ".exp_probs_b.bias");
+  const int64_t groups = std::max<int64_t>(1, k.opt_int("expert_group_count").value_or(1));
+  t["n_group"] = groups;
   t["topk_group"] = std::max<int64_t>(1, k.opt_int("expert_group_used_count").value_or(1));
-  if (auto v = k.opt_int("attention.q_lora_rank")) t["q_lora_rank"] = *v;
-  else k.fail("attention.q_lora_rank", "missing: MLA without a q_lora projection (DeepSeek V2-Lite) is not supported");
+  if (gating == 2) {
+    if (!bias)
+      k.fail("expert_gating_func", "sigmoid routing without blk.*.exp_probs_b.bias (e_score_correction_bias) is not supported");
+    t["scoring_func"] = "sigmoid";
+    t["topk_method"] = "noaux_tc";
+  } else if (gating == 1) {
+    if (bias)
+      k.fail("expert_gating_func",
+             "softmax routing (1, or absent: DeepSeek V2) with blk.*.exp_probs_b.bias is not supported");
+    t["scoring_func"] = "softmax";
+    // DeepSeek V2 scores a group by its best expert; llama.cpp's build_moe_ffn by its top-2 sum for every
+    // gating function. The model's own rule is built (as from safetensors); they differ only with groups.
+    t["topk_method"] = groups > 1 ? "group_limited_greedy" : "greedy";
+  } else {
+    k.fail("expert_gating_func",
+           std::to_string(gating) + " is not supported (1 softmax: DeepSeek V2; 2 sigmoid: V3 / Kimi K2)");
+  }
+  // MLA: q_lora (q_a / q_a_norm / q_b) or, DeepSeek V2-Lite, one attn_q matrix. The converter writes no
+  // q_lora_rank for V2-Lite; a 0 (what it writes for a config holding q_lora_rank 0) is the same model.
+  const auto q_lora = k.opt_int("attention.q_lora_rank");
+  if (q_lora && *q_lora > 0) {
+    t["q_lora_rank"] = *q_lora;
+  } else if (q_lora && *q_lora < 0) {
+    k.fail("attention.q_lora_rank", "must not be negative");
+  } else if (h.tensor("blk.0.attn_q.weight") == nullptr) {
+    k.fail("attention.q_lora_rank", std::string(q_lora ? "0" : "missing") +
+                                        " (no q_lora projection) but no blk.0.attn_q.weight to project the query with");
+  }
   t["kv_lora_rank"] = k.req_int("attention.kv_lora_rank");
   const int64_t rope = k.req_int("rope.dimension_count");
   t["qk_rope_head_dim"] = rope;

@@ -202,7 +202,7 @@ Status write_vision(Writer& w, const json& vision) {
 std::vector<std::string> gen_preset_names() {
   return {"k3-tiny",  "k3-tiny-bf16", "k3-tiny-allexp",   "kimi-linear-tiny",
           "k3-bench", "k3-default",   "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v32-sparse-tiny", "deepseek-v2style-tiny",
-          "deepseek-v3-micro-bf16",
+          "deepseek-v3-micro-bf16", "deepseek-v2-lite-micro-bf16", "deepseek2-lite-bench",
           "deepseek-bench", "deepseek-bench-dsa", "k3-micro", "k3-micro-bf16", "kimi-linear-micro", "k3-tiny-dsa", "k3-bench-dsa",
           "kimi-linear-bench", "k3-shape-bench"};
 }
@@ -311,6 +311,36 @@ Result<GenSpec> gen_preset(const std::string& name) {
     s.experts = 8, s.top_k = 2, s.shared = 1, s.moe_inter = 32, s.routed_scaling = 2.5f;
     s.first_k_dense = 1, s.n_group = 4, s.topk_group = 2;
     s.mxfp4_experts = false, s.fp8 = false, s.shards = 1;
+    return s;
+  }
+  if (name == "deepseek-v2-lite-micro-bf16") {  // DeepSeek-V2-Lite structure at micro widths, BF16: the V2-Lite
+    // deepseek2 GGUF tests. 27 layers as the release (1 dense + 26 MoE): llama.cpp reads a file without
+    // q_lora_rank only at V2-Lite's layer counts. No q_lora, softmax top-k greedy (one group), 2 shared
+    // experts, no renormalization, YaRN with V2-Lite's values (docs/model-math.md §5.5); every matrix input
+    // width a multiple of 32.
+    s.arch = "deepseek_v3";
+    s.hidden = 32, s.layers = 27, s.intermediate = 128;
+    s.mla_heads = 2, s.q_lora = 0, s.kv_lora = 64, s.nope = 32, s.rope = 32, s.v_dim = 32;
+    s.experts = 8, s.top_k = 3, s.shared = 2, s.moe_inter = 32, s.routed_scaling = 1.0f;
+    s.first_k_dense = 1, s.n_group = 1, s.topk_group = 1;
+    s.topk_method = "greedy", s.norm_topk_prob = false;
+    s.yarn_mscale = 0.707, s.yarn_mscale_all_dim = 0.707;
+    s.mxfp4_experts = false, s.fp8 = false, s.shards = 1;
+    return s;
+  }
+  if (name == "deepseek2-lite-bench") {  // DeepSeek-V2-Lite layer widths (docs/model-math.md §5.5), 4 layers
+    // (1 dense + 3 MoE), vocab 32768, BF16: the ik_llama.cpp / llama.cpp side-by-side benchmark. config.json
+    // says q_lora_rank 0 (not null) so llama.cpp's converter writes the key: llama.cpp refuses a deepseek2
+    // file without it unless it has V2-Lite's 26 / 27 layers.
+    s.arch = "deepseek_v3";
+    s.vocab = 32768, s.hidden = 2048, s.layers = 4, s.intermediate = 10944;
+    s.mla_heads = 16, s.q_lora = 0, s.kv_lora = 512, s.nope = 128, s.rope = 64, s.v_dim = 128;
+    s.experts = 64, s.top_k = 6, s.shared = 2, s.moe_inter = 1408, s.routed_scaling = 1.0f;
+    s.first_k_dense = 1, s.n_group = 1, s.topk_group = 1;
+    s.topk_method = "greedy", s.norm_topk_prob = false;
+    s.yarn_mscale = 0.707, s.yarn_mscale_all_dim = 0.707;
+    s.q_lora_zero_key = true;
+    s.mxfp4_experts = false, s.fp8 = false, s.shards = 4;
     return s;
   }
   if (name == "deepseek-v3-tiny" || name == "deepseek-v32-tiny" || name == "deepseek-v32-sparse-tiny") {

@@ -34,6 +34,7 @@ struct GenSpec {
   bool fp8 = true;  // FP8 128×128 block weights for every linear except embed, lm_head, router
   double rope_theta = 10000.0, yarn_factor = 40.0, yarn_mscale = 1.0, yarn_mscale_all_dim = 1.0;
   int yarn_original_max = 4096;
+  bool q_lora_zero_key = false;  // q_lora 0 written to config.json as 0 (llama.cpp's converter then keeps the key), not null
   int mtp_layers = 0;  // extra MTP layer tensors after the main layers (accepted, not run)
   // Routing: "noaux_tc" (sigmoid + correction bias) or V2-style softmax "greedy" / "group_limited_greedy"
   // (no bias tensor); norm_topk_prob as written to config.json.
@@ -46,8 +47,9 @@ struct GenSpec {
 
 // Named presets: "k3-tiny", "k3-tiny-bf16", "kimi-linear-tiny", "k3-bench", "k3-default",
 // "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v32-sparse-tiny" (V3.2 with index_topk 8),
-// "deepseek-v2style-tiny", "deepseek-v3-micro-bf16" (DeepSeek V3 structure at micro widths in BF16: the
-// source of the deepseek2 GGUF test files), "deepseek-bench", "deepseek-bench-dsa" (deepseek-bench as V3.2: indexer on every
+// "deepseek-v2style-tiny", "deepseek-v3-micro-bf16" / "deepseek-v2-lite-micro-bf16" (DeepSeek V3 / V2-Lite
+// structure at micro widths in BF16: the source of the deepseek2 GGUF test files), "deepseek2-lite-bench"
+// (DeepSeek-V2-Lite layer widths, 4 layers, BF16), "deepseek-bench", "deepseek-bench-dsa" (deepseek-bench as V3.2: indexer on every
 // layer, 8 × 128, top-2048).
 // "k3-tiny-dsa" (layers 4 and 8 sparse, top-16), "k3-bench-dsa" (k3-bench with both MLA layers sparse,
 // top-2048; every tensor shared with k3-bench is identical). "kimi-linear-bench" (Kimi-Linear-48B-A3B layer widths,

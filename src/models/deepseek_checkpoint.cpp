@@ -66,7 +66,7 @@ json deepseek_config(const GenSpec& s) {
             {"num_attention_heads", s.mla_heads}, {"num_key_value_heads", s.mla_heads},
             {"n_shared_experts", s.shared}, {"n_routed_experts", s.experts}, {"ep_size", 1},
             {"routed_scaling_factor", s.routed_scaling}, {"kv_lora_rank", s.kv_lora},
-            {"q_lora_rank", s.q_lora > 0 ? json(s.q_lora) : json(nullptr)}, {"qk_rope_head_dim", s.rope},
+            {"q_lora_rank", s.q_lora > 0 || s.q_lora_zero_key ? json(s.q_lora) : json(nullptr)}, {"qk_rope_head_dim", s.rope},
             {"v_head_dim", s.v_dim}, {"qk_nope_head_dim", s.nope}, {"topk_method", s.topk_method},
             {"n_group", s.n_group}, {"topk_group", s.topk_group}, {"num_experts_per_tok", s.top_k},
             {"moe_layer_freq", 1}, {"first_k_dense_replace", s.first_k_dense}, {"norm_topk_prob", s.norm_topk_prob},

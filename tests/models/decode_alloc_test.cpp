@@ -239,7 +239,8 @@ TEST_P(DecodeAllocGguf, NoAllocationPerDecodedToken) {
 INSTANTIATE_TEST_SUITE_P(Micro, DecodeAllocGguf,
                          ::testing::Values("k3_micro_q4_0.gguf", "k3_micro_q8_0.gguf", "k3_micro_mxfp4.gguf",
                                            "kimi_linear_micro_bf16.gguf", "deepseek_v3_micro_q4_0.gguf",
-                                           "deepseek_v3_micro_bf16.gguf"));
+                                           "deepseek_v3_micro_bf16.gguf", "deepseek_v2_lite_micro_q4_0.gguf",
+                                           "deepseek_v2_lite_micro_bf16.gguf"));
 
 // `--kernels fast` on a K3 checkpoint (MXFP4 experts: int8 activations; BF16 elsewhere: bf16
 // activations where the CPU has AVX512-BF16). The switches are read when the weights are bound, so

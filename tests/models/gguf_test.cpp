@@ -151,7 +151,9 @@ INSTANTIATE_TEST_SUITE_P(Micro, GgufVsSafetensors,
                                            SameModelCase{"k3_mxfp4_experts", "k3-micro", "k3_micro_mxfp4", 1e-4},
                                            SameModelCase{"kimi_linear_bf16", "kimi-linear-micro", "kimi_linear_micro_bf16", 1e-4},
                                            SameModelCase{"deepseek_v3_bf16", "deepseek-v3-micro-bf16", "deepseek_v3_micro_bf16", 1e-4},
-                                           SameModelCase{"deepseek_v3_f16", "deepseek-v3-micro-bf16", "deepseek_v3_micro_f16", 1e-4}),
+                                           SameModelCase{"deepseek_v3_f16", "deepseek-v3-micro-bf16", "deepseek_v3_micro_f16", 1e-4},
+                                           SameModelCase{"deepseek_v2_lite_bf16", "deepseek-v2-lite-micro-bf16",
+                                                         "deepseek_v2_lite_micro_bf16", 1e-4}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 struct RefCase {
@@ -200,7 +202,13 @@ INSTANTIATE_TEST_SUITE_P(
                       RefCase{"deepseek_v3_bf16", "deepseek_v3_micro_bf16", 3e-4, 4e-3, 0, 0.9},
                       RefCase{"deepseek_v3_f16", "deepseek_v3_micro_f16", 5e-6, 3e-5, 0, 0.95},
                       RefCase{"deepseek_v3_q8_0", "deepseek_v3_micro_q8_0", 3e-3, 1.0, 8, 0.8},
-                      RefCase{"deepseek_v3_q4_0", "deepseek_v3_micro_q4_0", 3e-3, 1.0, 8, 0.75}),
+                      RefCase{"deepseek_v3_q4_0", "deepseek_v3_micro_q4_0", 3e-3, 1.0, 8, 0.75},
+                      // V2-Lite structure, 27 layers: llama.cpp's own native path is as far from its exact
+                      // decode (median 8.7e-4 / 5.4e-3 / 4.1e-3); measured median 8.8e-4 / 5.5e-3 / 4.1e-3,
+                      // worst 1.9e-2 / 0.13 / 2.4e-2, rows > 0.1: 0 / 1 / 0, top-1 0.95 / 0.92 / 0.95.
+                      RefCase{"deepseek_v2_lite_bf16", "deepseek_v2_lite_micro_bf16", 3e-3, 6e-2, 0, 0.88},
+                      RefCase{"deepseek_v2_lite_q8_0", "deepseek_v2_lite_micro_q8_0", 1.5e-2, 1.0, 8, 0.82},
+                      RefCase{"deepseek_v2_lite_q4_0", "deepseek_v2_lite_micro_q4_0", 1.2e-2, 1.0, 8, 0.85}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // The default int8 mode (GGUF Q4_0/Q8_0/MXFP4 products with Q8_0 activations, as llama.cpp computes
@@ -307,7 +315,8 @@ TEST_P(GgufDeepseek2TokenByToken, AbsorbedDecodeMatchesExactDecode) {
 
 INSTANTIATE_TEST_SUITE_P(Micro, GgufDeepseek2TokenByToken,
                          ::testing::Values("deepseek_v3_micro_bf16", "deepseek_v3_micro_f16", "deepseek_v3_micro_q8_0",
-                                           "deepseek_v3_micro_q4_0"));
+                                           "deepseek_v3_micro_q4_0", "deepseek_v2_lite_micro_bf16",
+                                           "deepseek_v2_lite_micro_q8_0", "deepseek_v2_lite_micro_q4_0"));
 
 // deepseek2 Q8_0 / Q4_0 in the default int8 mode, one token per call: the absorbed MLA runs the file's
 // k_b / v_b halves in place as per-head int8 products, which is llama.cpp's deepseek2 graph (always absorbed),
@@ -317,6 +326,8 @@ INSTANTIATE_TEST_SUITE_P(Micro, GgufDeepseek2TokenByToken,
 // Bounds: median and q25 ≤ 1e-10 (the exact path must miss it), worst row ≤ 2e-3, top-1 ≥ 0.95. (Chunked
 // prefill runs MLA expanded on the merged kv_b instead, which llama.cpp never does: there the int8 mode is
 // no nearer llama.cpp than the exact path, q25 1.0e-3 / 8.3e-4 vs 6.9e-4 / 6.3e-4; not asserted.)
+// Not on the V2-Lite files: there the int8 mode is nearer llama.cpp than the exact path (q25 1.7e-4 / 6.3e-4
+// vs 3.5e-3 / 2.5e-3, Q8_0 / Q4_0) but not to fp32 order; the step that differs is not found yet.
 class GgufDeepseek2Int8TokenByToken : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GgufDeepseek2Int8TokenByToken, AbsorbedInt8MatchesLlamaCppNative) {
@@ -341,14 +352,25 @@ INSTANTIATE_TEST_SUITE_P(Micro, GgufDeepseek2Int8TokenByToken,
 // deepseek2 metadata (llama.cpp's converter) → the same ModelConfig as the checkpoint's config.json it was
 // converted from: every field the DeepSeek model reads, the derived softmax scale bit for bit (YaRN mscale
 // from yarn_log_multiplier / 0.1 in float, as llama.cpp undoes it).
-TEST(GgufDeepseek2, MetadataGivesTheCheckpointsConfig) {
+// DeepSeek-V2-Lite's mscale 0.707 comes back as float(0.1·0.707) / 0.1f, 1 ulp of float from 0.707 (V3's
+// 1.0 exactly): there mscale and the softmax scale are bounded by 2 float ulps instead.
+struct MetaCase {
+  const char* preset;
+  const char* gguf;
+  double mscale_rel_tol;
+};
+
+class GgufDeepseek2Metadata : public ::testing::TestWithParam<MetaCase> {};
+
+TEST_P(GgufDeepseek2Metadata, GivesTheCheckpointsConfig) {
+  const MetaCase& c = GetParam();
   testing::TempDir tmp;
-  testing::make_checkpoint("deepseek-v3-micro-bf16", tmp.path());
+  testing::make_checkpoint(c.preset, tmp.path());
   auto want = load_model_config(tmp.path());
   ASSERT_TRUE(want) << want.error().message();
-  auto f = GgufFile::open(data("deepseek_v3_micro_bf16.gguf"));
+  auto f = GgufFile::open(data(c.gguf));
   ASSERT_TRUE(f) << f.error().message();
-  auto got = model_config_from_gguf(f->header(), "deepseek_v3_micro_bf16.gguf");
+  auto got = model_config_from_gguf(f->header(), c.gguf);
   ASSERT_TRUE(got) << got.error().message();
   EXPECT_EQ(got->arch, Arch::kDeepseekV3);
   const TextConfig &a = got->text, &b = want->text;
@@ -375,17 +397,82 @@ TEST(GgufDeepseek2, MetadataGivesTheCheckpointsConfig) {
   EXPECT_EQ(a.qk_nope_head_dim, b.qk_nope_head_dim);
   EXPECT_EQ(a.qk_rope_head_dim, b.qk_rope_head_dim);
   EXPECT_EQ(a.v_head_dim, b.v_head_dim);
-  EXPECT_EQ(a.mla_softmax_scale, b.mla_softmax_scale);
+  const auto near = [&](double x, double y) { return std::abs(x - y) <= c.mscale_rel_tol * std::abs(y); };
+  EXPECT_PRED2(near, a.mla_softmax_scale, b.mla_softmax_scale);
   ASSERT_TRUE(a.mla_rope && b.mla_rope);
   EXPECT_EQ(a.mla_rope->theta, b.mla_rope->theta);
   EXPECT_TRUE(a.mla_rope->yarn && b.mla_rope->yarn);
   EXPECT_EQ(a.mla_rope->factor, b.mla_rope->factor);
   EXPECT_EQ(a.mla_rope->beta_fast, b.mla_rope->beta_fast);
   EXPECT_EQ(a.mla_rope->beta_slow, b.mla_rope->beta_slow);
-  EXPECT_EQ(a.mla_rope->mscale, b.mla_rope->mscale);
-  EXPECT_EQ(a.mla_rope->mscale_all_dim, b.mla_rope->mscale_all_dim);
+  EXPECT_PRED2(near, a.mla_rope->mscale, b.mla_rope->mscale);
+  EXPECT_PRED2(near, a.mla_rope->mscale_all_dim, b.mla_rope->mscale_all_dim);
   EXPECT_EQ(a.mla_rope->original_max_position_embeddings, b.mla_rope->original_max_position_embeddings);
   EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
+}
+
+INSTANTIATE_TEST_SUITE_P(Micro, GgufDeepseek2Metadata,
+                         ::testing::Values(MetaCase{"deepseek-v3-micro-bf16", "deepseek_v3_micro_bf16.gguf", 0.0},
+                                           MetaCase{"deepseek-v2-lite-micro-bf16", "deepseek_v2_lite_micro_bf16.gguf",
+                                                    2.4e-7}));
+
+// DeepSeek-V2-Lite files: what llama.cpp reads the same way is accepted as the same model (no
+// expert_gating_func = softmax; q_lora_rank 0 = none); softmax with groups is DeepSeek V2's
+// group_limited_greedy; what is not built is refused naming the key.
+TEST(GgufDeepseek2, V2LiteVariantsAcceptedOrRefusedNamingTheKey) {
+  auto f = GgufFile::open(data("deepseek_v2_lite_micro_q8_0.gguf"));
+  ASSERT_TRUE(f) << f.error().message();
+  auto base = model_config_from_gguf(f->header(), "f.gguf");
+  ASSERT_TRUE(base) << base.error().message();
+  EXPECT_EQ(base->text.q_lora_rank, 0);
+  EXPECT_EQ(base->text.router_scoring, RouterScoring::kSoftmax);
+  EXPECT_FALSE(base->text.router_bias);
+  const auto u32 = [](uint64_t v) {
+    GgufValue x;
+    x.type = GgufType::kU32;
+    x.raw = {v};
+    return x;
+  };
+  auto edited = [&](const std::function<void(GgufHeader&)>& edit) {
+    GgufHeader h = f->header();
+    edit(h);
+    return model_config_from_gguf(h, "f.gguf");
+  };
+  const std::string g = "deepseek2.expert_gating_func";
+  for (const auto& edit : std::vector<std::function<void(GgufHeader&)>>{
+           [&](GgufHeader& h) { h.kv.erase(g); },  // DeepSeek V2 files before the key: llama.cpp reads softmax
+           [&](GgufHeader& h) { h.kv.insert_or_assign("deepseek2.attention.q_lora_rank", u32(0)); }}) {
+    auto c = edited(edit);
+    ASSERT_TRUE(c) << c.error().message();
+    EXPECT_EQ(c->text.router_scoring, RouterScoring::kSoftmax);
+    EXPECT_EQ(c->text.q_lora_rank, 0);
+    EXPECT_EQ(c->text.mla_softmax_scale, base->text.mla_softmax_scale);
+  }
+  auto grouped = edited([&](GgufHeader& h) {  // DeepSeek V2 (236B) routes over groups
+    h.kv.insert_or_assign("deepseek2.expert_group_count", u32(4));
+    h.kv.insert_or_assign("deepseek2.expert_group_used_count", u32(2));
+  });
+  ASSERT_TRUE(grouped) << grouped.error().message();
+  EXPECT_EQ(grouped->text.num_expert_group, 4);
+  EXPECT_EQ(grouped->text.topk_group, 2);
+  EXPECT_FALSE(grouped->text.router_bias);
+  auto refused = [&](const std::function<void(GgufHeader&)>& edit, const std::string& key) {
+    auto c = edited(edit);
+    ASSERT_FALSE(c) << "accepted after editing " << key;
+    const std::string m = c.error().message();
+    EXPECT_NE(m.find("f.gguf"), std::string::npos) << m;
+    EXPECT_NE(m.find(key), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  };
+  refused([&](GgufHeader& h) { h.kv.at(g) = u32(2); }, g);  // sigmoid without exp_probs_b
+  refused([&](GgufHeader& h) { h.kv.at(g) = u32(3); }, g);  // llama.cpp's sqrt-softplus: not DeepSeek's
+  refused([](GgufHeader& h) {  // neither q_lora nor attn_q
+    std::erase_if(h.tensors, [](const auto& t) { return t.name.find(".attn_q.") != std::string::npos; });
+  }, "deepseek2.attention.q_lora_rank");
+  refused([](GgufHeader& h) {  // softmax with the V3 correction bias: a tensor renamed to exp_probs_b
+    for (auto& t : h.tensors)
+      if (t.name == "blk.1.ffn_norm.weight") t.name = "blk.1.exp_probs_b.bias";
+  }, g);
 }
 
 // What the DeepSeek model does not build is refused with one line naming the key.

@@ -318,15 +318,19 @@ TEST(SchedulerGguf, BatchedEqualsAloneBitwise) {
   expect_batched_equals_alone(**s, 150, 24, seven_others(), 3, 10);
 }
 
-// The same on a deepseek2 GGUF (DeepSeek V3 structure, Q4_0 by llama_model_quantize): MLA pages only.
+// The same on deepseek2 GGUFs (Q4_0 by llama_model_quantize): MLA pages only. DeepSeek V3 structure, and
+// DeepSeek-V2-Lite structure (the query from one attn_q matrix, softmax greedy routing).
 TEST(SchedulerGguf, Deepseek2BatchedEqualsAloneBitwise) {
-  auto e = Engine::load(std::string(KESTREL_TEST_DATA) + "/gguf/deepseek_v3_micro_q4_0.gguf");
-  ASSERT_TRUE(e) << e.error().message();
-  SchedulerConfig c;
-  c.cache.budget_bytes = 64ll << 20;
-  auto s = Scheduler::create(**e, c);
-  ASSERT_TRUE(s) << s.error().message();
-  expect_batched_equals_alone(**s, 150, 24, seven_others(), 3, 10);
+  for (const char* file : {"deepseek_v3_micro_q4_0.gguf", "deepseek_v2_lite_micro_q4_0.gguf"}) {
+    SCOPED_TRACE(file);
+    auto e = Engine::load(std::string(KESTREL_TEST_DATA) + "/gguf/" + file);
+    ASSERT_TRUE(e) << e.error().message();
+    SchedulerConfig c;
+    c.cache.budget_bytes = 64ll << 20;
+    auto s = Scheduler::create(**e, c);
+    ASSERT_TRUE(s) << s.error().message();
+    expect_batched_equals_alone(**s, 150, 24, seven_others(), 3, 10);
+  }
 }
 
 // DeepSeek through the scheduler: pool-backed MLA pages with no KDA slots (slot size 0), batched

@@ -1,12 +1,11 @@
-// The vision tower's fp32 kernels: matmul_sgemm / sgemm over OpenBLAS (kernels/cpu/blas_gemm.h) and the two
-// elementwise helpers it uses (softmax_exp_row, gelu_tanh_inplace in kernels/cpu/elementwise.h):
+// The vision tower's fp32 kernels: matmul_sgemm / sgemm over OpenBLAS (kernels/cpu/blas_gemm.h) and the
+// elementwise helper it uses (gelu_tanh_inplace in kernels/cpu/elementwise.h):
 // - matmul_sgemm equals the fp64 product of the same fp32 / bf16 weights within fp32 summation error
 //   (4e-6 · Σ|w·x|), also when the bf16 weight is decoded in several slices of rows;
 // - a row of y has the same bits whatever the batch around it (T from 1 to 1,400, the row first or after others),
 //   at the tower's real widths and at tiny widths where OpenBLAS would otherwise switch to its small-matrix
 //   kernels (M·N·K ≤ 10^6; without the padding these rows differ), and the same bits run to run;
-// - softmax_exp_row and gelu_tanh_inplace equal their fp64 definitions within a few ulp (libmvec expf / tanhf;
-//   the softmax's x − max is the fp32 difference, as the kernel forms it).
+// - gelu_tanh_inplace equals its fp64 definition within a few ulp (libmvec tanhf).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -104,24 +103,6 @@ TEST(BlasGemm, RowsDoNotDependOnTheBatchAtTinyWidths) {
   expect_batch_invariant(64, 48);
   expect_batch_invariant(96, 128);
   expect_batch_invariant(128, 588);
-}
-
-TEST(VisionElementwise, SoftmaxExpRowMatchesFp64) {
-  for (int64_t n : {1, 15, 16, 17, 1000, 4096}) {
-    std::vector<float> x = random_floats(static_cast<size_t>(n), static_cast<uint32_t>(n));
-    for (float& v : x) v *= 30.0f;
-    const std::vector<float> in = x;
-    const float sum = softmax_exp_row(x.data(), n);
-    float m = -INFINITY;
-    double exact_sum = 0;
-    for (float v : in) m = std::max(m, v);
-    for (int64_t i = 0; i < n; ++i) {  // exp of the fp32 difference (its rounding is the caller's), in fp64
-      const double e = std::exp(static_cast<double>(in[static_cast<size_t>(i)] - m));
-      exact_sum += e;
-      EXPECT_NEAR(x[static_cast<size_t>(i)], e, 1e-6 * e + 1e-30) << "n " << n << " i " << i;
-    }
-    EXPECT_NEAR(sum, exact_sum, 1e-6 * exact_sum) << "n " << n;
-  }
 }
 
 TEST(VisionElementwise, GeluTanhMatchesFp64) {

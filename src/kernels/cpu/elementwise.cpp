@@ -99,26 +99,6 @@ void gelu_tanh_inplace(float* x, int64_t n) {
     }
   });
 }
-
-float softmax_exp_row(float* x, int64_t n) {
-  // (Masked forms throughout: GCC 12 warns on the plain intrinsics' undefined pass-through operand.)
-  __m512 mx = _mm512_set1_ps(-INFINITY);
-  for (int64_t i = 0; i < n; i += 16) mx = _mm512_maskz_max_ps(0xFFFF, mx, _mm512_mask_loadu_ps(mx, lanes(i, n), x + i));
-  float lane[16], top = -INFINITY, total = 0.0f;
-  _mm512_storeu_ps(lane, mx);
-  for (float v : lane) top = std::max(top, v);
-  const __m512 m = _mm512_set1_ps(top);
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 k = lanes(i, n);
-    const __m512 e = _mm512_maskz_mov_ps(k, _ZGVeN16v_expf(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m)));
-    _mm512_mask_storeu_ps(x + i, k, e);
-    sum = _mm512_add_ps(sum, e);
-  }
-  _mm512_storeu_ps(lane, sum);
-  for (float v : lane) total += v;
-  return total;
-}
 #else
 void swiglu(const float* g, const float* u, int64_t count, float* out) {
   parallel_for(0, count, 1, count >= kParallelMin, [&](int64_t i) { out[i] = silu(g[i]) * u[i]; });
@@ -142,14 +122,6 @@ void gelu_tanh_inplace(float* x, int64_t n) {
     const float v = x[i];
     x[i] = 0.5f * v * (1.0f + std::tanh(beta * (v + kappa * v * v * v)));
   });
-}
-
-float softmax_exp_row(float* x, int64_t n) {
-  float m = -INFINITY, lane[16] = {}, total = 0.0f;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
-  for (int64_t i = 0; i < n; ++i) lane[i % 16] += x[i] = std::exp(x[i] - m);
-  for (float v : lane) total += v;
-  return total;
 }
 #endif
 

@@ -24,8 +24,5 @@ void situ_glu(const float* g, const float* u, int64_t count, float beta, float b
 
 // PyTorch's tanh-approximated GELU (`gelu_pytorch_tanh`) in place: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
 void gelu_tanh_inplace(float* x, int64_t n);
-// The unnormalised softmax of one row (serial): m = max(x), x[i] = exp(x[i] − m); returns Σ x[i] (16-lane partial
-// sums in index order, then the lanes 0..15 in order; the same for any row position or thread).
-float softmax_exp_row(float* x, int64_t n);
 
 }  // namespace kestrel::kernels

@@ -38,6 +38,20 @@ import urllib.parse
 import urllib.request
 
 
+def sse_events(r):
+    """The JSON payloads of a server-sent event stream, in order ([DONE] skipped)."""
+    buf = b""
+    while True:
+        chunk = r.read1(65536)
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n\n" in buf:
+            ev, buf = buf.split(b"\n\n", 1)
+            if ev[6:] != b"[DONE]":
+                yield json.loads(ev[6:])
+
+
 def one(host, port, prompt, max_tokens):
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection(host, port, timeout=600)
@@ -47,24 +61,14 @@ def one(host, port, prompt, max_tokens):
         {"Content-Type": "application/json"})
     r = conn.getresponse()
     assert r.status == 200, r.read()
-    stamps, usage, buf = [], None, b""
-    while True:
-        chunk = r.read1(65536)
-        if not chunk:
-            break
-        buf += chunk
-        while b"\n\n" in buf:
-            ev, buf = buf.split(b"\n\n", 1)
-            payload = ev[6:]
-            if payload == b"[DONE]":
-                continue
-            j = json.loads(payload)
-            if j.get("usage"):
-                usage = j["usage"]
-            for ch in j.get("choices", []):
-                d = ch.get("delta", {})
-                if d.get("content") or d.get("reasoning_content"):
-                    stamps.append(time.perf_counter())
+    stamps, usage = [], None
+    for j in sse_events(r):
+        if j.get("usage"):
+            usage = j["usage"]
+        for ch in j.get("choices", []):
+            d = ch.get("delta", {})
+            if d.get("content") or d.get("reasoning_content"):
+                stamps.append(time.perf_counter())
     conn.close()
     n = usage["completion_tokens"] if usage else len(stamps)
     # ignore_eos: every stream must run to max_tokens, or the batch sizes this benchmark claims do not hold.
@@ -90,29 +94,19 @@ def one_ids(host, port, engine, ids, max_tokens):
         conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     r = conn.getresponse()
     assert r.status == 200, r.read()
-    stamps, n, buf = [], None, b""
-    while True:
-        chunk = r.read1(65536)
-        if not chunk:
-            break
-        buf += chunk
-        while b"\n\n" in buf:
-            ev, buf = buf.split(b"\n\n", 1)
-            payload = ev[6:]
-            if payload == b"[DONE]":
-                continue
-            j = json.loads(payload)
-            if engine == "llama-server":
-                if j.get("timings"):
-                    n = int(j["timings"]["predicted_n"])
-                if j.get("tokens") or j.get("content"):
+    stamps, n = [], None
+    for j in sse_events(r):
+        if engine == "llama-server":
+            if j.get("timings"):
+                n = int(j["timings"]["predicted_n"])
+            if j.get("tokens") or j.get("content"):
+                stamps.append(time.perf_counter())
+        else:
+            if j.get("usage"):
+                n = j["usage"]["completion_tokens"]
+            for ch in j.get("choices", []):
+                if (ch.get("logprobs") or {}).get("tokens") or ch.get("text"):
                     stamps.append(time.perf_counter())
-            else:
-                if j.get("usage"):
-                    n = j["usage"]["completion_tokens"]
-                for ch in j.get("choices", []):
-                    if (ch.get("logprobs") or {}).get("tokens") or ch.get("text"):
-                        stamps.append(time.perf_counter())
     conn.close()
     n = len(stamps) if n is None else n
     if n != max_tokens:

@@ -97,6 +97,22 @@ def _fetch(peers_dir, package, version):
     return root, sha256(tarball)
 
 
+def _write_build_info(src, package, version):
+    """common/build-info.cpp, which the engine's CMake generates from git (ik-llama-cpp-python 0.1.5's package lacks
+    the script that does it, common/cmake/build-info-gen-cpp.cmake, and a package has no git anyway): written once
+    from its template, naming the package as the commit."""
+    out = os.path.join(src, "common", "build-info.cpp")
+    template = out + ".in"
+    if os.path.exists(out) or not os.path.exists(template):
+        return
+    text = open(template).read()
+    for key, value in (("@BUILD_NUMBER@", "0"), ("@BUILD_COMMIT@", f"{package}-{version}"),
+                       ("@BUILD_COMPILER@", "cc"), ("@BUILD_TARGET@", "native")):
+        text = text.replace(key, value)
+    with open(out, "w") as f:
+        f.write(text)
+
+
 def ensure(name, peers_dir=None, jobs=2):
     """Fetch and build one peer; returns its paths: root (the unpacked package), src (the engine's tree, with
     the converter and gguf-py for llama.cpp), bin (binaries and shared libraries)."""
@@ -112,6 +128,7 @@ def ensure(name, peers_dir=None, jobs=2):
     if not (os.path.exists(stamp) and json.load(open(stamp)) == want):
         if os.path.exists(stamp):
             os.remove(stamp)
+        _write_build_info(src, package, version)
         run(["cmake", "-S", src, "-B", build, *CMAKE_FLAGS], stdout=subprocess.DEVNULL)
         run(["cmake", "--build", build, "-j", str(jobs), "--target", *TARGETS], stdout=subprocess.DEVNULL)
         with open(stamp, "w") as f:

@@ -380,19 +380,20 @@ def main():
           f"llama.cpp row; % VNNI peak at pp{pps[0]}.", "",
           f"| model / file | engine | {pp_cols} | tg t/s | {ratio_cols} | tg ratio | active GB/token | tg GB/s | "
           f"% roofline | pp{pps[0]} GOP/s | % VNNI peak | cores used pp / tg | gate (median NMSE / top-1) |",
-          "|---|---|" + "---|" * (2 * len(pps) + 11)]
+          "|---|---|" + "---|" * (2 * len(pps) + 9)]
     for c in results:
         f = c["header"]
         ab, ap_ = f["active_bytes_per_token"], f["active_params_per_token"]
         base = c["rows"][0] if c["rows"] else None
         if not c["rows"]:
-            md.append(f"| {c['cell']} | — | gate failed |" + " |" * (2 * len(pps) + 3) + f" {ab / 1e9:.3f} | | | | | | "
-                      f"{c['gate']['median_nmse']:.2e} / {c['gate']['top1']:.2f} |")
+            # the columns after "gate failed": the other pp, tg and ratio cells, active bytes, 5 more, the gate
+            md.append(f"| {c['cell']} | — | gate failed |" + " |" * (2 * len(pps) + 1) + f" {ab / 1e9:.3f} |" + " |" * 5 +
+                      f" {c['gate']['median_nmse']:.2e} / {c['gate']['top1']:.2f} |")
             continue
         for r in c["rows"]:
             g = r.get("gate", c["gate"])
             if "pp" not in r:
-                md.append(f"| {c['cell']} | {r['engine']} | gate failed |" + " |" * (2 * len(pps) + 9) +
+                md.append(f"| {c['cell']} | {r['engine']} | gate failed |" + " |" * (2 * len(pps) + 7) +
                           f" {g['median_nmse']:.2e} / {g['top1']:.2f} |")
                 continue
             pp0, tg = r["pp"][str(pps[0])]["tok_s_mean"], r["tg"]["tok_s_mean"]

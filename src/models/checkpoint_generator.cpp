@@ -328,14 +328,15 @@ Result<GenSpec> gen_preset(const std::string& name) {
     s.mxfp4_experts = false, s.fp8 = false, s.shards = 1;
     return s;
   }
-  if (name == "deepseek2-lite-bench") {  // DeepSeek-V2-Lite layer widths (docs/model-math.md §5.5), 4 layers
-    // (1 dense + 3 MoE), vocab 32768, BF16: the ik_llama.cpp / llama.cpp side-by-side benchmark. config.json
-    // says q_lora_rank 0 (not null) so llama.cpp's converter writes the key: llama.cpp refuses a deepseek2
-    // file without it unless it has V2-Lite's 26 / 27 layers.
+  if (name == "deepseek2-lite-bench") {  // DeepSeek-V2-Lite layer widths and depth (docs/model-math.md §5.5):
+    // 27 layers (1 dense + 26 MoE), 16 routed experts instead of 64 (top-6 kept), vocab 32768, BF16: the
+    // ik_llama.cpp / llama.cpp side-by-side benchmark. The 27 layers are what lets ik_llama.cpp load it: it takes
+    // a deepseek2 file for V2-Lite (no q_lora) by its 26 / 27 layers alone. config.json also says q_lora_rank 0
+    // (not null) so llama.cpp's converter writes the key.
     s.arch = "deepseek_v3";
-    s.vocab = 32768, s.hidden = 2048, s.layers = 4, s.intermediate = 10944;
+    s.vocab = 32768, s.hidden = 2048, s.layers = 27, s.intermediate = 10944;
     s.mla_heads = 16, s.q_lora = 0, s.kv_lora = 512, s.nope = 128, s.rope = 64, s.v_dim = 128;
-    s.experts = 64, s.top_k = 6, s.shared = 2, s.moe_inter = 1408, s.routed_scaling = 1.0f;
+    s.experts = 16, s.top_k = 6, s.shared = 2, s.moe_inter = 1408, s.routed_scaling = 1.0f;
     s.first_k_dense = 1, s.n_group = 1, s.topk_group = 1;
     s.topk_method = "greedy", s.norm_topk_prob = false;
     s.yarn_mscale = 0.707, s.yarn_mscale_all_dim = 0.707;

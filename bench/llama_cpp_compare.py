@@ -232,7 +232,11 @@ def ik_bench(peer, path, threads, pps, tg, reps, extra):
            "-n", str(tg), "-r", str(reps), "-o", "json", *extra]
     lm.log("+ " + " ".join(cmd))
     env = dict(os.environ, LD_LIBRARY_PATH=peer["bin"])
-    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
+    text = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    # ik_llama.cpp also prints notes on stdout, inside the JSON array ("Adjusted mainline llama.cpp MLA tensors",
+    # "Computed blk.N.attn_kv_b.weight ..."), each on a line of its own starting in column 0 with a letter or "=";
+    # the JSON's own lines are brackets or indented.
+    out = json.loads("\n".join(line for line in text.splitlines() if line[:1] in ("[", "]", "{", "}", " ", "\t")))
     res = {"pp": {}, "command": cmd[1:]}
     for e in out:
         n = e["n_prompt"] or e["n_gen"]

@@ -6,6 +6,7 @@ import subprocess
 import tempfile
 
 import numpy as np
+import pytest
 from safetensors.numpy import load_file
 
 BIN = os.environ.get("KESTREL_BINARY", "build/release/kestrel")
@@ -67,37 +68,17 @@ def test_gate_logits_match_llama_cpp_exact_decode_and_greedy_tokens_match_genera
     assert json.loads(gen.stdout)["tokens"] == j["generated"]
 
 
-def test_deepseek2_gguf_pp_tg_and_gate_match_llama_cpp_exact_decode():
-    # A deepseek2 file (DeepSeek V3 structure, llama.cpp's converter + llama_model_quantize Q4_0): the pp/tg
-    # protocol runs on it, and the gate's logits are llama.cpp's on the file's exact F32 decode (2e-4).
-    ds = os.path.join(GGUF_DIR, "deepseek_v3_micro_q4_0.gguf")
+@pytest.mark.parametrize("name", ["deepseek_v3_micro_q4_0", "deepseek_v2_lite_micro_q4_0"])
+def test_deepseek2_gguf_pp_tg_and_gate_match_llama_cpp_exact_decode(name):
+    # deepseek2 files (llama.cpp's converter + llama_model_quantize Q4_0) of DeepSeek V3 structure and of
+    # DeepSeek-V2-Lite structure (no q_lora: attn_q; softmax greedy routing; 27 layers): the pp/tg protocol runs
+    # on them, and the gate's logits are llama.cpp's on the file's exact F32 decode (2e-4).
+    ds = os.path.join(GGUF_DIR, name + ".gguf")
     p = run(["bench", "--model", ds, "--threads", "1", "--pp", "16", "--tg", "5", "--reps", "2", "--json"])
     assert p.returncode == 0, p.stderr
     j = json.loads(p.stdout)
     assert j["pp"]["n_tokens"] == 16 and j["tg"]["n_tokens"] == 5 and j["pp"]["tok_s_mean"] > 0
-    g = load_file(os.path.join(GGUF_DIR, "deepseek_v3_micro_q4_0.logits.safetensors"))
-    prompt = [int(t) for t in g["prompt"]]
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "gate.f32")
-        p = run(["bench", "--model", ds, "--gate-ids", ",".join(map(str, prompt)), "--gate-gen", "3", "--gate-out", out], EXACT)
-        assert p.returncode == 0, p.stderr
-        j = json.loads(p.stdout)
-        rows = np.fromfile(out, dtype=np.float32).reshape(3, j["vocab"])
-    ref = g["logits_exact"][len(prompt) - 1]
-    assert np.max(np.abs(rows[0] - ref)) <= 2e-4
-    assert j["generated"][0] == int(np.argmax(ref))
-
-
-def test_deepseek2_v2_lite_gguf_pp_tg_and_gate_match_llama_cpp_exact_decode():
-    # A deepseek2 file of DeepSeek-V2-Lite structure (no q_lora: attn_q; softmax greedy routing; 27 layers),
-    # Q4_0 by llama_model_quantize: the pp/tg protocol runs on it and the gate's logits are llama.cpp's on
-    # the file's exact F32 decode (2e-4).
-    ds = os.path.join(GGUF_DIR, "deepseek_v2_lite_micro_q4_0.gguf")
-    p = run(["bench", "--model", ds, "--threads", "1", "--pp", "16", "--tg", "5", "--reps", "2", "--json"])
-    assert p.returncode == 0, p.stderr
-    j = json.loads(p.stdout)
-    assert j["pp"]["n_tokens"] == 16 and j["tg"]["n_tokens"] == 5 and j["pp"]["tok_s_mean"] > 0
-    g = load_file(os.path.join(GGUF_DIR, "deepseek_v2_lite_micro_q4_0.logits.safetensors"))
+    g = load_file(os.path.join(GGUF_DIR, name + ".logits.safetensors"))
     prompt = [int(t) for t in g["prompt"]]
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "gate.f32")

@@ -18,6 +18,14 @@ kernels::WeightFormat format_of(DType d) {
   }
 }
 
+// A tensor-parallel slice [b0, b1) of a dimension of n must start on a block and end on one or at n.
+Status check_cut(const std::string& name, int64_t n, int64_t block, int64_t b0, int64_t b1) {
+  if (b0 < 0 || b0 > b1 || b1 > n || b0 % block != 0 || (b1 % block != 0 && b1 != n))
+    return invalid_argument("tensor '" + name + "': slice [" + std::to_string(b0) + ", " + std::to_string(b1) +
+                            ") of " + std::to_string(n) + " is not on its " + std::to_string(block) + "-wide blocks");
+  return Status::ok();
+}
+
 // Bytes per element of a stored [out, in] tensor, from its header (0 when absent: get_part then names it).
 int64_t element_bytes(const Checkpoint& ck, const std::string& name, int64_t out, int64_t in) {
   return out * in > 0 ? static_cast<int64_t>(ck.tensor_bytes(name)) / (out * in) : 0;
@@ -155,6 +163,7 @@ kernels::WeightMatrix Binder::linear_rows(const std::string& name, int64_t out, 
   w.out = r1 - r0;
   w.in = in;
   const int64_t block = tp_block(name);
+  if (ok()) fail(check_cut(name, out, block, r0, r1));
   if (!ok()) return w;
   Checkpoint& ck = *ckpt_;
   if (block == kernels::kFp8Block) {
@@ -184,6 +193,7 @@ kernels::WeightMatrix Binder::linear_cols(const std::string& name, int64_t out, 
   w.out = out;
   w.in = c1 - c0;
   const int64_t block = tp_block(name);
+  if (ok()) fail(check_cut(name, in, block, c0, c1));
   if (!ok()) return w;
   Checkpoint& ck = *ckpt_;
   auto copy_cols = [&](const uint8_t* src, int64_t rows, int64_t row_bytes, int64_t b0, int64_t b1, uint8_t* dst) {

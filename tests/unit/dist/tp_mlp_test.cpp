@@ -3,7 +3,8 @@
 // of 4 has a member without columns): every rank's output rows equal, bit for bit, the serial sum in group
 // order of the members' partial products (each member's slice run alone over the gathered rows), and lie within
 // the stated fp32 tolerance of the whole MLP; ranks have different token counts, one none. Groups of 2, 3 and 4
-// ranks in one cell, and two groups of 2 in a cell of 4. A format that cannot be sliced is refused by name.
+// ranks in one cell, and two groups of 2 in a cell of 4. A format that cannot be sliced, and an FP8 slice off the
+// 128-wide blocks, are refused by name.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -174,6 +175,30 @@ TEST(TpMlpFormats, Mxfp4IsRefusedByName) {
   ASSERT_FALSE(b.ok());
   EXPECT_NE(b.status().message().find("not MXFP4"), std::string::npos) << b.status().message();
   EXPECT_NE(b.status().message().find(prefix + "w1"), std::string::npos) << b.status().message();
+}
+
+// A slice of an FP8-block matrix that does not start on a 128-row / column block is refused, naming the tensor.
+TEST(TpMlpFormats, Fp8SliceOffTheBlocksIsRefused) {
+  TempDir tmp;
+  make_checkpoint("deepseek-v3-tiny", tmp.path());
+  auto cfg = load_model_config(tmp.path());
+  ASSERT_TRUE(cfg) << cfg.error().message();
+  const int64_t D = cfg->text.hidden_size, I = cfg->text.intermediate_size;
+  for (bool rows : {true, false}) {
+    auto ck = Checkpoint::open(tmp.path());
+    ASSERT_TRUE(ck) << ck.error().message();
+    const std::string name = dense_prefix(*ck) + (rows ? "gate_proj" : "down_proj");
+    Binder b(*ck);
+    std::vector<uint64_t> store;
+    if (rows)
+      b.linear_rows(name, I, D, 64, 128);
+    else
+      b.linear_cols(name, D, I, 64, 128, store);
+    ASSERT_FALSE(b.ok());
+    EXPECT_NE(b.status().message().find("'" + name + "': slice [64, 128) of 384 is not on its 128-wide blocks"),
+              std::string::npos)
+        << b.status().message();
+  }
 }
 
 }  // namespace

@@ -103,13 +103,15 @@ void GatedMlp::forward_tp(const float* x, int64_t T, float* y) {
   auto& sd = tp_counts_[2];
   auto& rc = tp_counts_[3];
   auto& rd = tp_counts_[4];
-  const std::vector<size_t> mine(static_cast<size_t>(G), static_cast<size_t>(T));
+  auto& mine = tp_counts_[5];  // this rank's row count, once per member
+  auto& got = tp_counts_[6];   // each member's row count
+  mine.assign(static_cast<size_t>(G), static_cast<size_t>(T));
+  got.assign(static_cast<size_t>(G), 0);
   for (int m = 0; m < G; ++m) {
     const auto p = static_cast<size_t>(g0 + m);
     sc[p] = rc[p] = 1;
     sd[p] = rd[p] = static_cast<size_t>(m);
   }
-  std::vector<size_t> got(static_cast<size_t>(G));
   Status st = comm.all_to_all_v<size_t>(mine, sc, sd, got, rc, rd);
   if (!st.is_ok()) cell_failure(sh, st, "tensor-parallel MLP");
   size_t N = 0;

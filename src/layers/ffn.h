@@ -47,7 +47,7 @@ class GatedMlp {
   ExpertShard* tp_ = nullptr;
   std::vector<uint64_t> down_store_;
   std::vector<float> tp_x_, tp_part_, tp_recv_;
-  std::vector<size_t> tp_counts_[5];
+  std::vector<size_t> tp_counts_[7];
 };
 
 // Per-expert tensor names: Moonshot's w1/w3/w2 (Kimi) or HF's gate_proj/up_proj/down_proj (DeepSeek).

@@ -137,6 +137,20 @@ MUTATIONS = {
         "    (void)id;",
         "CellFake.*ep[24]",
         "a cell combines a token's expert outputs in routing-score order instead of ascending expert id"),
+    "tp_partial_dropped": (
+        "src/layers/ffn.cpp",
+        "  for (int m = 1; m < G; ++m) add_partial(y, tp_recv_.data() + m * T * hid, T * hid);",
+        "  for (int m = 1; m + 1 < G; ++m) add_partial(y, tp_recv_.data() + m * T * hid, T * hid);",
+        "TpMlp|CellFakeTp",
+        "a tensor-parallel MLP leaves the last member's partial out of the sum"),
+    "tp_sum_in_reverse_order": (
+        "src/layers/ffn.cpp",
+        "  std::copy_n(tp_recv_.data(), T * hid, y);\n"
+        "  for (int m = 1; m < G; ++m) add_partial(y, tp_recv_.data() + m * T * hid, T * hid);",
+        "  std::copy_n(tp_recv_.data() + (G - 1) * T * hid, T * hid, y);\n"
+        "  for (int m = G - 2; m >= 0; --m) add_partial(y, tp_recv_.data() + m * T * hid, T * hid);",
+        "TpMlp.*tp[34]",
+        "a tensor-parallel MLP adds the members' partials in reverse order (two partials commute: TP 3 and 4 show it)"),
     "cell_health_ignores_liveness": (
         "src/server/api_handlers.cpp",
         "  if (config_.liveness)\n    if (const std::string why = config_.liveness(); !why.empty())",

@@ -17,7 +17,7 @@ namespace kestrel::app {
 
 namespace {
 // What one rank contributes to the report.
-enum Field { kWeight, kHeldSeqs, kHeldTokens, kMeasured, kComputed, kMoe, kFields };
+enum Field { kWeight, kHeldSeqs, kHeldTokens, kMeasured, kComputed, kMoe, kTp, kFields };
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -47,10 +47,11 @@ int bench_cell(const Args& a, const std::string& dir, CellLaunch& launch) {
   // Phase 1, prefill: every sequence's next chunk in one step. Phase 2, decode: one token per sequence per
   // step. A barrier between them lets every rank snapshot its counters at the same point.
   double prefill_s = 0, decode_s = 0;
-  uint64_t measured0 = 0, computed0 = 0, moe0 = 0;
+  uint64_t measured0 = 0, computed0 = 0, moe0 = 0, tp0 = 0;
   auto snapshot = [&] {
     check(launch.comm->barrier());
-    measured0 = counting.sent_bytes(), computed0 = computed_now(), moe0 = launch.shard.traffic.total();
+    const EpTraffic& t = launch.shard.traffic;
+    measured0 = counting.sent_bytes(), computed0 = computed_now(), moe0 = t.total() - t.tp_total(), tp0 = t.tp_total();
   };
   if (me != 0) {
     check(cell.follow());
@@ -97,7 +98,8 @@ int bench_cell(const Args& a, const std::string& dir, CellLaunch& launch) {
                                   static_cast<uint64_t>(cell.held_tokens()),
                                   counting.sent_bytes() - measured0,
                                   computed_now() - computed0,
-                                  launch.shard.traffic.total() - moe0};
+                                  launch.shard.traffic.total() - launch.shard.traffic.tp_total() - moe0,
+                                  launch.shard.traffic.tp_total() - tp0};
   std::vector<uint64_t> all(static_cast<size_t>(kFields * P));
   std::vector<size_t> counts(static_cast<size_t>(P), kFields);
   check(launch.comm->all_gather_v<uint64_t>(std::span<const uint64_t>(mine, kFields), all, counts));
@@ -105,14 +107,14 @@ int bench_cell(const Args& a, const std::string& dir, CellLaunch& launch) {
 
   auto cfg = load_model_config(dir);
   if (!cfg) cell_exit(launch, cfg.error());
-  auto expect = plan::make_cell_plan(*cfg, dir, P, B, *prompt + *gen, *kv);
+  auto expect = plan::make_cell_plan(*cfg, dir, P, B, *prompt + *gen, *kv, launch.shard.tp);
   if (!expect) cell_exit(launch, expect.error());
   const int64_t per_token = g.mla_bytes_per_token(*kv) + g.index_bytes_per_token(), slot = g.slot_floats() * 4;
   nlohmann::json ranks = nlohmann::json::array();
-  uint64_t measured = 0, computed = 0, moe = 0;
+  uint64_t measured = 0, computed = 0, moe = 0, tpb = 0;
   for (int r = 0; r < P; ++r) {
     const uint64_t* f = all.data() + static_cast<size_t>(kFields * r);
-    measured += f[kMeasured], computed += f[kComputed], moe += f[kMoe];
+    measured += f[kMeasured], computed += f[kComputed], moe += f[kMoe], tpb += f[kTp];
     ranks.push_back({{"rank", r},
                      {"weight_bytes", f[kWeight]},
                      {"planned_weight_bytes", expect->ranks[static_cast<size_t>(r)].weight_bytes},
@@ -125,6 +127,7 @@ int bench_cell(const Args& a, const std::string& dir, CellLaunch& launch) {
   const double steps = static_cast<double>(*gen);
   nlohmann::json j = {{"model", dir},
                       {"ep", P},
+                      {"tp", launch.shard.tp},
                       {"batch", B},
                       {"prompt_tokens", *prompt},
                       {"gen_tokens", *gen},
@@ -134,6 +137,8 @@ int bench_cell(const Args& a, const std::string& dir, CellLaunch& launch) {
                       {"decode_step_bytes_measured", static_cast<double>(measured) / steps},
                       {"decode_step_bytes_computed", static_cast<double>(computed) / steps},
                       {"decode_step_moe_bytes", static_cast<double>(moe) / steps},
+                      {"decode_step_tp_bytes", static_cast<double>(tpb) / steps},
+                      {"decode_step_tp_bytes_planned", expect->tp_step_bytes},
                       {"decode_step_bytes_planned_uniform_routing", expect->step_bytes()},
                       {"decode_step_moe_bytes_planned_uniform_routing", expect->moe_step_bytes},
                       {"ranks", ranks}};
@@ -141,13 +146,14 @@ int bench_cell(const Args& a, const std::string& dir, CellLaunch& launch) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("cell         %d ranks, %lld sequences of %lld prompt + %lld generated tokens\n"
+  std::printf("cell         %d ranks (TP groups of %d), %lld sequences of %lld prompt + %lld generated tokens\n"
               "prefill      %.2f tok/s aggregate\ndecode       %.2f tok/s aggregate, %.2f ms/step\n"
-              "traffic      %.0f B/decode step measured, %.0f computed (%.0f MoE); plan, uniform routing: %.0f\n",
-              P, static_cast<long long>(B), static_cast<long long>(*prompt), static_cast<long long>(*gen),
+              "traffic      %.0f B/decode step measured, %.0f computed (%.0f MoE, %.0f TP); plan, uniform routing: "
+              "%.0f\n",
+              P, launch.shard.tp, static_cast<long long>(B), static_cast<long long>(*prompt), static_cast<long long>(*gen),
               j["prefill_tok_s"].get<double>(), j["decode_tok_s"].get<double>(), j["decode_ms_per_step"].get<double>(),
               static_cast<double>(measured) / steps, static_cast<double>(computed) / steps,
-              static_cast<double>(moe) / steps, expect->step_bytes());
+              static_cast<double>(moe) / steps, static_cast<double>(tpb) / steps, expect->step_bytes());
   for (const auto& r : ranks)
     std::printf("rank %-3d     weights %llu B (plan %lld), %llu sequences, cache %lld B\n", r["rank"].get<int>(),
                 r["weight_bytes"].get<unsigned long long>(), r["planned_weight_bytes"].get<long long>(),

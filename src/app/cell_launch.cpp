@@ -22,9 +22,12 @@ int64_t launched_ranks() {
 }
 }  // namespace
 
-Result<std::unique_ptr<CellLaunch>> open_cell(int64_t ep) {
+Result<std::unique_ptr<CellLaunch>> open_cell(int64_t ep, int64_t tp) {
   const int64_t world = launched_ranks();
   if (ep < 1) return invalid_argument("--ep must be at least 1");
+  if (tp < 1 || ep % tp != 0)
+    return invalid_argument("--tp " + std::to_string(tp) + " must divide the cell's " + std::to_string(ep) +
+                            " ranks (--ep): TP groups are --tp consecutive ranks");
   if (ep == 1 && world == 1) return std::unique_ptr<CellLaunch>();
   if (ep != world)
     return invalid_argument("--ep " + std::to_string(ep) + " needs exactly " + std::to_string(ep) +
@@ -35,6 +38,7 @@ Result<std::unique_ptr<CellLaunch>> open_cell(int64_t ep) {
   auto c = std::make_unique<CellLaunch>();
   c->shard.rank = (*comm)->rank();
   c->shard.size = (*comm)->size();
+  c->shard.tp = static_cast<int>(tp);
   c->comm = std::move(*comm);
   c->shard.comm = c->comm.get();
   return c;

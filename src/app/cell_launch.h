@@ -20,9 +20,10 @@ struct CellLaunch {
   ExpertShard shard;  // the model keeps a pointer: this object must outlive it
 };
 
-// null for --ep 1 in a single process; an error when the flag and the MPI job disagree or when this build has
-// no Open MPI.
-Result<std::unique_ptr<CellLaunch>> open_cell(int64_t ep);
+// null for --ep 1 in a single process; an error when the flag and the MPI job disagree, when --tp does not
+// divide the ranks, or when this build has no Open MPI. tp > 1: the dense FFN work is tensor parallel over
+// groups of tp consecutive ranks (docs/cell.md §7).
+Result<std::unique_ptr<CellLaunch>> open_cell(int64_t ep, int64_t tp);
 
 // --numa, right after open_cell and before any thread pool starts or weights are touched: binds this process
 // (in a cell: the rank with its local rank on the host) to a NUMA node, CPUs and memory (dist/numa_placement.h).

@@ -8,6 +8,8 @@ namespace {
 const FlagSpec kModel{"model", "DIR", "", "checkpoint directory or GGUF file (none: the shipped default, or --preset)"};
 const FlagSpec kQuiet{"quiet", "", "", "no notes on stderr (default model, load notes)"};
 const FlagSpec kEp{"ep", "E", "1", "expert-parallel ranks: run as a cell under mpirun -np E (docs/cell.md)"};
+const FlagSpec kTp{"tp", "T", "1",
+                   "a cell: tensor-parallel groups of T consecutive ranks for the dense MLPs and shared experts"};
 const FlagSpec kCellLiveness{"cell-liveness-ms", "N", "1000",
                              "a cell: a rank without a heartbeat this long makes it unhealthy (serve: /health 503)"};
 const FlagSpec kCellDeadline{"cell-deadline-ms", "N", "5000",
@@ -48,6 +50,7 @@ const std::vector<CommandSpec>& command_specs() {
         {"page-tokens", "N", "64", "tokens per MLA cache page"},
         kKvCacheDtype,
         kEp,
+        kTp,
         kCellLiveness,
         kCellDeadline,
         kNuma,
@@ -123,6 +126,7 @@ const std::vector<CommandSpec>& command_specs() {
         {"ignore-eos", "", "", "keep generating past the end-of-sequence token"},
         kKvCacheDtype,
         kEp,
+        kTp,
         kCellLiveness,
         kCellDeadline,
         kNuma,
@@ -140,6 +144,7 @@ const std::vector<CommandSpec>& command_specs() {
         {"context", "N", "0", "time prefill/decode on top of N synthetic cached tokens"},
         kKvCacheDtype,
         kEp,
+        kTp,
         kCellLiveness,
         kCellDeadline,
         kNuma,
@@ -184,7 +189,7 @@ const std::vector<CommandSpec>& command_specs() {
         {"decode-nodes", "N", "", "decode nodes (default: from --cluster)"},
         {"gpus-per-node", "N", "", "GPUs per node (default: from --cluster)"},
         {"context", "N", "", "context length, tokens (default: from --cluster)"},
-        {"tp", "N", "", "tensor parallel size, both roles (default: from --cluster)"},
+        {"tp", "N", "", "tensor parallel size, both roles (default: from --cluster; with --cell: TP group size, 1)"},
         {"ep", "N", "", "expert parallel size, both roles (default: from --cluster)"},
         {"dcp", "N", "", "decode context parallel size, both roles (default: from --cluster)"},
         {"prefill-tp", "N", "", "tensor parallel size of prefill (default: --tp)"},
@@ -205,7 +210,7 @@ const std::vector<CommandSpec>& command_specs() {
         {"w4a8-group-size", "N", "", "int4 group size of w4a8 (default: from --cluster)"},
         {"expert-math", "bf16|fp8", "", "routed-expert matmul peak (default: from --cluster)"},
         {"cell", "", "", "instead: per-rank weights, cache and decode-step traffic of a CPU cell of --ep ranks "
-                         "(--batch, default 1; --context, default 4096; --kv-cache-dtype, default fp32)"},
+                         "(--tp, default 1; --batch, default 1; --context, default 4096; --kv-cache-dtype, default fp32)"},
         {"json", "", "", "print JSON instead of the table"}}},
       {"quantize",
        "BF16 checkpoint → W4A8 (int4 groups, int8 activations; MXFP4 kept), with a KL/top-1 report.",

@@ -103,7 +103,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (!ep) return usage_error("bench", ep.error());
   auto lo = liveness_flags(*a);
   if (!lo) return usage_error("bench", lo.error());
-  auto launch = open_cell(*ep);
+  auto tp = a->integer("tp");
+  if (!tp) return usage_error("bench", tp.error());
+  auto launch = open_cell(*ep, *tp);
   if (!launch) return usage_error("bench", launch.error());
   CellLaunch* cl = launch->get();
   if (Status s = apply_numa(*a, cl, a->has("quiet")); !s.is_ok()) {  // before any thread pool or weight page

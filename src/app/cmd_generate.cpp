@@ -78,18 +78,22 @@ std::vector<std::pair<int32_t, float>> top_entries(const std::vector<float>& l, 
   return out;
 }
 
-// Every rank's bound weight bytes and MoE bytes sent, gathered on every rank (after the last step).
+// Every rank's bound weight bytes and MoE / tensor-parallel / cell bytes sent, gathered on every rank (after
+// the last step).
 Result<nlohmann::json> cell_report(CellLaunch& c, const Model& m, const Cell& cell) {
-  const uint64_t mine[4] = {m.bound_weight_bytes(), c.shard.traffic.total(),
-                            cell.traffic().plan_bytes + cell.traffic().logits_bytes, cell.traffic().steps};
-  std::vector<uint64_t> all(4 * static_cast<size_t>(c.shard.size));
-  std::vector<size_t> counts(static_cast<size_t>(c.shard.size), 4);
-  KESTREL_RETURN_IF_ERROR(c.comm->all_gather_v<uint64_t>(std::span<const uint64_t>(mine, 4), all, counts));
+  constexpr size_t kN = 5;
+  const EpTraffic& t = c.shard.traffic;
+  const uint64_t mine[kN] = {m.bound_weight_bytes(), t.total() - t.tp_total(),
+                             cell.traffic().plan_bytes + cell.traffic().logits_bytes, cell.traffic().steps,
+                             t.tp_total()};
+  std::vector<uint64_t> all(kN * static_cast<size_t>(c.shard.size));
+  std::vector<size_t> counts(static_cast<size_t>(c.shard.size), kN);
+  KESTREL_RETURN_IF_ERROR(c.comm->all_gather_v<uint64_t>(std::span<const uint64_t>(mine, kN), all, counts));
   nlohmann::json ranks = nlohmann::json::array();
-  for (int r = 0; r < c.shard.size; ++r)
-    ranks.push_back({{"rank", r}, {"weight_bytes", all[4 * r]}, {"moe_bytes_sent", all[4 * r + 1]},
-                     {"cell_bytes_sent", all[4 * r + 2]}});
-  return nlohmann::json{{"ep", c.shard.size}, {"steps", all[3]}, {"ranks", ranks}};
+  for (size_t r = 0; r < static_cast<size_t>(c.shard.size); ++r)
+    ranks.push_back({{"rank", r}, {"weight_bytes", all[kN * r]}, {"moe_bytes_sent", all[kN * r + 1]},
+                     {"tp_bytes_sent", all[kN * r + 4]}, {"cell_bytes_sent", all[kN * r + 2]}});
+  return nlohmann::json{{"ep", c.shard.size}, {"tp", c.shard.tp}, {"steps", all[3]}, {"ranks", ranks}};
 }
 
 }  // namespace
@@ -120,7 +124,9 @@ int cmd_generate(const std::vector<std::string>& argv) {
     if (auto ids = parse_id_list(a->str("prompt-ids")); !ids) return usage_error("generate", ids.error());
   auto lo = liveness_flags(*a);
   if (!lo) return usage_error("generate", lo.error());
-  auto launch = open_cell(*ep);
+  auto tp = a->integer("tp");
+  if (!tp) return usage_error("generate", tp.error());
+  auto launch = open_cell(*ep, *tp);
   if (!launch) return usage_error("generate", launch.error());
   CellLaunch* cl = launch->get();
   if (Status s = apply_numa(*a, cl, a->has("quiet")); !s.is_ok()) {  // before any thread pool or weight page

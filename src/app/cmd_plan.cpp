@@ -118,15 +118,17 @@ int cmd_plan(const std::vector<std::string>& argv) {
   if (!cfg) return fail(cfg.error());
   if (a->has("cell")) {  // a CPU cell of --ep ranks (docs/cell.md)
     auto ep = a->integer_or("ep", 1);
+    auto tp = a->integer_or("tp", 1);
     auto batch = a->integer_or("batch", 1);
     auto context = a->integer_or("context", 4096);
     auto kv = a->has("kv-cache-dtype") ? kv_cache_dtype_flag(*a) : Result<KvCacheDtype>(KvCacheDtype::kF32);
-    if (Status bad = first_error(ep, batch, context, kv); !bad.is_ok()) return usage_error("plan", bad);
+    if (Status bad = first_error(ep, tp, batch, context, kv); !bad.is_ok()) return usage_error("plan", bad);
     std::error_code ec;
     const std::string dir = std::filesystem::is_directory(a->str("model"), ec) ? a->str("model") : "";
     const bool has_weights = !dir.empty() && (std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors", ec) ||
                                               std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors.index.json", ec));
-    auto cp = plan::make_cell_plan(*cfg, has_weights ? dir : "", static_cast<int>(*ep), *batch, *context, *kv);
+    auto cp = plan::make_cell_plan(*cfg, has_weights ? dir : "", static_cast<int>(*ep), *batch, *context, *kv,
+                                     static_cast<int>(*tp));
     if (!cp) return usage_error("plan", cp.error());
     const std::string out = a->has("json") ? plan::cell_plan_json(*cp) : plan::cell_plan_table(*cp);
     std::fwrite(out.data(), 1, out.size(), stdout);

@@ -166,7 +166,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
                                                  "), or --no-prefix-cache"));
   auto lo = liveness_flags(*a);
   if (!lo) return usage_error("serve", lo.error());
-  auto launch = open_cell(*ep);
+  auto tp = a->integer("tp");
+  if (!tp) return usage_error("serve", tp.error());
+  auto launch = open_cell(*ep, *tp);
   if (!launch) return usage_error("serve", launch.error());
   CellLaunch* cl = launch->get();
   if (Status s = apply_numa(*a, cl, a->has("quiet")); !s.is_ok()) {  // before any thread pool or weight page

@@ -17,6 +17,19 @@ kernels::WeightFormat format_of(DType d) {
     default: return kernels::WeightFormat::kF32;
   }
 }
+
+// A tensor-parallel slice [b0, b1) of a dimension of n must start on a block and end on one or at n.
+Status check_cut(const std::string& name, int64_t n, int64_t block, int64_t b0, int64_t b1) {
+  if (b0 < 0 || b0 > b1 || b1 > n || b0 % block != 0 || (b1 % block != 0 && b1 != n))
+    return invalid_argument("tensor '" + name + "': slice [" + std::to_string(b0) + ", " + std::to_string(b1) +
+                            ") of " + std::to_string(n) + " is not on its " + std::to_string(block) + "-wide blocks");
+  return Status::ok();
+}
+
+// Bytes per element of a stored [out, in] tensor, from its header (0 when absent: get_part then names it).
+int64_t element_bytes(const Checkpoint& ck, const std::string& name, int64_t out, int64_t in) {
+  return out * in > 0 ? static_cast<int64_t>(ck.tensor_bytes(name)) / (out * in) : 0;
+}
 }  // namespace
 
 kernels::WeightMatrix Binder::linear(const std::string& name, int64_t out, int64_t in) {
@@ -132,6 +145,88 @@ void Binder::skip_linear(const std::string& name) {
     if (Status s = ckpt_->expect(name + suffix, {}, {}); !s.is_ok()) return fail(s);
   }
   if (!any) fail(not_found(ckpt_->dir() + ": missing tensor '" + name + ".weight'"));
+}
+
+int64_t Binder::tp_block(const std::string& name) {
+  if (!ok()) return 0;
+  if (gguf_ != nullptr)
+    return fail(unsupported(gguf_->path() + ": tensor parallelism needs a safetensors checkpoint")), 0;
+  if (ckpt_->contains(name + ".weight_packed"))
+    return fail(unsupported(ckpt_->file_of(name + ".weight_packed") + ": tensor '" + name +
+                            "': tensor parallelism slices F32 / BF16 / F16 and FP8-block weights, not MXFP4 or "
+                            "int4 pack-quantized ones")), 0;
+  return ckpt_->contains(name + ".weight_scale_inv") ? kernels::kFp8Block : 1;
+}
+
+kernels::WeightMatrix Binder::linear_rows(const std::string& name, int64_t out, int64_t in, int64_t r0, int64_t r1) {
+  kernels::WeightMatrix w;
+  w.out = r1 - r0;
+  w.in = in;
+  const int64_t block = tp_block(name);
+  if (ok()) fail(check_cut(name, out, block, r0, r1));
+  if (!ok()) return w;
+  Checkpoint& ck = *ckpt_;
+  if (block == kernels::kFp8Block) {
+    auto q = ck.get_part(name + ".weight", {DType::kF8E4M3}, {out, in}, static_cast<uint64_t>(w.out * in));
+    if (!q) return fail(q.error()), w;
+    const int64_t kb = kernels::fp8_blocks(in), s0 = r0 / block, s1 = r1 > r0 ? kernels::fp8_blocks(r1) : s0;
+    auto s = ck.get_part(name + ".weight_scale_inv", {DType::kF32}, {kernels::fp8_blocks(out), kb},
+                         static_cast<uint64_t>((s1 - s0) * kb) * sizeof(float));
+    if (!s) return fail(s.error()), w;
+    w.format = kernels::WeightFormat::kFp8Block;
+    w.data = static_cast<const uint8_t*>(q->data) + r0 * in;
+    w.scales = static_cast<const uint8_t*>(s->data) + static_cast<size_t>(s0 * kb) * sizeof(float);
+    return w;
+  }
+  const int64_t esz = element_bytes(ck, name + ".weight", out, in);
+  auto t = ck.get_part(name + ".weight", kFloat, {out, in}, static_cast<uint64_t>(w.out * in * esz));
+  if (!t) return fail(t.error()), w;
+  w.format = format_of(t->dtype);
+  w.data = static_cast<const uint8_t*>(t->data) + r0 * in * esz;
+  w.act_bf16 = w.format == kernels::WeightFormat::kBF16 && kernels::bf16_acts_opt_in();
+  return w;
+}
+
+kernels::WeightMatrix Binder::linear_cols(const std::string& name, int64_t out, int64_t in, int64_t c0, int64_t c1,
+                                          std::vector<uint64_t>& store) {
+  kernels::WeightMatrix w;
+  w.out = out;
+  w.in = c1 - c0;
+  const int64_t block = tp_block(name);
+  if (ok()) fail(check_cut(name, in, block, c0, c1));
+  if (!ok()) return w;
+  Checkpoint& ck = *ckpt_;
+  auto copy_cols = [&](const uint8_t* src, int64_t rows, int64_t row_bytes, int64_t b0, int64_t b1, uint8_t* dst) {
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * (b1 - b0), src + r * row_bytes + b0, static_cast<size_t>(b1 - b0));
+  };
+  auto words = [](int64_t bytes) { return static_cast<size_t>((bytes + 7) / 8); };
+  if (block == kernels::kFp8Block) {
+    const int64_t ob = kernels::fp8_blocks(out), kb = kernels::fp8_blocks(in);
+    const int64_t s0 = c0 / block, s1 = c1 > c0 ? kernels::fp8_blocks(c1) : s0;
+    const int64_t qbytes = out * w.in, sbytes = ob * (s1 - s0) * static_cast<int64_t>(sizeof(float));
+    auto q = ck.get_part(name + ".weight", {DType::kF8E4M3}, {out, in}, static_cast<uint64_t>(qbytes));
+    if (!q) return fail(q.error()), w;
+    auto s = ck.get_part(name + ".weight_scale_inv", {DType::kF32}, {ob, kb}, static_cast<uint64_t>(sbytes));
+    if (!s) return fail(s.error()), w;
+    store.assign(words(qbytes) + words(sbytes), 0);
+    auto* dst = reinterpret_cast<uint8_t*>(store.data());
+    copy_cols(static_cast<const uint8_t*>(q->data), out, in, c0, c1, dst);
+    uint8_t* sdst = dst + words(qbytes) * 8;
+    copy_cols(static_cast<const uint8_t*>(s->data), ob, kb * 4, s0 * 4, s1 * 4, sdst);
+    w.format = kernels::WeightFormat::kFp8Block;
+    w.data = dst;
+    w.scales = sdst;
+    return w;
+  }
+  const int64_t esz = element_bytes(ck, name + ".weight", out, in);
+  auto t = ck.get_part(name + ".weight", kFloat, {out, in}, static_cast<uint64_t>(out * w.in * esz));
+  if (!t) return fail(t.error()), w;
+  store.assign(words(out * w.in * esz), 0);
+  copy_cols(static_cast<const uint8_t*>(t->data), out, in * esz, c0 * esz, c1 * esz, reinterpret_cast<uint8_t*>(store.data()));
+  w.format = format_of(t->dtype);
+  w.data = store.data();
+  w.act_bf16 = w.format == kernels::WeightFormat::kBF16 && kernels::bf16_acts_opt_in();
+  return w;
 }
 
 std::vector<float> Binder::vec(const std::string& name, const std::vector<int64_t>& shape) {

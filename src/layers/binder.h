@@ -50,6 +50,17 @@ class Binder {
   // being read, so the strict unused-tensor check passes and none of its bytes count as bound. Checkpoints
   // only: a GGUF file stacks every expert of a layer in one tensor, which cannot be split this way.
   void skip_linear(const std::string& name);
+  // Tensor parallelism (docs/cell.md §7), checkpoints only. The block a linear weight can be cut on: 1 for
+  // F32 / BF16 / F16, 128 for FP8 blocks; other formats (MXFP4, int4, GGUF) fail with a clear error (0).
+  int64_t tp_block(const std::string& name);
+  // Rows [r0, r1) of linear weight [out, in] (r0 on a block boundary): a view into the mapped tensor. Only
+  // the slice's bytes (and its FP8 scale rows) count as bound.
+  kernels::WeightMatrix linear_rows(const std::string& name, int64_t out, int64_t in, int64_t r0, int64_t r1);
+  // Columns [c0, c1) of linear weight [out, in] (c0 on a block boundary, c1 on one or = in): a row's slice is
+  // not contiguous, so the slice (and its FP8 scale columns) is copied into `store`, which must outlive the
+  // matrix. Only those bytes count as bound.
+  kernels::WeightMatrix linear_cols(const std::string& name, int64_t out, int64_t in, int64_t c0, int64_t c1,
+                                    std::vector<uint64_t>& store);
   // Any float tensor converted to fp32; shape must match exactly.
   std::vector<float> vec(const std::string& name, const std::vector<int64_t>& shape);
   // Float tensor whose shape is one of `shapes` (first match wins).

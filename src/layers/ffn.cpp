@@ -7,6 +7,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "dist/tp_partition.h"
 #include "kernels/cpu/elementwise.h"
 
 namespace kestrel {
@@ -22,9 +23,15 @@ namespace {
   for (int64_t d = 0; d < n; ++d) dst[d] += w * src[d];
 }
 
+// One member's partial output rows added to the sum; the tensor-parallel MLP adds the members' partials
+// through it in group order, so the sum is the same operations on every run and every batch.
+[[gnu::noinline]] void add_partial(float* dst, const float* src, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) dst[d] += src[d];
+}
+
 // A collective inside a step failed: the peers are blocked in the same step and the cell cannot go on.
-[[noreturn]] void cell_failure(const ExpertShard& s, const Status& st) {
-  std::fprintf(stderr, "kestrel: rank %d of %d: MoE dispatch/combine failed, ending the cell: %s\n", s.rank, s.size,
+[[noreturn]] void cell_failure(const ExpertShard& s, const Status& st, const char* what = "MoE dispatch/combine") {
+  std::fprintf(stderr, "kestrel: rank %d of %d: %s failed, ending the cell: %s\n", s.rank, s.size, what,
                st.message().c_str());
   std::fflush(stderr);
   std::_Exit(1);
@@ -37,6 +44,23 @@ void GatedMlp::bind(Binder& b, const std::string& p, const char* gate, const cha
   wg_ = b.linear(p + gate, inter, in);
   wu_ = b.linear(p + up, inter, in);
   wd_ = b.linear(p + down, in, inter);
+}
+
+void GatedMlp::bind_dense(Binder& b, const std::string& p, const char* gate, const char* up, const char* down,
+                          int64_t in, int64_t inter, const TextConfig& c) {
+  ExpertShard* sh = b.expert_shard();
+  if (sh == nullptr || sh->tp <= 1) return bind(b, p, gate, up, down, in, inter, c);
+  c_ = &c;
+  tp_ = sh;
+  // One cut for all three matrices: the coarsest block among them (gate / up rows and down columns are the
+  // same intermediate index).
+  int64_t block = 1;
+  for (const char* n : {gate, up, down}) block = std::max(block, b.tp_block(p + n));
+  if (!b.ok()) return;
+  const auto [i0, i1] = dist::tp_slice(inter, block, sh->tp, sh->rank % sh->tp);
+  wg_ = b.linear_rows(p + gate, inter, in, i0, i1);
+  wu_ = b.linear_rows(p + up, inter, in, i0, i1);
+  wd_ = b.linear_cols(p + down, in, inter, i0, i1, down_store_);
 }
 
 void GatedMlp::gate_up_tasks(const float* x, int64_t T, float* g, float* u, std::vector<MatmulTask>& out) const {
@@ -52,6 +76,7 @@ void GatedMlp::activate(float* g, const float* u, int64_t n) const {
 }
 
 void GatedMlp::forward(const float* x, int64_t T, float* y) {
+  if (tp_ != nullptr) return forward_tp(x, T, y);
   const int64_t n = T * wg_.out;
   g_.resize(static_cast<size_t>(n));
   u_.resize(static_cast<size_t>(n));
@@ -60,6 +85,78 @@ void GatedMlp::forward(const float* x, int64_t T, float* y) {
   kernels::matmul_many(tasks_);
   activate(g_.data(), u_.data(), n);
   matmul(wd_, g_.data(), T, y);
+}
+
+// Three all_to_all_v inside the TP group (ranks outside it get nothing): each member's row count; its hidden
+// rows to every member (the gathered batch, members in order); and member j's partial output rows for member
+// m's tokens back to m. Each rank then sums the partials of members 0, 1, …, T−1 left to right. The slice
+// kernels are row-invariant, so a token's result does not depend on the other tokens of the group.
+void GatedMlp::forward_tp(const float* x, int64_t T, float* y) {
+  ExpertShard& sh = *tp_;
+  dist::Communicator& comm = *sh.comm;
+  const int P = sh.size, me = sh.rank, G = sh.tp, g0 = dist::tp_group_first(me, G);
+  const int64_t hid = wd_.out, inter = wg_.out;
+  const auto Pn = static_cast<size_t>(P);
+  for (auto& v : tp_counts_) v.assign(Pn, 0);
+  auto& rows = tp_counts_[0];  // rows of each member, indexed by rank
+  auto& sc = tp_counts_[1];
+  auto& sd = tp_counts_[2];
+  auto& rc = tp_counts_[3];
+  auto& rd = tp_counts_[4];
+  auto& mine = tp_counts_[5];  // this rank's row count, once per member
+  auto& got = tp_counts_[6];   // each member's row count
+  mine.assign(static_cast<size_t>(G), static_cast<size_t>(T));
+  got.assign(static_cast<size_t>(G), 0);
+  for (int m = 0; m < G; ++m) {
+    const auto p = static_cast<size_t>(g0 + m);
+    sc[p] = rc[p] = 1;
+    sd[p] = rd[p] = static_cast<size_t>(m);
+  }
+  Status st = comm.all_to_all_v<size_t>(mine, sc, sd, got, rc, rd);
+  if (!st.is_ok()) cell_failure(sh, st, "tensor-parallel MLP");
+  size_t N = 0;
+  for (int m = 0; m < G; ++m) {
+    const auto p = static_cast<size_t>(g0 + m);
+    rows[p] = got[static_cast<size_t>(m)];
+    sc[p] = static_cast<size_t>(T * hid), sd[p] = 0;
+    rc[p] = rows[p] * static_cast<size_t>(hid), rd[p] = N * static_cast<size_t>(hid);
+    N += rows[p];
+  }
+  tp_x_.resize(N * static_cast<size_t>(hid));
+  st = comm.all_to_all_v<float>(std::span<const float>(x, static_cast<size_t>(T * hid)), sc, sd, tp_x_, rc, rd);
+  if (!st.is_ok()) cell_failure(sh, st, "tensor-parallel MLP");
+
+  const auto n = static_cast<int64_t>(N);
+  tp_part_.assign(N * static_cast<size_t>(hid), 0.0f);  // a member without columns contributes zeros
+  if (n > 0 && inter > 0) {
+    g_.resize(static_cast<size_t>(n * inter));
+    u_.resize(static_cast<size_t>(n * inter));
+    tasks_.clear();
+    gate_up_tasks(tp_x_.data(), n, g_.data(), u_.data(), tasks_);
+    kernels::matmul_many(tasks_);
+    activate(g_.data(), u_.data(), n * inter);
+    matmul(wd_, g_.data(), n, tp_part_.data());
+  }
+  for (int m = 0; m < G; ++m) {
+    const auto p = static_cast<size_t>(g0 + m);
+    sc[p] = rc[p], sd[p] = rd[p];  // member m's rows of this partial go back to m
+    rc[p] = static_cast<size_t>(T * hid), rd[p] = static_cast<size_t>(m * T * hid);
+  }
+  tp_recv_.resize(static_cast<size_t>(G * T * hid));
+  st = comm.all_to_all_v<float>(tp_part_, sc, sd, tp_recv_, rc, rd);
+  if (!st.is_ok()) cell_failure(sh, st, "tensor-parallel MLP");
+  for (int m = 0; m < G; ++m) {
+    if (g0 + m == me) continue;
+    sh.traffic.tp_count_bytes += sizeof(size_t);
+    sh.traffic.tp_gather_bytes += static_cast<uint64_t>(T * hid) * sizeof(float);
+    sh.traffic.tp_partial_bytes += sc[static_cast<size_t>(g0 + m)] * sizeof(float);
+  }
+  ++sh.traffic.tp_exchanges;
+
+  // The members' partials in group order: ((p_0 + p_1) + p_2) + …
+  if (T == 0) return;
+  std::copy_n(tp_recv_.data(), T * hid, y);
+  for (int m = 1; m < G; ++m) add_partial(y, tp_recv_.data() + m * T * hid, T * hid);
 }
 
 Status MoeBlock::bind(Binder& b, const std::string& p, const TextConfig& c, const ExpertNames& names) {
@@ -91,7 +188,7 @@ Status MoeBlock::bind(Binder& b, const std::string& p, const TextConfig& c, cons
   if (sharded()) ep_by_expert_.resize(static_cast<size_t>(E_));
   has_shared_ = c.num_shared_experts > 0;
   if (has_shared_)
-    shared_.bind(b, p + "shared_experts.", "gate_proj", "up_proj", "down_proj", hid,
+    shared_.bind_dense(b, p + "shared_experts.", "gate_proj", "up_proj", "down_proj", hid,
                  static_cast<int64_t>(c.num_shared_experts) * c.moe_intermediate_size, c);
   by_expert_.resize(static_cast<size_t>(E_));
   for (auto& v : by_expert_) v.reserve(64);  // decode never grows these
@@ -195,7 +292,9 @@ void MoeBlock::forward(const float* x, int64_t T, float* out) {
   }
   if (sharded()) {
     routed_ep(in, T);
-    if (has_shared_ && T > 0) {
+    if (has_shared_ && shared_.tensor_parallel()) {
+      shared_.forward(x, T, shared_out_.data());  // every rank, T = 0 included: the group exchanges rows
+    } else if (has_shared_ && T > 0) {
       tasks_.clear();
       down_.clear();
       shared_.gate_up_tasks(x, T, sg_.data(), su_.data(), tasks_);

@@ -17,7 +17,15 @@ class GatedMlp {
   // ("experts.3.", "w1", "w3", "w2").
   void bind(Binder& b, const std::string& prefix, const char* gate, const char* up, const char* down,
             int64_t in, int64_t inter, const TextConfig& c);
-  // x: [T, in] → y: [T, in]   (y overwritten)
+  // The dense FFN work (a dense layer's MLP, the shared experts): like bind(), but when the Binder's shard has
+  // tp > 1 this rank binds only its slice of the intermediate columns (gate / up rows, down columns;
+  // dist/tp_partition.h) and forward() runs tensor parallel over its TP group (docs/cell.md §7).
+  void bind_dense(Binder& b, const std::string& prefix, const char* gate, const char* up, const char* down,
+                  int64_t in, int64_t inter, const TextConfig& c);
+  bool tensor_parallel() const { return tp_ != nullptr; }
+  // x: [T, in] → y: [T, in]   (y overwritten). Tensor parallel: every rank of the cell calls it for the same
+  // layer in the same step (T = 0 on a rank without tokens); aborts the process naming the rank when a
+  // collective fails.
   void forward(const float* x, int64_t T, float* y);
 
   // The same computation in pieces, for callers that run several MLPs in one parallel region:
@@ -27,10 +35,19 @@ class GatedMlp {
   kernels::MatmulTask down_task(const float* h, int64_t T, float* y) const { return {&wd_, h, T, y}; }
 
  private:
+  // Tensor parallel: gather the group's rows, this slice's partial output for all of them, return each
+  // member its rows, sum the members' partials in group order.
+  void forward_tp(const float* x, int64_t T, float* y);
+
   const TextConfig* c_ = nullptr;
   kernels::WeightMatrix wg_, wu_, wd_;
   std::vector<float> g_, u_;
   std::vector<kernels::MatmulTask> tasks_;
+  // Tensor parallel (null: every column bound). The down slice is a copy (a row's slice is not contiguous).
+  ExpertShard* tp_ = nullptr;
+  std::vector<uint64_t> down_store_;
+  std::vector<float> tp_x_, tp_part_, tp_recv_;
+  std::vector<size_t> tp_counts_[7];
 };
 
 // Per-expert tensor names: Moonshot's w1/w3/w2 (Kimi) or HF's gate_proj/up_proj/down_proj (DeepSeek).

@@ -102,12 +102,17 @@ Status Checkpoint::expect(const std::string& name, const std::vector<DType>& dty
 
 Result<TensorView> Checkpoint::get(const std::string& name, const std::vector<DType>& dtypes,
                                    const std::vector<int64_t>& shape) {
+  return get_part(name, dtypes, shape, UINT64_MAX);
+}
+
+Result<TensorView> Checkpoint::get_part(const std::string& name, const std::vector<DType>& dtypes,
+                                        const std::vector<int64_t>& shape, uint64_t counted) {
   KESTREL_RETURN_IF_ERROR(expect(name, dtypes, shape));
   const auto it = tensors_.find(name);
   const SafetensorsFile& f = *files_[it->second.file];
   const SafetensorsEntry& e = *it->second.entry;
   TensorView v = f.view(e);
-  if (fetched_.insert(name).second) bound_bytes_ += e.end - e.begin;
+  if (fetched_.insert(name).second) bound_bytes_ += std::min<uint64_t>(counted, e.end - e.begin);
   const auto align = static_cast<uintptr_t>(dtype_size(e.dtype));
   if (reinterpret_cast<uintptr_t>(v.data) % align != 0) {
     const size_t bytes = static_cast<size_t>(v.nbytes());

@@ -27,6 +27,10 @@ class Checkpoint {
   // misaligned tensor is copied once into owned, aligned memory (typed loads stay defined).
   Result<TensorView> get(const std::string& name, const std::vector<DType>& dtypes,
                          const std::vector<int64_t>& shape);
+  // get() for a caller that reads only part of the tensor (a tensor-parallel slice): `counted` bytes, not the
+  // whole tensor's, are added to bound_bytes() the first time the tensor is fetched.
+  Result<TensorView> get_part(const std::string& name, const std::vector<DType>& dtypes,
+                              const std::vector<int64_t>& shape, uint64_t counted);
   // The checks of get() without touching the data: the tensor exists with one of `dtypes` and `shape`.
   // It then counts as used (a tensor the model accounts for but does not bind yet, e.g. the vision tower).
   Status expect(const std::string& name, const std::vector<DType>& dtypes, const std::vector<int64_t>& shape);
@@ -34,7 +38,7 @@ class Checkpoint {
   std::vector<std::string> names() const;
   // Names never fetched through get() or accounted for by expect().
   std::vector<std::string> unused() const;
-  // Bytes of the distinct tensors fetched through get() (what the model reads; tensors only accounted for by
+  // Bytes of the distinct tensors fetched through get() or get_part() (what the model reads; tensors only accounted for by
   // expect(), such as another rank's experts in a cell, are not counted).
   uint64_t bound_bytes() const { return bound_bytes_; }
   // Stored bytes of a tensor (0 when absent), from the header alone.

@@ -69,7 +69,7 @@ Status DeepseekModel::bind(Binder& b) {
                                                                 c.attn_sparse[static_cast<size_t>(l)]));
     if (c.ffn_kind[static_cast<size_t>(l)] == FfnKind::kDense) {
       L.dense = std::make_unique<GatedMlp>();
-      L.dense->bind(b, p + "mlp.", "gate_proj", "up_proj", "down_proj", D, c.intermediate_size, c);
+      L.dense->bind_dense(b, p + "mlp.", "gate_proj", "up_proj", "down_proj", D, c.intermediate_size, c);
     } else {
       L.moe = std::make_unique<MoeBlock>();
       KESTREL_RETURN_IF_ERROR(L.moe->bind(b, p + "mlp.", c, kHfExpertNames));

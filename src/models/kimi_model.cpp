@@ -119,7 +119,7 @@ Status KimiModel::bind(Binder& b) {
     }
     if (c.ffn_kind[static_cast<size_t>(l)] == FfnKind::kDense) {
       L.dense = std::make_unique<GatedMlp>();
-      L.dense->bind(b, p + "mlp.", "gate_proj", "up_proj", "down_proj", D, c.intermediate_size, c);
+      L.dense->bind_dense(b, p + "mlp.", "gate_proj", "up_proj", "down_proj", D, c.intermediate_size, c);
     } else {
       L.moe = std::make_unique<MoeBlock>();
       KESTREL_RETURN_IF_ERROR(L.moe->bind(b, p + "block_sparse_moe.", c));

@@ -1,16 +1,24 @@
 #include "plan/cell_plan.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string_view>
 
 #include "dist/expert_partition.h"
+#include "dist/tp_partition.h"
 #include "loader/checkpoint.h"
 #include "plan/model_costs.h"
 
 namespace kestrel::plan {
 
 namespace {
+// Intermediate width of a layer's shared experts together (they are bound as one MLP).
+int64_t t_cfg_shared(const ModelConfig& cfg) {
+  return static_cast<int64_t>(cfg.text.num_shared_experts) * cfg.text.moe_intermediate_size;
+}
+
 // N of the first "<key>N." in a tensor name (digits then a dot), or -1.
 int64_t number_after(std::string_view name, std::string_view key) {
   for (size_t at = name.find(key); at != std::string_view::npos; at = name.find(key, at + 1)) {
@@ -23,6 +31,35 @@ int64_t number_after(std::string_view name, std::string_view key) {
   return -1;
 }
 
+// A tensor-parallel MLP of the checkpoint: a dense layer's mlp.* or a MoE layer's shared_experts.* matrices.
+// Returns the prefix ("….mlp." / "….shared_experts.") and which matrix, or an empty prefix.
+std::pair<std::string, std::string> tp_mlp_of(const std::string& name) {
+  for (const char* m : {"gate_proj", "up_proj", "down_proj"})
+    for (const char* part : {".weight", ".weight_scale_inv"}) {
+      const std::string tail = std::string(m) + part;
+      if (name.size() <= tail.size() || name.compare(name.size() - tail.size(), tail.size(), tail) != 0) continue;
+      const std::string prefix = name.substr(0, name.size() - tail.size());
+      const auto ends = [&](std::string_view s) {
+        return prefix.size() >= s.size() && prefix.compare(prefix.size() - s.size(), s.size(), s) == 0;
+      };
+      if (ends(".shared_experts.") || (ends(".mlp.") && prefix.find(".experts.") == std::string::npos)) return {prefix, m};
+    }
+  return {};
+}
+
+// Bytes member j of a TP group binds of one MLP ([inter, hid] gate and up, [hid, inter] down, element size esz,
+// FP8 scale blocks when block is 128): the rows / columns [i0, i1) and their scale blocks.
+int64_t tp_member_bytes(int64_t inter, int64_t hid, int64_t esz, int64_t block, int tp, int j) {
+  const auto [i0, i1] = dist::tp_slice(inter, block, tp, j);
+  int64_t b = 3 * (i1 - i0) * hid * esz;
+  if (block > 1) {
+    const auto nb = [block](int64_t n) { return (n + block - 1) / block; };
+    const int64_t s = i1 > i0 ? nb(i1) - i0 / block : 0;
+    b += 3 * s * nb(hid) * 4;
+  }
+  return b;
+}
+
 // P(none of a token's K distinct experts, drawn uniformly from E, is among n given ones) = C(E−n, K) / C(E, K).
 double p_none(int64_t E, int64_t n, int64_t K) {
   if (E - n < K) return 0.0;
@@ -33,8 +70,12 @@ double p_none(int64_t E, int64_t n, int64_t K) {
 }  // namespace
 
 Result<CellPlan> make_cell_plan(const ModelConfig& cfg, const std::string& checkpoint_dir, int ep, int64_t batch,
-                                int64_t context, KvCacheDtype kv) {
+                                int64_t context, KvCacheDtype kv, int tp) {
   if (ep < 1) return invalid_argument("--ep must be at least 1");
+  if (tp < 1 || ep % tp != 0)
+    return invalid_argument("--tp " + std::to_string(tp) + " must divide --ep " + std::to_string(ep));
+  if (tp > 1 && checkpoint_dir.empty())
+    return invalid_argument("--tp needs a checkpoint directory (the slices' bytes follow its tensor formats)");
   if (batch < 0 || context < 0) return invalid_argument("--batch and --context must not be negative");
   InventoryOptions io;  // the checkpoint's own expert format: what the ranks bind
   auto inv = build_inventory(cfg, io);
@@ -43,7 +84,12 @@ Result<CellPlan> make_cell_plan(const ModelConfig& cfg, const std::string& check
   const ModelCosts m = compute_costs(cfg, *inv, so);
   const TextConfig& t = cfg.text;
   CellPlan p;
-  p.ep = ep, p.batch = batch, p.context = context, p.kv = kv;
+  p.ep = ep, p.tp = tp, p.batch = batch, p.context = context, p.kv = kv;
+  struct TpMlp {
+    int64_t gate_bytes = 0;
+    bool fp8 = false;
+  };
+  std::map<std::string, TpMlp> tp_mlps;  // prefix → its gate tensor's bytes and format
   p.moe_layers = m.moe_layers, p.num_experts = t.num_experts, p.top_k = t.num_experts_per_token;
   p.routed_width = m.routed_width, p.vocab = t.vocab_size;
   const int64_t E = t.num_experts, K = t.num_experts_per_token;
@@ -55,7 +101,12 @@ Result<CellPlan> make_cell_plan(const ModelConfig& cfg, const std::string& check
       if (name.find("vision_tower.") != std::string::npos || name.find("mm_projector.") != std::string::npos) continue;
       if (number_after(name, "layers.") >= t.num_hidden_layers) continue;  // MTP
       const auto b = static_cast<int64_t>(ck->tensor_bytes(name));
-      if (const int64_t x = number_after(name, ".experts."); x >= 0 && x < E) {
+      if (const auto [prefix, m] = tp_mlp_of(name); tp > 1 && !prefix.empty()) {
+        p.tp_full_bytes += b;
+        TpMlp& t = tp_mlps[prefix];
+        if (m == "gate_proj" && name.ends_with(".weight")) t.gate_bytes = b;
+        if (name.ends_with("_scale_inv")) t.fp8 = true;
+      } else if (const int64_t x = number_after(name, ".experts."); x >= 0 && x < E) {
         expert_bytes[static_cast<size_t>(x)] += b;
         p.routed_bytes += b;
       } else {
@@ -84,7 +135,14 @@ Result<CellPlan> make_cell_plan(const ModelConfig& cfg, const std::string& check
     rp.experts = m.moe_layers > 0 ? dist::experts_of(E, ep, r) : 0;
     for (int64_t e = dist::first_expert(E, ep, r); m.moe_layers > 0 && e < dist::first_expert(E, ep, r + 1); ++e)
       rp.expert_bytes += expert_bytes[static_cast<size_t>(e)];
-    rp.weight_bytes = p.replicated_bytes + rp.expert_bytes;
+    for (const auto& [prefix, t] : tp_mlps) {
+      const bool shared = prefix.ends_with(".shared_experts.");
+      const int64_t inter = shared ? static_cast<int64_t>(t_cfg_shared(cfg)) : cfg.text.intermediate_size;
+      const int64_t hid = cfg.text.hidden_size;
+      const int64_t esz = t.fp8 ? 1 : t.gate_bytes / std::max<int64_t>(1, inter * hid);
+      rp.tp_bytes += tp_member_bytes(inter, hid, esz, t.fp8 ? 128 : 1, tp, r % tp);
+    }
+    rp.weight_bytes = p.replicated_bytes + rp.expert_bytes + rp.tp_bytes;
     rp.requests = batch / ep + (r < batch % ep ? 1 : 0);
     rp.cache_bytes = rp.requests * (context * p.cache_bytes_per_token + p.state_bytes_per_request);
     p.ranks.push_back(rp);
@@ -105,6 +163,11 @@ Result<CellPlan> make_cell_plan(const ModelConfig& cfg, const std::string& check
                            (p.dispatch_bytes_per_token_layer + p.combine_bytes_per_token_layer) +
                        p.count_step_bytes;
   }
+  p.tp_mlps = static_cast<int>(tp_mlps.size());
+  if (tp > 1)  // per MLP: every rank sends T−1 counts, and each token's row out and its partial back, T−1 times
+    p.tp_step_bytes = static_cast<double>(p.tp_mlps) *
+                      (static_cast<double>(ep) * (tp - 1) * 8.0 +
+                       static_cast<double>(batch) * 2.0 * (tp - 1) * static_cast<double>(t.hidden_size) * 4.0);
   if (ep > 1) {
     p.plan_step_bytes = static_cast<double>(ep - 1) * (8.0 + 4.0 * static_cast<double>(2 + 5 * batch));
     const int64_t off_rank0 = batch - p.ranks[0].requests;
@@ -117,9 +180,9 @@ std::string cell_plan_json(const CellPlan& p) {
   nlohmann::json ranks = nlohmann::json::array();
   for (const CellRankPlan& r : p.ranks)
     ranks.push_back({{"rank", r.rank}, {"experts", r.experts}, {"weight_bytes", r.weight_bytes},
-                     {"expert_bytes", r.expert_bytes}, {"requests", r.requests}, {"cache_bytes", r.cache_bytes}});
+                     {"expert_bytes", r.expert_bytes}, {"tp_bytes", r.tp_bytes}, {"requests", r.requests}, {"cache_bytes", r.cache_bytes}});
   nlohmann::json j = {
-      {"ep", p.ep}, {"batch", p.batch}, {"context", p.context}, {"kv_cache_dtype", std::string(kv_cache_dtype_name(p.kv))},
+      {"ep", p.ep}, {"tp", p.tp}, {"tp_mlps", p.tp_mlps}, {"tp_full_bytes", p.tp_full_bytes}, {"batch", p.batch}, {"context", p.context}, {"kv_cache_dtype", std::string(kv_cache_dtype_name(p.kv))},
       {"moe_layers", p.moe_layers}, {"num_experts", p.num_experts}, {"top_k", p.top_k},
       {"routed_width", p.routed_width}, {"replicated_bytes", p.replicated_bytes}, {"routed_bytes", p.routed_bytes},
       {"cache_bytes_per_token", p.cache_bytes_per_token}, {"state_bytes_per_request", p.state_bytes_per_request},
@@ -129,7 +192,7 @@ std::string cell_plan_json(const CellPlan& p) {
         {"dispatch_bytes_per_token_layer", p.dispatch_bytes_per_token_layer},
         {"combine_bytes_per_token_layer", p.combine_bytes_per_token_layer},
         {"moe_bytes", p.moe_step_bytes}, {"count_bytes", p.count_step_bytes}, {"plan_bytes", p.plan_step_bytes},
-        {"logits_bytes", p.logits_step_bytes}, {"total_bytes", p.step_bytes()}}}};
+        {"logits_bytes", p.logits_step_bytes}, {"tp_bytes", p.tp_step_bytes}, {"total_bytes", p.step_bytes()}}}};
   return j.dump(2) + "\n";
 }
 
@@ -151,12 +214,19 @@ std::string cell_plan_table(const CellPlan& p) {
                   static_cast<long long>(r.requests), static_cast<long long>(r.cache_bytes));
     out += b;
   }
+  if (p.tp > 1) {
+    std::snprintf(b, sizeof b,
+                  "\ntensor parallel: groups of %d ranks; %d MLPs (dense layers, shared experts) of %lld bytes cut "
+                  "over each group (a rank's slices are in its weight bytes)\n",
+                  p.tp, p.tp_mlps, static_cast<long long>(p.tp_full_bytes));
+    out += b;
+  }
   std::snprintf(b, sizeof b,
                 "\ndecode step (all ranks, bytes to other ranks; MoE under uniform routing): %.0f\n"
                 "  MoE dispatch + combine + counts %.0f (%.2f remote ranks per token; per token per layer: dispatch "
-                "%.0f, combine %.0f)\n  plan broadcast %.0f, logits to rank 0 %.0f\n",
+                "%.0f, combine %.0f)\n  plan broadcast %.0f, logits to rank 0 %.0f, tensor-parallel MLPs %.0f\n",
                 p.step_bytes(), p.moe_step_bytes, p.remote_ranks_per_token, p.dispatch_bytes_per_token_layer,
-                p.combine_bytes_per_token_layer, p.plan_step_bytes, p.logits_step_bytes);
+                p.combine_bytes_per_token_layer, p.plan_step_bytes, p.logits_step_bytes, p.tp_step_bytes);
   out += b;
   return out;
 }

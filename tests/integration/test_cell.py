@@ -3,7 +3,8 @@ tiny K3, K3 with DSA layers, Kimi Linear, DeepSeek V3 and V3.2 models at EP 2 an
 replicated weights plus about 1/E of the routed-expert bytes; flag errors; and a SIGKILLed rank ends the cell
 non-zero within 10 s, mpirun naming the rank, with no rank process left behind; a SIGSTOPped (frozen) rank, rank 0
 included, ends the cell non-zero at the liveness deadline instead of hanging it; `--numa node` binds each rank and
-changes no result."""
+changes no result; `--tp 2` (tensor-parallel dense MLPs and shared experts) gives one process's tokens, logits
+within the stated tolerance and each rank's bytes as `plan --cell --tp 2` predicts."""
 import json
 import os
 import shutil
@@ -74,6 +75,39 @@ def test_plan_predicts_each_ranks_weight_bytes_exactly(models, preset):
         measured = [r["weight_bytes"] for r in generate(models[preset], ep)["cell"]["ranks"]]
         predicted = [r["weight_bytes"] for r in plan(models[preset], ep)["ranks"]]
         assert measured == predicted, f"EP {ep}"
+
+
+@pytest.mark.parametrize("preset", ["k3-tiny", "k3-tiny-dsa", "kimi-linear-tiny", "deepseek-v3-tiny",
+                                    "deepseek-v32-sparse-tiny"])
+def test_tensor_parallel_cell_tokens_equal_one_process_and_bytes_equal_the_plan(models, preset):
+    # --tp 2: the dense MLPs and shared experts cut over groups of 2 ranks (docs/cell.md §7). Greedy tokens
+    # equal one process's; the top logits within the stated fp32 tolerance (1e-5 of max(1, |logit|)); each
+    # rank's bound bytes equal `plan --cell --tp 2`'s, below the EP-only rank's (it holds slices).
+    one = generate(models[preset], 1, "--top-logits", "5")
+    for ep in (2, 4):
+        cell = generate(models[preset], ep, "--top-logits", "5", "--tp", "2")
+        assert cell["tokens"] == one["tokens"], f"EP {ep} TP 2"
+        assert len(cell["top_logits"]) == len(one["top_logits"])
+        for got, want in zip(cell["top_logits"], one["top_logits"]):
+            scale = max(1.0, max(abs(e["logit"]) for e in want))
+            assert [e["id"] for e in got] == [e["id"] for e in want], (got, want)
+            assert all(abs(g["logit"] - w["logit"]) <= 1e-5 * scale for g, w in zip(got, want)), (got, want)
+        assert cell["cell"]["tp"] == 2
+        ranks = cell["cell"]["ranks"]
+        assert all(r["tp_bytes_sent"] > 0 for r in ranks)
+        measured = [r["weight_bytes"] for r in ranks]
+        assert measured == [r["weight_bytes"] for r in plan(models[preset], ep, "--tp", "2")["ranks"]], f"EP {ep}"
+        ep_only = [r["weight_bytes"] for r in plan(models[preset], ep)["ranks"]]
+        assert all(m < e for m, e in zip(measured, ep_only)), (measured, ep_only)
+
+
+def test_tp_must_divide_the_ranks(models):
+    r = subprocess.run([MPIEXEC, "-np", "2", *MPI_FLAGS, BINARY, "generate", models["k3-tiny"], "--prompt-ids", "1,2",
+                        "--ep", "2", "--tp", "4"], capture_output=True, text=True, env=ENV, timeout=60)
+    assert r.returncode != 0 and "--tp 4 must divide the cell's 2 ranks" in r.stderr, r.stderr
+    r = subprocess.run([BINARY, "plan", "--model", models["k3-tiny"], "--cell", "--ep", "4", "--tp", "3"],
+                       capture_output=True, text=True, env=ENV, timeout=60)
+    assert r.returncode == 2 and "--tp 3 must divide --ep 4" in r.stderr, r.stderr
 
 
 def test_each_rank_binds_its_share_of_the_experts(models):

@@ -2,7 +2,7 @@
 step runs on both ranks, and each request's attention state lives on one rank (data-parallel attention). Through
 the `openai` client: greedy chat completions with logprobs under 16 concurrent streams (batched across requests,
 placed on both ranks) equal those of one `kestrel serve` process bit for bit, and afterwards neither rank holds a
-sequence or page; each rank logs the same cache pool bytes; SIGKILL of rank 1
+sequence or page; with `--tp 2` the same text and tokens, logprobs within 1e-4; each rank logs the same cache pool bytes; SIGKILL of rank 1
 mid-stream ends the client's stream within seconds and the cell non-zero, with no rank left; SIGTERM to mpiexec
 ends the stream in flight with a final chunk and stops every rank cleanly. The liveness watchdog (heartbeats on
 TCP beside MPI): with a stream in flight (rank 0 waiting in a collective), /health answers 503 naming the rank
@@ -169,6 +169,36 @@ def test_cell_serve_answers_equal_one_process_bit_for_bit():
     for i, (e, g) in enumerate(zip(expected, out)):
         assert g[2] == "length" and len(g[3]) == 24, g
         assert g == e, f"request {i}: the cell's answer or logprobs differ from one process"  # exact floats
+
+
+def test_tensor_parallel_cell_serve_answers_equal_one_process():
+    # --tp 2: the dense MLP and the shared experts cut over both ranks (docs/cell.md §7) through the same forward
+    # path. Under 16 concurrent streams: the same greedy text and tokens as one process; logprobs within the
+    # stated fp32 tolerance (the down projection's sum is split in two and added in rank order).
+    one = Proc(1)
+    try:
+        expected = [complete(one.client, i) for i in range(len(PROMPTS))]
+    finally:
+        one.close()
+    cell = Proc(2, serve_extra=("--tp", "2"))
+    try:
+        out = [None] * len(PROMPTS)
+        threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, stream(cell.client, i)))
+                   for i in range(len(PROMPTS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        cell.close()
+    worst = 0.0
+    for i, (e, g) in enumerate(zip(expected, out)):
+        assert g[:3] == e[:3], f"request {i}: the TP cell's answer differs from one process"
+        assert [t[0] for t in g[3]] == [t[0] for t in e[3]], f"request {i}: tokens differ"
+        for (_, gl, gtop), (_, el, etop) in zip(g[3], e[3]):
+            worst = max(worst, abs(gl - el), *(abs(a[1] - b[1]) for a, b in zip(gtop, etop)))
+    print(f"serve --ep 2 --tp 2: max |logprob - one process| = {worst:.3g}")
+    assert worst <= 1e-4, worst
 
 
 def test_sigkill_of_rank_1_mid_stream_ends_the_stream_and_the_cell():

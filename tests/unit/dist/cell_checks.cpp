@@ -9,6 +9,8 @@
 
 #include "dist/counting_communicator.h"
 #include "loader/checkpoint.h"
+#include "loader/model_config.h"
+#include "plan/cell_plan.h"
 #include "runtime/cell.h"
 #include "runtime/engine.h"
 
@@ -76,10 +78,11 @@ std::vector<StepLog> run_workload(Cell& cell, int64_t V) {
 }
 
 // Loads this rank's shard of `dir` over `comm`.
-std::unique_ptr<Model> load_shard(dist::Communicator& comm, const std::string& dir, ExpertShard& shard) {
+std::unique_ptr<Model> load_shard(dist::Communicator& comm, const std::string& dir, ExpertShard& shard, int tp) {
   shard.comm = &comm;
   shard.rank = comm.rank();
   shard.size = comm.size();
+  shard.tp = tp;
   auto m = load_model(dir, &shard);
   EXPECT_TRUE(m) << (m ? "" : m.error().message());
   return m ? std::move(*m) : nullptr;
@@ -96,13 +99,30 @@ bool all_ok(dist::Communicator& comm, bool ok) {
 
 }  // namespace
 
-void check_cell_matches_single_process(dist::Communicator& comm, const std::string& dir) {
+void check_cell_matches_single_process(dist::Communicator& comm, const std::string& dir, int tp) {
   ExpertShard shard;
-  auto model = load_shard(comm, dir, shard);
+  auto model = load_shard(comm, dir, shard, tp);
   if (!all_ok(comm, model != nullptr)) return;
   const int64_t V = model->config().text.vocab_size;
   Cell cell(*model, comm);
   const auto log = run_workload(cell, V);
+  if (tp > 1) {  // again, each sequence alone in its step: the same bits
+    Cell again(*model, comm);
+    if (comm.rank() != 0) {
+      EXPECT_TRUE(again.follow().is_ok());
+    } else {
+      int differ = 0;
+      std::vector<float> one;
+      for (const StepLog& s : log)
+        for (size_t i = 0; i < s.runs.size(); ++i) {
+          ASSERT_TRUE(again.step({s.runs[i]}, one).is_ok());
+          differ += std::memcmp(one.data(), s.logits.data() + i * static_cast<size_t>(V),
+                                static_cast<size_t>(V) * sizeof(float)) != 0;
+        }
+      EXPECT_TRUE(again.finish().is_ok());
+      EXPECT_EQ(differ, 0) << "logits rows of a second run, each sequence alone, differ from the batched run's";
+    }
+  }
   if (comm.rank() != 0) return;
   ASSERT_EQ(log.size(), 9u);
 
@@ -123,18 +143,32 @@ void check_cell_matches_single_process(dist::Communicator& comm, const std::stri
       ++rows;
       if (std::memcmp(got, row.data(), static_cast<size_t>(V) * sizeof(float)) != 0) {
         ++differ;
-        for (int64_t v = 0; v < V; ++v) worst = std::max(worst, static_cast<double>(std::fabs(got[v] - row[static_cast<size_t>(v)])));
+        double scale = 1.0, diff = 0.0;
+        for (int64_t v = 0; v < V; ++v) {
+          scale = std::max(scale, static_cast<double>(std::fabs(row[static_cast<size_t>(v)])));
+          diff = std::max(diff, static_cast<double>(std::fabs(got[v] - row[static_cast<size_t>(v)])));
+        }
+        worst = std::max(worst, diff / scale);
       }
       EXPECT_EQ(argmax(got, V), argmax(row.data(), V)) << "step " << s << " sequence " << r.seq;
     }
-  EXPECT_EQ(differ, 0) << differ << " of " << rows << " logits rows differ from one process (max |diff| " << worst
-                       << ") with EP " << comm.size();
+  if (tp == 1) {
+    EXPECT_EQ(differ, 0) << differ << " of " << rows << " logits rows differ from one process (max relative diff "
+                         << worst << ") with EP " << comm.size();
+  } else {
+    EXPECT_LE(worst, kTpLogitTolerance) << differ << " of " << rows << " rows differ; EP " << comm.size() << " TP "
+                                        << tp;
+    EXPECT_GT(differ, 0) << "TP " << tp << " splits the down projection's sum: bit equality with one process "
+                            "would mean the slices were not used";
+    std::printf("[ tolerance ] EP %d TP %d: %d of %d logits rows differ from one process, max |diff| / max(1, "
+                "max |logit|) = %.3g\n", comm.size(), tp, differ, rows, worst);
+  }
   EXPECT_EQ(rows, 5 + 4 * 5 + 1 + 5 + 2 * 5);
 }
 
-void check_cell_weight_bytes(dist::Communicator& comm, const std::string& dir) {
+void check_cell_weight_bytes(dist::Communicator& comm, const std::string& dir, int tp) {
   ExpertShard shard;
-  auto model = load_shard(comm, dir, shard);
+  auto model = load_shard(comm, dir, shard, tp);
   if (!all_ok(comm, model != nullptr)) return;
   const uint64_t mine = model->bound_weight_bytes();
   std::vector<uint64_t> bytes(static_cast<size_t>(comm.size()));
@@ -161,22 +195,52 @@ void check_cell_weight_bytes(dist::Communicator& comm, const std::string& dir) {
     routed += b;
   }
   ASSERT_GT(routed, 0u);
-  const uint64_t replicated = (*full)->bound_weight_bytes() - routed;
+  // The tensor-parallel MLPs' tensors: a dense layer's mlp.{gate,up,down}_proj and the shared experts' (MTP
+  // layers, which no model binds, left out).
+  uint64_t tp_full = 0;
+  const int layers = (*full)->config().text.num_hidden_layers;
+  const std::regex tp_re(R"(layers\.([0-9]+)\.(mlp|[a-z_]+\.shared_experts)\.(gate|up|down)_proj\.)");
+  for (const std::string& name : ck->names()) {
+    std::smatch m;
+    if (tp > 1 && std::regex_search(name, m, tp_re) && std::stoi(m[1]) < layers) tp_full += ck->tensor_bytes(name);
+  }
+  const uint64_t replicated = (*full)->bound_weight_bytes() - routed - tp_full;
+  std::vector<uint64_t> tp_group_sum(static_cast<size_t>(comm.size() / tp), 0);
   uint64_t sum_routed = 0;
   for (int r = 0; r < comm.size(); ++r) {
     uint64_t want = replicated;
     for (int64_t e = 0; e < E; ++e)
       if (shard.owner(e, E) == r) want += per_expert[static_cast<size_t>(e)];
-    EXPECT_EQ(bytes[static_cast<size_t>(r)], want) << "rank " << r << " of " << comm.size();
-    sum_routed += bytes[static_cast<size_t>(r)] - replicated;
+    const uint64_t got = bytes[static_cast<size_t>(r)];
+    if (tp == 1) {
+      EXPECT_EQ(got, want) << "rank " << r << " of " << comm.size();
+      sum_routed += got - replicated;
+    } else {  // want + this rank's slices, which are less than the whole tensors
+      EXPECT_GE(got, want) << "rank " << r;
+      EXPECT_LT(got, want + tp_full) << "rank " << r << " binds whole tensor-parallel tensors";
+      tp_group_sum[static_cast<size_t>(r / tp)] += got - want;
+      sum_routed += want - replicated;
+    }
   }
   EXPECT_EQ(sum_routed, routed) << "every routed expert is bound by exactly one rank";
+  for (size_t g = 0; g < tp_group_sum.size() && tp > 1; ++g)
+    EXPECT_EQ(tp_group_sum[g], tp_full) << "TP group " << g << " binds each tensor-parallel byte once";
+
+  // `kestrel plan --cell --ep P --tp T` predicts every rank's bytes exactly.
+  auto cfg = load_model_config(dir);
+  ASSERT_TRUE(cfg) << cfg.error().message();
+  auto plan = plan::make_cell_plan(*cfg, dir, comm.size(), 1, 16, KvCacheDtype::kF32, tp);
+  ASSERT_TRUE(plan) << plan.error().message();
+  EXPECT_EQ(static_cast<uint64_t>(plan->tp_full_bytes), tp > 1 ? tp_full : 0);
+  for (int r = 0; r < comm.size(); ++r)
+    EXPECT_EQ(bytes[static_cast<size_t>(r)], static_cast<uint64_t>(plan->ranks[static_cast<size_t>(r)].weight_bytes))
+        << "rank " << r << " of " << comm.size() << ", TP " << tp;
 }
 
-void check_cell_traffic_matches_routing(dist::Communicator& comm, const std::string& dir) {
+void check_cell_traffic_matches_routing(dist::Communicator& comm, const std::string& dir, int tp) {
   dist::CountingCommunicator counting(comm);
   ExpertShard shard;
-  auto model = load_shard(counting, dir, shard);
+  auto model = load_shard(counting, dir, shard, tp);
   if (!all_ok(comm, model != nullptr)) return;
   const uint64_t before = counting.sent_bytes();
   Cell cell(*model, counting);
@@ -192,6 +256,15 @@ void check_cell_traffic_matches_routing(dist::Communicator& comm, const std::str
   if (comm.size() > 1) {  // one dispatch / combine per MoE layer per step on every rank, idle or not
     EXPECT_EQ(shard.traffic.exchanges, static_cast<uint64_t>(moe_layers) * cell.traffic().steps) << "rank " << comm.rank();
     EXPECT_GT(shard.traffic.dispatch_bytes, 0u) << "rank " << comm.rank();
+  }
+  if (tp > 1) {  // every tensor-parallel MLP exchanges once per step on every rank, idle or not
+    int tp_mlps = 0;
+    for (FfnKind k : model->config().text.ffn_kind)
+      tp_mlps += k == FfnKind::kDense || model->config().text.num_shared_experts > 0 ? 1 : 0;
+    EXPECT_EQ(shard.traffic.tp_exchanges, static_cast<uint64_t>(tp_mlps) * cell.traffic().steps) << "rank " << comm.rank();
+    EXPECT_GT(shard.traffic.tp_gather_bytes, 0u) << "rank " << comm.rank();
+  } else {
+    EXPECT_EQ(shard.traffic.tp_total(), 0u);
   }
 }
 

@@ -8,17 +8,25 @@
 
 namespace kestrel::testing {
 
-// A generated tiny checkpoint run by the cell of `comm` (EP = comm.size()): a scripted workload (several
-// sequences spread over the ranks, batched prefill, decode, a step with idle ranks, a sequence restarted
-// while others decode) gives logits bit-identical to each sequence run alone by one process, and the same
-// greedy tokens. `dir` is this rank's copy of the checkpoint.
-void check_cell_matches_single_process(dist::Communicator& comm, const std::string& dir);
+// The relative fp32 tolerance of a tensor-parallel cell's logits against one process (docs/cell.md §7):
+// |cell − one process| ≤ kTpLogitTolerance · max(1, max |logit| of the row), every row.
+inline constexpr double kTpLogitTolerance = 1e-5;
+
+// A generated tiny checkpoint run by the cell of `comm` (EP = comm.size(), TP groups of `tp` ranks): a
+// scripted workload (several sequences spread over the ranks, batched prefill, decode, a step with idle ranks,
+// a sequence restarted while others decode) gives the greedy tokens of each sequence run alone by one process,
+// and logits bit-identical to it at tp 1, within kTpLogitTolerance at tp > 1. At tp > 1 the workload then runs
+// again with every sequence alone in its step, and gives the first run's logits bit for bit (run to run and
+// whatever the batch). `dir` is this rank's copy of the checkpoint.
+void check_cell_matches_single_process(dist::Communicator& comm, const std::string& dir, int tp = 1);
 
 // Each rank binds exactly the replicated tensors plus its own routed experts' tensors (byte counts from the
-// checkpoint's headers), and the ranks together bind every routed expert once.
-void check_cell_weight_bytes(dist::Communicator& comm, const std::string& dir);
+// checkpoint's headers), and the ranks together bind every routed expert once. At tp > 1: each rank binds
+// its slices of the dense MLPs and shared experts instead of the whole tensors, the members of a TP group
+// together bind each of those bytes once, and every rank's bytes equal `kestrel plan --cell --tp`'s.
+void check_cell_weight_bytes(dist::Communicator& comm, const std::string& dir, int tp = 1);
 
-// The MoE traffic a step records equals the bytes computed from the routing (ep_traffic_from_routing).
-void check_cell_traffic_matches_routing(dist::Communicator& comm, const std::string& dir);
+// The MoE (and TP) traffic a step records equals the bytes handed to the communicator.
+void check_cell_traffic_matches_routing(dist::Communicator& comm, const std::string& dir, int tp = 1);
 
 }  // namespace kestrel::testing

@@ -1,7 +1,9 @@
 // The cell on the in-process fake communicator (one thread per rank): tiny K3, K3 with DSA layers, Kimi Linear,
 // DeepSeek V3 and V3.2 (DSA top-8) at EP 1, 2 and 4 — logits bit-identical to one process, exact per-rank
 // weight bytes, MoE traffic equal to the bytes handed to the communicator. The same checks run under mpiexec
-// in cell_mpi_np2 / cell_mpi_np4. CellFakeApi: bad steps refused on rank 0 before the broadcast.
+// in cell_mpi_np2 / cell_mpi_np4. CellFakeTp: the same models at EP 2 and 4 with TP groups of 2 (logits within
+// the stated tolerance, greedy identical, run-to-run bitwise, bytes as planned). CellFakeApi: bad steps refused
+// on rank 0 before the broadcast.
 #include <gtest/gtest.h>
 
 #include "cell_checks.h"
@@ -35,6 +37,37 @@ TEST_P(CellFake, EachRankBindsItsOwnExperts) {
 TEST_P(CellFake, TrafficEqualsBytesHandedToTheCommunicator) {
   dist::run_fake_ranks(ranks(), [&](dist::Communicator& c) { check_cell_traffic_matches_routing(c, tmp_.path()); });
 }
+
+// Tensor parallel (docs/cell.md §7): EP = the ranks, TP groups of 2 inside them (EP 2 TP 2, EP 4 TP 2).
+class CellFakeTp : public ::testing::TestWithParam<std::tuple<Case, int>> {
+ protected:
+  void SetUp() override { make_checkpoint(std::get<0>(GetParam()).preset, tmp_.path()); }
+  int ranks() const { return std::get<1>(GetParam()); }
+  TempDir tmp_;
+};
+
+TEST_P(CellFakeTp, LogitsWithinToleranceGreedyIdenticalRunToRunBitwise) {
+  dist::run_fake_ranks(ranks(), [&](dist::Communicator& c) { check_cell_matches_single_process(c, tmp_.path(), 2); });
+}
+
+TEST_P(CellFakeTp, EachRankBindsItsSlicesAsPlanned) {
+  dist::run_fake_ranks(ranks(), [&](dist::Communicator& c) { check_cell_weight_bytes(c, tmp_.path(), 2); });
+}
+
+TEST_P(CellFakeTp, TrafficEqualsBytesHandedToTheCommunicator) {
+  dist::run_fake_ranks(ranks(), [&](dist::Communicator& c) { check_cell_traffic_matches_routing(c, tmp_.path(), 2); });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, CellFakeTp,
+    ::testing::Combine(::testing::Values(Case{"k3", "k3-tiny"}, Case{"k3_dsa", "k3-tiny-dsa"},
+                                         Case{"kimi_linear", "kimi-linear-tiny"},
+                                         Case{"deepseek_v3", "deepseek-v3-tiny"},
+                                         Case{"deepseek_v32_dsa", "deepseek-v32-sparse-tiny"}),
+                       ::testing::Values(2, 4)),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param).name) + "_ep" + std::to_string(std::get<1>(info.param)) + "_tp2";
+    });
 
 INSTANTIATE_TEST_SUITE_P(
     Models, CellFake,

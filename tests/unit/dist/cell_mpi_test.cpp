@@ -1,6 +1,7 @@
 // The cell on Open MPI: one process per rank under mpiexec (ctest cell_mpi_np2 / cell_mpi_np4; EP = the
 // number of ranks). Every rank generates its own copy of each tiny checkpoint, then runs the checks of
-// cell_checks.h: logits bit-identical to one process, exact per-rank weight bytes, traffic accounting.
+// cell_checks.h: logits bit-identical to one process, exact per-rank weight bytes, traffic accounting; and the
+// same with TP groups of 2 ranks (logits within the stated tolerance, bytes as `plan --cell --tp 2`).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -25,6 +26,14 @@ TEST_P(CellMpi, LogitsEqualOneProcessBitForBit) { check_cell_matches_single_proc
 TEST_P(CellMpi, EachRankBindsItsOwnExperts) { check_cell_weight_bytes(*g_comm, tmp_.path()); }
 TEST_P(CellMpi, TrafficEqualsBytesHandedToTheCommunicator) {
   check_cell_traffic_matches_routing(*g_comm, tmp_.path());
+}
+// Tensor parallel, groups of 2 ranks (docs/cell.md §7).
+TEST_P(CellMpi, Tp2LogitsWithinToleranceGreedyIdenticalRunToRunBitwise) {
+  check_cell_matches_single_process(*g_comm, tmp_.path(), 2);
+}
+TEST_P(CellMpi, Tp2EachRankBindsItsSlicesAsPlanned) { check_cell_weight_bytes(*g_comm, tmp_.path(), 2); }
+TEST_P(CellMpi, Tp2TrafficEqualsBytesHandedToTheCommunicator) {
+  check_cell_traffic_matches_routing(*g_comm, tmp_.path(), 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CellMpi,

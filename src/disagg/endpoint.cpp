@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -196,9 +197,20 @@ Result<RemoteKey> Endpoint::unpack_rkey(std::span<const std::byte> packed) {
   return RemoteKey(rkey);
 }
 
+Result<const RemoteKey*> Endpoint::cached_rkey(std::span<const std::byte> packed) {
+  for (const auto& [bytes, key] : rkeys_) {
+    if (std::equal(bytes.begin(), bytes.end(), packed.begin(), packed.end())) return key.get();
+  }
+  Result<RemoteKey> k = unpack_rkey(packed);
+  if (!k) return k.error();
+  rkeys_.emplace_back(std::vector<std::byte>(packed.begin(), packed.end()), std::make_unique<RemoteKey>(std::move(*k)));
+  return rkeys_.back().second.get();
+}
+
 Status Endpoint::close(Deadline deadline) {
   if (closed_) return Status::ok();
   worker_.remove_heartbeat(this);
+  rkeys_.clear();  // remote keys go before the endpoint (callers hold none across a close)
   Status flushed;
   if (close_request_ == nullptr) {
     ucp_request_param_t param{};

@@ -210,7 +210,6 @@ Result<const RemoteKey*> Endpoint::cached_rkey(std::span<const std::byte> packed
 Status Endpoint::close(Deadline deadline) {
   if (closed_) return Status::ok();
   worker_.remove_heartbeat(this);
-  rkeys_.clear();  // remote keys go before the endpoint (callers hold none across a close)
   Status flushed;
   if (close_request_ == nullptr) {
     ucp_request_param_t param{};
@@ -246,6 +245,7 @@ Status Endpoint::close(Deadline deadline) {
   if (!waited.is_ok()) return waited;  // still closing
   closed_ = true;
   reap_sends();  // every request on the endpoint has completed by now
+  rkeys_.clear();  // no put through them is left (an unfinished close keeps them for its requests)
   sends_.clear();
   if (flushed.is_ok() && st != UCS_OK && st != UCS_ERR_CANCELED && !failed()) {
     flushed = ucx_error(st, "ucp_ep_close_nbx");

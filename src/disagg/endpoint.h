@@ -61,7 +61,7 @@ class Endpoint {
   void send_heartbeat();
 
   Result<RemoteKey> unpack_rkey(std::span<const std::byte> packed);
-  // The key unpacked once per endpoint and kept until close: a peer advertises the same regions (registered once)
+  // The key unpacked once per endpoint and kept until the endpoint is closed: a peer advertises the same regions (registered once)
   // with every transfer, and unpacking the key of a UCX-allocated shared-memory region maps the region into this
   // process (posix/sysv), so a fresh unpack per transfer would map it anew and fault in every page it writes.
   Result<const RemoteKey*> cached_rkey(std::span<const std::byte> packed);

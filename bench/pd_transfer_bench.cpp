@@ -2,14 +2,19 @@
 // processes (fork: the child is the prefill side, the parent the decode side) over the transports UCX_TLS names
 // (tcp: loopback TCP; shm: shared memory), on the same pair of endpoints, so the same lanes carry every row.
 //   pd_transfer_bench MODEL_DIR [--tokens 4096] [--page-tokens 64] [--kv-cache-dtype fp32|bf16|fp8] [--reps 7]
-//                     [--segment-kib 2048] [--scatter] [--json]
+//                     [--segment-kib 2048] [--scatter] [--heap-pools] [--json]
 // MODEL_DIR: a checkpoint directory (only its config.json is read). The request is a prompt of --tokens tokens in
 // real CachePools of that model's geometry (pd::handoff_layout: MLA pages per block, DSA indexer pages, KDA conv +
 // recurrent state of every KDA layer, the first-token record). --scatter takes the decode side's pages in a random
-// order (a pool after churn) instead of a fresh pool's ascending run. Rows (GB/s of payload; best and median of
-// --reps after one warm-up):
-//   link, 1 put        ucp_put_nbx of the whole payload from one contiguous buffer, then ucp_ep_flush_nbx
+// order (a pool after churn) instead of a fresh pool's ascending run. The decode side's pools are allocated as a
+// decode server allocates them (pd::DecodeArenas: through UCX, shared memory a same-host peer puts into directly);
+// --heap-pools registers heap pools instead (ucp_mem_map of existing memory: over shared memory UCX 1.13 emulates
+// those puts with active messages). Rows (GB/s of payload; best and median of --reps after one warm-up):
+//   link, 1 put        ucp_put_nbx of the whole payload from one contiguous buffer into a UCX-allocated buffer of
+//                      the decode side, then ucp_ep_flush_nbx
 //   link, 1 MiB puts   the same payload as 1 MiB puts, then the flush
+//   link, registered   one put into a heap buffer that is only registered (the emulated path over shared memory;
+//                      not part of the link's limit)
 //   hand-off puts      disagg::put_and_flush over the request's ranges (the data plane alone), prefill side
 //   hand-off           the transfer as the decode side sees it, destinations advertised → completion verified:
 //                      OutgoingTransfer::run in segments of --segment-kib (puts, checksum of the segment's sources,
@@ -46,6 +51,7 @@
 #include "layers/kda_layer.h"
 #include "loader/model_config.h"
 #include "models/model.h"
+#include "pd/decode_arenas.h"
 #include "pd/first_token.h"
 #include "pd/layout.h"
 #include "tensor/kv_cache_dtype.h"
@@ -63,7 +69,7 @@ struct Options {
   KvCacheDtype kv = KvCacheDtype::kF32;
   int reps = 7;
   size_t segment_bytes = disagg::kDefaultSegmentBytes;
-  bool scatter = false, json = false;
+  bool scatter = false, json = false, heap_pools = false;
 };
 
 [[noreturn]] void die(const std::string& what) {
@@ -90,8 +96,10 @@ struct Request {
   size_t bytes = 0;
 };
 
-Request make_request(const CacheGeometry& g, const Options& o, bool scatter) {
+Request make_request(const CacheGeometry& g, const Options& o, bool scatter,
+                     std::shared_ptr<ArenaSource> arenas = nullptr) {
   CachePoolConfig pc;
+  pc.arenas = std::move(arenas);
   pc.page_tokens = o.page_tokens;
   pc.max_slots = 1;
   pc.max_seq_tokens = o.tokens;
@@ -248,25 +256,27 @@ int prefill_main(const CacheGeometry& g, const Options& o, Pipe pipe) {
   fill(raw, kRawSeed);
 
   pipe.send(std::to_string(worker->instance()) + " " + to_hex(must(worker->address(), "address")));
-  unsigned long long decode_instance = 0, raw_remote = 0;
-  char addr_hex[8192], rkey_hex[8192];
+  unsigned long long decode_instance = 0, raw_remote[2] = {0, 0};
+  char addr_hex[8192], rkey_hex[2][8192];
   const std::string hello = pipe.receive(nullptr);
-  if (std::sscanf(hello.c_str(), "%llu %8191s %llu %8191s", &decode_instance, addr_hex, &raw_remote, rkey_hex) != 4)
+  if (std::sscanf(hello.c_str(), "%llu %8191s %llu %8191s %llu %8191s", &decode_instance, addr_hex, &raw_remote[0],
+                  rkey_hex[0], &raw_remote[1], rkey_hex[1]) != 6)
     die("bad hello from the decode side");
   auto ep = must(disagg::Endpoint::connect_address(*worker, from_hex(addr_hex)), "connect");
   ep->set_peer(decode_instance);
-  disagg::RemoteKey raw_key = must(ep->unpack_rkey(from_hex(rkey_hex)), "raw rkey");
+  disagg::RemoteKey raw_key[2] = {must(ep->unpack_rkey(from_hex(rkey_hex[0])), "raw rkey"),
+                                  must(ep->unpack_rkey(from_hex(rkey_hex[1])), "registered raw rkey")};
   std::optional<disagg::Destinations> last;
   std::vector<disagg::RemoteKey> keys;
   for (;;) {
     const std::string cmd = pipe.receive(worker.get());
     int n = 0;
-    unsigned long long piece = 0, segment = 0;
+    unsigned long long piece = 0, segment = 0, which = 0;
     if (cmd == "quit") break;
     if (cmd == "lanes") {
       pipe.send(join(ep->transports()));
-    } else if (std::sscanf(cmd.c_str(), "raw %llu", &piece) == 1) {
-      const double s = raw_put_loop(*ep, raw.data(), raw.size(), raw_remote, raw_key.handle(), piece);
+    } else if (std::sscanf(cmd.c_str(), "raw %llu %llu", &piece, &which) == 2 && which < 2) {
+      const double s = raw_put_loop(*ep, raw.data(), raw.size(), raw_remote[which], raw_key[which].handle(), piece);
       pipe.send("ok " + std::to_string(s));
     } else if (std::sscanf(cmd.c_str(), "full %d %llu", &n, &segment) == 2) {
       uint64_t sender = 0;
@@ -292,7 +302,8 @@ int prefill_main(const CacheGeometry& g, const Options& o, Pipe pipe) {
     }
   }
   keys.clear();
-  raw_key = disagg::RemoteKey();
+  raw_key[0] = disagg::RemoteKey();
+  raw_key[1] = disagg::RemoteKey();
   (void)ep->close(Deadline::after(milliseconds(2000)));
   return 0;
 }
@@ -318,16 +329,29 @@ double answer(Pipe& pipe, disagg::Worker& w) {
 }
 
 int decode_main(const CacheGeometry& g, const Options& o, Pipe pipe, pid_t child) {
-  auto worker = must(disagg::Worker::create({}), "worker");
-  Request req = make_request(g, o, o.scatter);
-  std::vector<std::byte> record(pd::kRecordBytes), raw(req.bytes);
-  std::unique_ptr<disagg::Region> regions[4];
+  // As a decode server: the pools allocated through UCX on the worker's context (unless --heap-pools).
+  auto arenas = must(pd::DecodeArenas::create(), "decode arenas");
+  disagg::WorkerOptions wo;
+  wo.context = arenas->context();
+  auto worker = must(disagg::Worker::create(wo), "worker");
+  Request req = make_request(g, o, o.scatter, o.heap_pools ? nullptr : arenas);
+  std::shared_ptr<std::byte> record_mem =
+      o.heap_pools ? std::shared_ptr<std::byte>(new std::byte[pd::kRecordBytes](), std::default_delete<std::byte[]>())
+                   : must(arenas->allocate(pd::kRecordBytes, "record"), "record");
+  std::span<std::byte> record(record_mem.get(), pd::kRecordBytes);
+  std::shared_ptr<disagg::Region> regions[4];
   const pd::Pool pools[] = {pd::Pool::kSlots, pd::Pool::kMla, pd::Pool::kIndex, pd::Pool::kRecord};
   for (pd::Pool p : pools) {
     std::span<std::byte> a = arena(*req.pools, p, record);
-    if (!a.empty()) regions[static_cast<int>(p)] = must(disagg::Region::map(*worker, a.data(), a.size()), "register");
+    if (a.empty()) continue;
+    regions[static_cast<int>(p)] = o.heap_pools ? must(disagg::Region::map(*worker, a.data(), a.size()), "register")
+                                                : arenas->region_of(a);
+    if (regions[static_cast<int>(p)] == nullptr) die("a pool was not allocated by the decode arenas");
   }
-  auto raw_region = must(disagg::Region::map(*worker, raw.data(), raw.size()), "register raw");
+  auto raw_region = must(disagg::Region::allocate(arenas->context(), req.bytes), "allocate raw");
+  std::span<std::byte> raw(raw_region->base(), req.bytes);
+  std::vector<std::byte> heap_raw(req.bytes);
+  auto heap_raw_region = must(disagg::Region::map(*worker, heap_raw.data(), heap_raw.size()), "register raw");
   std::vector<disagg::DestinationRange> ranges;
   for (const auto& r : req.layout) ranges.push_back({regions[static_cast<int>(r.pool)].get(), r.offset, r.length});
 
@@ -338,11 +362,12 @@ int decode_main(const CacheGeometry& g, const Options& o, Pipe pipe, pid_t child
   auto ep = must(disagg::Endpoint::connect_address(*worker, from_hex(addr_hex)), "connect");
   ep->set_peer(prefill_instance);
   pipe.send(std::to_string(worker->instance()) + " " + to_hex(must(worker->address(), "address")) + " " +
-            std::to_string(raw_region->address(0)) + " " + to_hex(raw_region->packed_rkey()));
+            std::to_string(raw_region->address(0)) + " " + to_hex(raw_region->packed_rkey()) + " " +
+            std::to_string(heap_raw_region->address(0)) + " " + to_hex(heap_raw_region->packed_rkey()));
 
   disagg::RegionRegistry registry;
-  Row link1{"link, 1 put", {}}, link_mib{"link, 1 MiB puts", {}}, puts{"hand-off puts", {}}, full{"hand-off", {}},
-      whole{"hand-off, 1 segment", {}};
+  Row link1{"link, 1 put", {}}, link_mib{"link, 1 MiB puts", {}}, link_reg{"link, registered", {}},
+      puts{"hand-off puts", {}}, full{"hand-off", {}}, whole{"hand-off, 1 segment", {}};
   // The decode side of one hand-off (its prefill told to go with `segment` bytes per segment): seconds.
   int n = 0;
   auto hand_off = [&](size_t segment) {
@@ -356,16 +381,19 @@ int decode_main(const CacheGeometry& g, const Options& o, Pipe pipe, pid_t child
     return t;
   };
   for (int rep = 0; rep <= o.reps; ++rep) {  // rep 0: warm-up (connection wire-up, first touch of the pages)
-    pipe.send("raw " + std::to_string(req.bytes));
+    pipe.send("raw " + std::to_string(req.bytes) + " 0");
     const double a = answer(pipe, *worker);
-    pipe.send("raw " + std::to_string(1 << 20));
+    pipe.send("raw " + std::to_string(1 << 20) + " 0");
     const double b = answer(pipe, *worker);
+    pipe.send("raw " + std::to_string(req.bytes) + " 1");
+    const double r = answer(pipe, *worker);
     const double c = hand_off(o.segment_bytes);
     const double e = hand_off(req.bytes);
     pipe.send("puts " + std::to_string(n++));
     const double d = answer(pipe, *worker);
     if (rep == 0) continue;
     link1.seconds.push_back(a), link_mib.seconds.push_back(b), full.seconds.push_back(c), puts.seconds.push_back(d);
+    link_reg.seconds.push_back(r);
     whole.seconds.push_back(e);
   }
   pipe.send("lanes");
@@ -376,6 +404,7 @@ int decode_main(const CacheGeometry& g, const Options& o, Pipe pipe, pid_t child
   std::vector<std::byte> expect(raw.size());
   fill(expect, kRawSeed);
   if (std::memcmp(expect.data(), raw.data(), raw.size()) != 0) die("the put loop's bytes did not land");
+  if (std::memcmp(expect.data(), heap_raw.data(), heap_raw.size()) != 0) die("the registered put loop's bytes did not land");
   Row sum_row{"checksum", {}};
   for (int rep = 0; rep < o.reps; ++rep) {
     const auto t0 = Clock::now();
@@ -397,16 +426,16 @@ int decode_main(const CacheGeometry& g, const Options& o, Pipe pipe, pid_t child
   const size_t bytes = req.bytes;
   const double lim = std::max(link1.best_gbs(bytes), link_mib.best_gbs(bytes));
   const double lim_med = std::max(link1.median_gbs(bytes), link_mib.median_gbs(bytes));
-  const Row* rows[] = {&link1, &link_mib, &puts, &full, &whole, &sum_row};
+  const Row* rows[] = {&link1, &link_mib, &link_reg, &puts, &full, &whole, &sum_row};
   double load[1] = {0};
   (void)getloadavg(load, 1);  // the machine may be shared: the 1-minute load average goes with the numbers
   if (o.json) {
     std::printf("{\"bench\": \"pd_transfer_bench\", \"loadavg_1m\": %.2f, \"ucx_tls\": \"%s\", \"model\": \"%s\", \"tokens\": %lld, "
-                "\"page_tokens\": %lld, \"kv_cache_dtype\": \"%s\", \"scatter\": %s, \"segment_bytes\": %zu, \"payload_bytes\": %zu, "
+                "\"page_tokens\": %lld, \"kv_cache_dtype\": \"%s\", \"scatter\": %s, \"heap_pools\": %s, \"segment_bytes\": %zu, \"payload_bytes\": %zu, "
                 "\"ranges\": %zu, \"reps\": %d, \"lanes\": {\"prefill\": \"%s\", \"decode\": \"%s\"}, \"rows\": [",
                 load[0], tls ? tls : "", std::filesystem::path(o.model).filename().c_str(), static_cast<long long>(o.tokens),
                 static_cast<long long>(o.page_tokens), std::string(kv_cache_dtype_name(o.kv)).c_str(),
-                o.scatter ? "true" : "false", o.segment_bytes, bytes, ranges.size(), o.reps, prefill_lanes.c_str(), decode_lanes.c_str());
+                o.scatter ? "true" : "false", o.heap_pools ? "true" : "false", o.segment_bytes, bytes, ranges.size(), o.reps, prefill_lanes.c_str(), decode_lanes.c_str());
     for (size_t i = 0; i < std::size(rows); ++i) {
       const Row& r = *rows[i];
       std::printf("%s{\"name\": \"%s\", \"best_gbs\": %.4f, \"median_gbs\": %.4f, \"ratio_best\": %.4f, "
@@ -418,11 +447,11 @@ int decode_main(const CacheGeometry& g, const Options& o, Pipe pipe, pid_t child
     }
     std::printf("]}\n");
   } else {
-    std::printf("UCX_TLS=%s  %s, %lld tokens, page %lld, %s%s, segments of %zu KiB: %zu bytes in %zu ranges; lanes "
+    std::printf("UCX_TLS=%s  %s, %lld tokens, page %lld, %s%s%s, segments of %zu KiB: %zu bytes in %zu ranges; lanes "
                 "prefill %s, decode %s; load %.2f\n",
                 tls ? tls : "", std::filesystem::path(o.model).filename().c_str(), static_cast<long long>(o.tokens),
                 static_cast<long long>(o.page_tokens), std::string(kv_cache_dtype_name(o.kv)).c_str(),
-                o.scatter ? ", scattered pages" : "", o.segment_bytes >> 10, bytes, ranges.size(), prefill_lanes.c_str(), decode_lanes.c_str(),
+                o.scatter ? ", scattered pages" : "", o.heap_pools ? ", heap pools" : "", o.segment_bytes >> 10, bytes, ranges.size(), prefill_lanes.c_str(), decode_lanes.c_str(),
                 load[0]);
     std::printf("%-20s %10s %10s %12s\n", "row", "best GB/s", "med GB/s", "best / link");
     for (const Row* r : rows)
@@ -449,12 +478,13 @@ Options parse(int argc, char** argv) {
       o.kv = *d;
     } else if (a == "--segment-kib") o.segment_bytes = std::stoull(next()) << 10;
     else if (a == "--scatter") o.scatter = true;
+    else if (a == "--heap-pools") o.heap_pools = true;
     else if (a == "--json") o.json = true;
     else if (!a.empty() && a[0] != '-' && o.model.empty()) o.model = a;
     else die("unknown argument " + a);
   }
   if (o.model.empty()) die("usage: pd_transfer_bench MODEL_DIR [--tokens N] [--page-tokens N] [--kv-cache-dtype D] "
-                           "[--reps N] [--segment-kib N] [--scatter] [--json]");
+                           "[--reps N] [--segment-kib N] [--scatter] [--heap-pools] [--json]");
   if (o.tokens < 1 || o.page_tokens < 1 || o.reps < 1 || o.segment_bytes == 0)
     die("--tokens, --page-tokens, --reps and --segment-kib must be positive");
   return o;

@@ -29,6 +29,7 @@
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/w4a8_gemm.h"
 #include "scheduler/scheduler.h"
+#include "pd/decode_arenas.h"
 #include "pd/pd_service.h"
 #include "server/api_handlers.h"
 #include "server/http_server.h"
@@ -224,6 +225,18 @@ int cmd_serve(const std::vector<std::string>& argv) {
   // prefix cache serves rank 0's requests), the experts everywhere.
   std::optional<Cell> cell;
   if (cl != nullptr) cell.emplace((*eng)->model(), *cl->comm, ForwardOptions{}, *kv);
+  const std::string role = a->str("role");
+  if (role != "both" && role != "prefill" && role != "decode")
+    return usage_error("serve", invalid_argument("--role must be both, prefill or decode"));
+  // A decode instance's pools are allocated through UCX, so that a prefill on the same host puts into them directly
+  // (pd/decode_arenas.h).
+  std::shared_ptr<pd::DecodeArenas> decode_arenas;
+  if (role == "decode") {
+    auto da = pd::DecodeArenas::create();
+    if (!da) return fail(da.error());
+    decode_arenas = std::move(*da);
+    sc.cache.arenas = decode_arenas;
+  }
   auto sched = Scheduler::create(**eng, sc, cell ? &*cell : nullptr);
   if (!sched) return fail(sched.error());
   if (cl != nullptr) {  // printed even with --quiet: the cell's memory layout
@@ -234,9 +247,6 @@ int cmd_serve(const std::vector<std::string>& argv) {
                  static_cast<long long>(st.kv_blocks_total / cl->shard.size));
   }
   // Prefill / decode roles: the hand-off service in front of the scheduler (destroyed before it).
-  const std::string role = a->str("role");
-  if (role != "both" && role != "prefill" && role != "decode")
-    return usage_error("serve", invalid_argument("--role must be both, prefill or decode"));
   std::unique_ptr<pd::PdService> pd_service;
   if (role != "both") {
     auto handoff_ms = a->integer("handoff-timeout-ms");
@@ -251,6 +261,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     po.model_fingerprint = *fp;
     po.prefill.destinations_timeout = po.prefill.transfer_timeout = po.decode.transfer_timeout =
         std::chrono::milliseconds(*handoff_ms);
+    po.decode.arenas = decode_arenas;
     auto ps = pd::PdService::create(**sched, po);
     if (!ps) return fail(ps.error());
     pd_service = std::move(*ps);

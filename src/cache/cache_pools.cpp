@@ -35,11 +35,31 @@ Result<std::unique_ptr<CachePools>> CachePools::make(const CacheGeometry& g, con
   p->free_blocks_.reserve(static_cast<size_t>(blocks));
   for (int64_t b = blocks - 1; b >= 0; --b) p->free_blocks_.push_back(static_cast<int32_t>(b));
   if (ledger) return p;
-  // Default-initialised (new float[n], not make_unique): pages are touched only when used, so the
+  // Heap memory is default-initialised (new T[n], not make_unique): pages are touched only when used, so the
   // resident size follows the load, not the budget. Slots are zeroed on acquire.
-  p->slot_mem_.reset(new float[static_cast<size_t>(std::max<int64_t>(1, g.slot_floats() * c.max_slots))]);
-  p->block_mem_.reset(new uint8_t[static_cast<size_t>(blocks * p->mla_block_bytes_)]);
-  if (p->index_block_bytes_ > 0) p->index_mem_.reset(new uint8_t[static_cast<size_t>(blocks * p->index_block_bytes_)]);
+  auto take = [&](size_t bytes, const char* what) -> Result<std::byte*> {
+    std::shared_ptr<std::byte> m;
+    if (c.arenas != nullptr) {
+      auto r = c.arenas->allocate(bytes, what);
+      if (!r) return r.error();
+      m = std::move(*r);
+    } else {
+      m = std::shared_ptr<std::byte>(new std::byte[bytes], std::default_delete<std::byte[]>());
+    }
+    p->memory_.push_back(m);
+    return m.get();
+  };
+  auto slots = take(static_cast<size_t>(std::max<int64_t>(1, g.slot_floats() * c.max_slots)) * sizeof(float), "KDA slots");
+  if (!slots) return slots.error();
+  p->slot_mem_ = reinterpret_cast<float*>(*slots);
+  auto mla = take(static_cast<size_t>(blocks * p->mla_block_bytes_), "MLA pages");
+  if (!mla) return mla.error();
+  p->block_mem_ = reinterpret_cast<uint8_t*>(*mla);
+  if (p->index_block_bytes_ > 0) {
+    auto index = take(static_cast<size_t>(blocks * p->index_block_bytes_), "indexer pages");
+    if (!index) return index.error();
+    p->index_mem_ = reinterpret_cast<uint8_t*>(*index);
+  }
   return p;
 }
 
@@ -69,7 +89,7 @@ void CachePools::bind_slot(SequenceState& s, int slot) {
                                                       geom_.mla_layers.empty() ? 0 : geom_.mla_layers.back() + 1));
   s.kda.assign(layers, KdaState{});
   s.mla.assign(layers, MlaCache{});
-  float* p = slot_mem_.get() + static_cast<int64_t>(slot) * geom_.slot_floats();
+  float* p = slot_mem_ + static_cast<int64_t>(slot) * geom_.slot_floats();
   for (int l : geom_.kda_layers) {
     KdaState& k = s.kda[static_cast<size_t>(l)];
     k.conv = p;
@@ -77,7 +97,7 @@ void CachePools::bind_slot(SequenceState& s, int slot) {
     k.recurrent = p;
     p += geom_.kda_recurrent_floats;
   }
-  std::fill(slot_mem_.get() + static_cast<int64_t>(slot) * geom_.slot_floats(), p, 0.0f);
+  std::fill(slot_mem_ + static_cast<int64_t>(slot) * geom_.slot_floats(), p, 0.0f);
   for (int l : geom_.mla_layers) {
     s.mla[static_cast<size_t>(l)].page_tokens = cfg_.page_tokens;
     s.mla[static_cast<size_t>(l)].row = geom_.mla_row(cfg_.kv_dtype);
@@ -123,11 +143,11 @@ bool CachePools::take_blocks(SequenceState& s, std::vector<int32_t>& blocks, std
 // Appends block b's page of every MLA layer and every indexer to the sequence's page tables.
 void CachePools::append_views(SequenceState& s, int32_t b) {
   if (ledger_) return;
-  uint8_t* base = block_mem_.get() + static_cast<int64_t>(b) * mla_block_bytes_;
+  uint8_t* base = block_mem_ + static_cast<int64_t>(b) * mla_block_bytes_;
   const int64_t page_bytes = cfg_.page_tokens * geom_.mla_row(cfg_.kv_dtype).bytes();
   for (size_t m = 0; m < geom_.mla_layers.size(); ++m)
     s.mla[static_cast<size_t>(geom_.mla_layers[m])].pages.push_back(base + static_cast<int64_t>(m) * page_bytes);
-  uint8_t* ibase = index_mem_.get() + static_cast<int64_t>(b) * index_block_bytes_;
+  uint8_t* ibase = index_mem_ + static_cast<int64_t>(b) * index_block_bytes_;
   for (size_t m = 0; m < geom_.sparse_layers.size(); ++m)
     s.mla[static_cast<size_t>(geom_.sparse_layers[m])].indexer.pages.push_back(
         ibase + static_cast<int64_t>(m) * cfg_.page_tokens * geom_.index_row_bytes);
@@ -164,31 +184,31 @@ void CachePools::mark_filled(SequenceState& s, std::span<const int32_t> blocks, 
 }
 
 std::span<std::byte> CachePools::slot_arena() {
-  return {reinterpret_cast<std::byte*>(slot_mem_.get()), static_cast<size_t>(slot_bytes() * num_slots())};
+  return {reinterpret_cast<std::byte*>(slot_mem_), static_cast<size_t>(slot_bytes() * num_slots())};
 }
 
 std::span<std::byte> CachePools::mla_arena() {
-  return {reinterpret_cast<std::byte*>(block_mem_.get()), static_cast<size_t>(mla_block_bytes_ * num_blocks())};
+  return {reinterpret_cast<std::byte*>(block_mem_), static_cast<size_t>(mla_block_bytes_ * num_blocks())};
 }
 
 std::span<std::byte> CachePools::index_arena() {
   if (index_block_bytes_ == 0) return {};
-  return {reinterpret_cast<std::byte*>(index_mem_.get()), static_cast<size_t>(index_block_bytes_ * num_blocks())};
+  return {reinterpret_cast<std::byte*>(index_mem_), static_cast<size_t>(index_block_bytes_ * num_blocks())};
 }
 
 void CachePools::read_block(int32_t b, uint8_t* dst) const {
   KCHECK(b >= 0 && b < num_blocks() && refs_[static_cast<size_t>(b)] > 0, "read of a free MLA block");
-  std::memcpy(dst, block_mem_.get() + static_cast<int64_t>(b) * mla_block_bytes_, static_cast<size_t>(mla_block_bytes_));
+  std::memcpy(dst, block_mem_ + static_cast<int64_t>(b) * mla_block_bytes_, static_cast<size_t>(mla_block_bytes_));
   if (index_block_bytes_ > 0)
-    std::memcpy(dst + mla_block_bytes_, index_mem_.get() + static_cast<int64_t>(b) * index_block_bytes_,
+    std::memcpy(dst + mla_block_bytes_, index_mem_ + static_cast<int64_t>(b) * index_block_bytes_,
                 static_cast<size_t>(index_block_bytes_));
 }
 
 void CachePools::write_block(int32_t b, const uint8_t* src) {
   KCHECK(b >= 0 && b < num_blocks() && refs_[static_cast<size_t>(b)] > 0, "write of a free MLA block");
-  std::memcpy(block_mem_.get() + static_cast<int64_t>(b) * mla_block_bytes_, src, static_cast<size_t>(mla_block_bytes_));
+  std::memcpy(block_mem_ + static_cast<int64_t>(b) * mla_block_bytes_, src, static_cast<size_t>(mla_block_bytes_));
   if (index_block_bytes_ > 0)
-    std::memcpy(index_mem_.get() + static_cast<int64_t>(b) * index_block_bytes_, src + mla_block_bytes_,
+    std::memcpy(index_mem_ + static_cast<int64_t>(b) * index_block_bytes_, src + mla_block_bytes_,
                 static_cast<size_t>(index_block_bytes_));
 }
 

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "base/result.h"
+#include "cache/arena_source.h"
 #include "models/model.h"
 #include "runtime/cell.h"
 
@@ -38,6 +39,7 @@ struct CachePoolConfig {
   int max_slots = 16;                // concurrent sequences (KDA slots)
   int64_t max_seq_tokens = 32768;    // page tables are reserved for this many tokens
   KvCacheDtype kv_dtype = KvCacheDtype::kF32;  // MLA latent rows (--kv-cache-dtype)
+  std::shared_ptr<ArenaSource> arenas;  // where the arenas' memory comes from; null: the heap
 };
 
 class CachePools final : public CellPools {
@@ -94,7 +96,7 @@ class CachePools final : public CellPools {
   void drop_ref(int32_t block);  // frees the block at zero
   int32_t refs(int32_t block) const { return refs_[static_cast<size_t>(block)]; }
   // The KDA state of a slot (conv + recurrent of every KDA layer, slot_floats() floats).
-  float* slot_data(int slot) { return slot_mem_.get() + static_cast<int64_t>(slot) * geom_.slot_floats(); }
+  float* slot_data(int slot) { return slot_mem_ + static_cast<int64_t>(slot) * geom_.slot_floats(); }
   int64_t slot_floats() const { return geom_.slot_floats(); }
   // Lower tiers (cache/tier_object.h): a block's bytes, block_bytes() of them: its MLA page of every MLA layer
   // (mla_block_bytes()), then its indexer page of every sparse layer (index_block_bytes()).
@@ -113,8 +115,11 @@ class CachePools final : public CellPools {
   CachePoolConfig cfg_;
   int64_t mla_block_bytes_ = 0;
   int64_t index_block_bytes_ = 0;
-  std::unique_ptr<float[]> slot_mem_;
-  std::unique_ptr<uint8_t[]> block_mem_, index_mem_;
+  // The arenas (into memory_, which holds them).
+  float* slot_mem_ = nullptr;
+  uint8_t* block_mem_ = nullptr;
+  uint8_t* index_mem_ = nullptr;
+  std::vector<std::shared_ptr<std::byte>> memory_;
   std::vector<int> free_slots_;
   std::vector<bool> slot_used_;
   std::vector<int32_t> free_blocks_;

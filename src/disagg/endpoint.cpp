@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -196,6 +197,16 @@ Result<RemoteKey> Endpoint::unpack_rkey(std::span<const std::byte> packed) {
   return RemoteKey(rkey);
 }
 
+Result<const RemoteKey*> Endpoint::cached_rkey(std::span<const std::byte> packed) {
+  for (const auto& [bytes, key] : rkeys_) {
+    if (std::equal(bytes.begin(), bytes.end(), packed.begin(), packed.end())) return key.get();
+  }
+  Result<RemoteKey> k = unpack_rkey(packed);
+  if (!k) return k.error();
+  rkeys_.emplace_back(std::vector<std::byte>(packed.begin(), packed.end()), std::make_unique<RemoteKey>(std::move(*k)));
+  return rkeys_.back().second.get();
+}
+
 Status Endpoint::close(Deadline deadline) {
   if (closed_) return Status::ok();
   worker_.remove_heartbeat(this);
@@ -234,6 +245,7 @@ Status Endpoint::close(Deadline deadline) {
   if (!waited.is_ok()) return waited;  // still closing
   closed_ = true;
   reap_sends();  // every request on the endpoint has completed by now
+  rkeys_.clear();  // no put through them is left (an unfinished close keeps them for its requests)
   sends_.clear();
   if (flushed.is_ok() && st != UCS_OK && st != UCS_ERR_CANCELED && !failed()) {
     flushed = ucx_error(st, "ucp_ep_close_nbx");

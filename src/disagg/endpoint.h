@@ -61,6 +61,10 @@ class Endpoint {
   void send_heartbeat();
 
   Result<RemoteKey> unpack_rkey(std::span<const std::byte> packed);
+  // The key unpacked once per endpoint and kept until the endpoint is closed: a peer advertises the same regions (registered once)
+  // with every transfer, and unpacking the key of a UCX-allocated shared-memory region maps the region into this
+  // process (posix/sysv), so a fresh unpack per transfer would map it anew and fault in every page it writes.
+  Result<const RemoteKey*> cached_rkey(std::span<const std::byte> packed);
 
   // kUcx: a healthy endpoint is flushed (remote completion) within the deadline, then closed with
   // UCP_EP_CLOSE_FLAG_FORCE, which completes at once and cancels whatever is outstanding (also after a flush that
@@ -96,6 +100,7 @@ class Endpoint {
   void* close_request_ = nullptr;  // a close in progress (kHeartbeat mode)
   std::optional<uint64_t> peer_;
   std::vector<Send> sends_;  // outstanding sends (heartbeats included)
+  std::vector<std::pair<std::vector<std::byte>, std::unique_ptr<RemoteKey>>> rkeys_;  // packed → unpacked
   size_t heartbeats_outstanding_ = 0;
 };
 

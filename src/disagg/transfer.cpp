@@ -27,6 +27,7 @@ const char* to_string(TransferState s) {
 IncomingTransfer::IncomingTransfer(uint64_t id, Endpoint& ep, RegionRegistry& registry,
                                    std::vector<DestinationRange> ranges)
     : id_(id), ep_(ep), registry_(registry), ranges_(std::move(ranges)) {
+  ep_.worker().reopen(id_);
   for (const DestinationRange& r : ranges_) {
     starts_.push_back(total_);
     total_ += r.length;
@@ -231,11 +232,11 @@ Status OutgoingTransfer::run(Deadline deadline, std::chrono::milliseconds lease)
                                  " sources for " + std::to_string(dst.size()) + " destinations"),
                 deadline);
   }
-  std::vector<RemoteKey> keys;
+  std::vector<const RemoteKey*> keys;  // unpacked once per endpoint (Endpoint::cached_rkey)
   for (const auto& packed : destinations_.rkeys) {
-    Result<RemoteKey> k = ep_.unpack_rkey(packed);
+    Result<const RemoteKey*> k = ep_.cached_rkey(packed);
     if (!k) return fail(k.error(), deadline);
-    keys.push_back(std::move(*k));
+    keys.push_back(*k);
   }
   if (segment_bytes_ == 0) return fail(invalid_argument("disagg: segment size 0"), deadline);
   // The ranges' byte stream cut every segment_bytes_: a range across a boundary becomes two puts.
@@ -253,7 +254,7 @@ Status OutgoingTransfer::run(Deadline deadline, std::chrono::milliseconds lease)
     do {
       const uint64_t boundary = (at / segment_bytes_ + 1) * segment_bytes_;
       const size_t n = static_cast<size_t>(std::min<uint64_t>(sources_[i].size() - done, boundary - at));
-      puts.push_back({sources_[i].data() + done, dst[i].address + done, n, &keys[dst[i].rkey]});
+      puts.push_back({sources_[i].data() + done, dst[i].address + done, n, keys[dst[i].rkey]});
       done += n;
       at += n;
       if (at == boundary) segments.ends.push_back(puts.size());
@@ -285,7 +286,6 @@ Status OutgoingTransfer::run(Deadline deadline, std::chrono::milliseconds lease)
   };
   state_ = TransferState::kPosted;
   Status put = put_and_flush(ep_, id_, puts, segments, deadline, lease);
-  keys.clear();  // remote keys go before the endpoint may be closed by the caller
   if (!put.is_ok()) return fail(put, deadline);
   c.checksum = digest.value();
   state_ = TransferState::kFlushed;

@@ -49,8 +49,10 @@ struct DestinationRange {
   size_t length = 0;
 };
 
-// The default segment size of a transfer (bench/pd_transfer_bench, docs/PERFORMANCE.md: 1-4 MiB measured).
-inline constexpr size_t kDefaultSegmentBytes = size_t{2} << 20;
+// The default segment size of a transfer (bench/pd_transfer_bench --segment-kib, docs/PERFORMANCE.md: 256 KiB to
+// 4 MiB measured; over shared memory with direct puts the receiver's verification of a segment is the slower half
+// of the pipeline and smaller segments overlap it better).
+inline constexpr size_t kDefaultSegmentBytes = size_t{512} << 10;
 
 class IncomingTransfer {
  public:

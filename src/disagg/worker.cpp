@@ -36,31 +36,22 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerOptions& options) {
     std::random_device rd;
     while (w->options_.instance == 0) w->options_.instance = (uint64_t{rd()} << 32) | rd();
   }
+  if (options.context != nullptr) {
+    w->context_ = options.context;
+  } else {
+    auto c = Context::create(options.transports);
+    if (!c) return c.error();
+    w->context_ = std::move(*c);
+  }
   if (w->options_.peer_failure == PeerFailure::kAuto) {
-    const char* env = std::getenv("UCX_TLS");
-    std::string tls = !options.transports.empty() ? options.transports : env != nullptr ? env : "";
-    w->options_.peer_failure = shared_memory_only(tls) ? PeerFailure::kHeartbeat : PeerFailure::kUcx;
+    w->options_.peer_failure =
+        shared_memory_only(w->context_->transports()) ? PeerFailure::kHeartbeat : PeerFailure::kUcx;
   }
-  ucp_config_t* config = nullptr;
-  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
-  if (st != UCS_OK) return ucx_error(st, "ucp_config_read");
-  if (!options.transports.empty()) st = ucp_config_modify(config, "TLS", options.transports.c_str());
-  if (st != UCS_OK) {
-    ucp_config_release(config);
-    return ucx_error(st, "ucp_config_modify(TLS=" + options.transports + ")");
-  }
-  ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
-  params.mt_workers_shared = 0;
-  st = ucp_init(&params, config, &w->context_);
-  ucp_config_release(config);
-  if (st != UCS_OK) return ucx_error(st, "ucp_init");
 
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-  st = ucp_worker_create(w->context_, &wp, &w->worker_);
+  ucs_status_t st = ucp_worker_create(w->context_->handle(), &wp, &w->worker_);
   if (st != UCS_OK) return ucx_error(st, "ucp_worker_create");
 
   for (uint16_t kind = 1; kind <= kMaxMessageKind; ++kind) {
@@ -79,7 +70,6 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerOptions& options) {
 
 Worker::~Worker() {
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
-  if (context_ != nullptr) ucp_cleanup(context_);
 }
 
 Result<std::vector<std::byte>> Worker::address() const {
@@ -111,6 +101,11 @@ ucs_status_t Worker::on_message(void* arg, const void*, size_t, void* data, size
   }
   self->heard_[h->sender] = {Clock::now(), h->pid};
   if (h->kind == MessageKind::kHeartbeat) return UCS_OK;
+  if ((h->kind == MessageKind::kSegment || h->kind == MessageKind::kCompletion) &&
+      self->ended_.count(h->transfer_id) != 0) {
+    ++self->expired_;
+    return UCS_OK;
+  }
   if (self->inbox_.size() >= kMaxQueued) {
     ++self->overflowed_;
     self->inbox_.pop_front();
@@ -122,6 +117,7 @@ ucs_status_t Worker::on_message(void* arg, const void*, size_t, void* data, size
 bool Worker::progress() {
   bool events = false;
   if (options_.faults == nullptr || !options_.faults->stall_progress()) events = ucp_worker_progress(worker_) != 0;
+  if (events) last_event_ = Clock::now();
   send_due_heartbeats();
   // The inbox is in arrival order: expired messages are at its front.
   Clock::time_point oldest = Clock::now() - options_.message_ttl;
@@ -129,6 +125,7 @@ bool Worker::progress() {
     inbox_.pop_front();
     ++expired_;
   }
+  if (!ended_.empty()) std::erase_if(ended_, [&](const auto& e) { return e.second < oldest; });
   return events;
 }
 
@@ -144,9 +141,17 @@ void Worker::send_due_heartbeats() {
 Status Worker::wait(const std::function<bool()>& done, Deadline deadline, std::string_view what) {
   while (!done()) {
     if (deadline.expired()) return unavailable("disagg: " + std::string(what) + ": deadline passed");
-    if (!progress()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (!progress()) idle();
   }
   return Status::ok();
+}
+
+void Worker::idle(std::chrono::microseconds sleep) {
+  if (Clock::now() - last_event_ < kBusyWindow) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(sleep);
+  }
 }
 
 std::optional<Message> Worker::take(MessageKind kind, uint64_t transfer_id, std::optional<uint64_t> sender) {
@@ -162,6 +167,7 @@ std::optional<Message> Worker::take(MessageKind kind, uint64_t transfer_id, std:
 
 void Worker::discard(uint64_t transfer_id) {
   std::erase_if(inbox_, [&](const Message& m) { return m.header.transfer_id == transfer_id; });
+  ended_[transfer_id] = Clock::now();
 }
 
 std::optional<Clock::time_point> Worker::last_heard(uint64_t instance) const {

@@ -1,5 +1,6 @@
-// Worker: one UCP context + worker (UCX's progress engine), the inbox of control messages it received, and the
-// heartbeats it owes its endpoints. UCS_THREAD_MODE_SINGLE: a Worker and everything created from it (endpoints,
+// Worker: a UCP worker (UCX's progress engine) on its Context, the inbox of control messages it received, and the
+// heartbeats it owes its endpoints. The context is its own unless WorkerOptions::context shares one (memory
+// allocated through it before the worker exists). UCS_THREAD_MODE_SINGLE: a Worker and everything created from it (endpoints,
 // regions, listeners, transfers) are used by one thread, the one that calls progress(). Transports come from the
 // environment (UCX_TLS: shared memory on one host, tcp across hosts) unless WorkerOptions::transports names them.
 #pragma once
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "base/result.h"
+#include "disagg/context.h"
 #include "disagg/deadline.h"
 #include "disagg/fault_policy.h"
 #include "disagg/messages.h"
@@ -39,6 +41,7 @@ enum class PeerFailure {
 
 struct WorkerOptions {
   std::string transports;       // UCX TLS list for this context (UCX_TLS syntax); empty: UCX_TLS from the environment
+  std::shared_ptr<Context> context;  // a context to share (its transports apply; `transports` is then unused)
   PeerFailure peer_failure = PeerFailure::kAuto;
   uint64_t instance = 0;        // this worker's id on the wire; 0: drawn at random
   std::chrono::milliseconds heartbeat_interval{100};  // to every live endpoint; 0 disables
@@ -60,7 +63,8 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   uint64_t instance() const { return options_.instance; }
-  ucp_context_h context() const { return context_; }
+  ucp_context_h context() const { return context_->handle(); }
+  const std::shared_ptr<Context>& shared_context() const { return context_; }
   ucp_worker_h handle() const { return worker_; }
   FaultPolicy* faults() const { return options_.faults; }
   // kUcx or kHeartbeat (kAuto resolved at creation).
@@ -72,15 +76,24 @@ class Worker {
   // One round of UCX progress (skipped while the fault policy stalls it), then the heartbeats that are due.
   // Returns whether UCX reported any event.
   bool progress();
-  // Progresses until done() is true (Ok) or the deadline passes (kUnavailable naming `what`). Idles 100 µs
-  // between rounds without events.
+  // Progresses until done() is true (Ok) or the deadline passes (kUnavailable naming `what`). idle() between
+  // rounds without events.
   Status wait(const std::function<bool()>& done, Deadline deadline, std::string_view what);
+  // The pause between two progress rounds without events: while UCX reported an event within the last
+  // kBusyWindow (a transfer in progress: its segment announcements come every few hundred µs, and over shared
+  // memory the puts themselves raise no event here) only a yield of the core, so that a message is read as soon as
+  // it lands; otherwise a sleep of `sleep` (an idle worker costs next to nothing).
+  void idle(std::chrono::microseconds sleep = std::chrono::microseconds(100));
+  static constexpr std::chrono::milliseconds kBusyWindow{2};
 
   // Takes the oldest received message of this kind for this transfer (any transfer when transfer_id is 0) from
   // this sender (any sender when nullopt). Transfer ids are never 0.
   std::optional<Message> take(MessageKind kind, uint64_t transfer_id = 0, std::optional<uint64_t> sender = {});
-  // Discards the queued messages of a transfer (one that has ended: late or stale messages are never read).
+  // Discards the queued messages of a transfer (one that has ended: late or stale messages are never read), and
+  // for message_ttl drops its segment announcements and completion on arrival (a sender's that come after the
+  // receiving side gave up), counted as expired; reopen() ends that for a new transfer with the same id.
   void discard(uint64_t transfer_id);
+  void reopen(uint64_t transfer_id) { ended_.erase(transfer_id); }
   // When a message (heartbeats included) last arrived from this instance; nullopt if never.
   std::optional<Clock::time_point> last_heard(uint64_t instance) const;
   // The pid this instance's messages carry; nullopt if none arrived.
@@ -88,7 +101,7 @@ class Worker {
   size_t malformed_messages() const { return malformed_; }
   size_t queued_messages() const { return inbox_.size(); }
   // Messages dropped unread: the inbox was full (kMaxQueued), or they outlived message_ttl (destinations for a
-  // request this instance never got, a completion that came after its transfer gave up).
+  // request this instance never got, a completion that came after its transfer gave up or ended).
   size_t overflowed_messages() const { return overflowed_; }
   size_t expired_messages() const { return expired_; }
   static constexpr size_t kMaxQueued = 65536;
@@ -107,7 +120,7 @@ class Worker {
   void send_due_heartbeats();
 
   WorkerOptions options_;
-  ucp_context_h context_ = nullptr;
+  std::shared_ptr<Context> context_;
   ucp_worker_h worker_ = nullptr;
   std::deque<Message> inbox_;
   struct Heard {
@@ -118,9 +131,11 @@ class Worker {
   size_t malformed_ = 0;
   size_t overflowed_ = 0;
   size_t expired_ = 0;
+  std::unordered_map<uint64_t, Clock::time_point> ended_;  // discarded transfers → when
   std::vector<Endpoint*> heartbeats_;
   std::vector<std::vector<std::byte>> orphans_;
   Clock::time_point next_heartbeat_{};
+  Clock::time_point last_event_{};
 };
 
 }  // namespace kestrel::disagg

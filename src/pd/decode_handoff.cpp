@@ -1,5 +1,7 @@
 #include "pd/decode_handoff.h"
 
+#include <cstring>
+
 #include "disagg/transfer.h"
 #include "pd/first_token.h"
 #include "pd/prefill_handoff.h"
@@ -15,6 +17,12 @@ Result<std::unique_ptr<DecodeHandoff>> DecodeHandoff::create(Scheduler& schedule
 
 DecodeHandoff::~DecodeHandoff() { stop(); }
 
+disagg::WorkerOptions DecodeHandoff::worker_options(const DecodeHandoffOptions& o) {
+  disagg::WorkerOptions w = o.worker;
+  if (o.arenas != nullptr) w.context = o.arenas->context();
+  return w;
+}
+
 // Its transfers fail at their next poll and quarantine their memory with it; idle() destroys it when unreferenced.
 void DecodeHandoff::retire(std::unique_ptr<disagg::Endpoint> ep) {
   ep->mark_failed(unavailable("hand-off: replaced by a new connection to the same prefill"));
@@ -28,15 +36,30 @@ void DecodeHandoff::teardown() {
   for (auto& r : regions_) r.reset();
 }
 
-// On the side's thread, once: every pool is registered for the life of this object.
+// On the side's thread, once: every pool is registered (or, allocated by the arenas, taken as it is) for the life
+// of this object.
 Status DecodeHandoff::register_pools() {
   CachePools& pools = sched_.pools();
   const size_t record_bytes = static_cast<size_t>(pools.num_slots()) * kRecordBytes;
-  records_.reset(new std::byte[record_bytes]());
+  if (opts_.arenas != nullptr) {
+    auto r = opts_.arenas->allocate(record_bytes, "first-token records");
+    if (!r) return r.error();
+    records_ = std::move(*r);
+    std::memset(records_.get(), 0, record_bytes);
+  } else {
+    records_ = std::shared_ptr<std::byte>(new std::byte[record_bytes](), std::default_delete<std::byte[]>());
+  }
   const std::span<std::byte> arenas[] = {pools.slot_arena(), pools.mla_arena(), pools.index_arena(),
                                          {records_.get(), record_bytes}};
   for (int i = 0; i < 4; ++i) {
     if (arenas[i].empty()) continue;
+    if (opts_.arenas != nullptr) {
+      regions_[i] = opts_.arenas->region_of(arenas[i]);
+      if (regions_[i] == nullptr)
+        return invalid_argument("hand-off: the scheduler's cache pools were not allocated by the decode arenas "
+                                "(CachePoolConfig::arenas must be the same object as DecodeHandoffOptions::arenas)");
+      continue;
+    }
     auto r = disagg::Region::map(worker(), arenas[i].data(), arenas[i].size());
     if (!r) return r.error();
     regions_[i] = std::move(*r);

@@ -1,5 +1,8 @@
 // The decode side of a hand-off. The scheduler's pools (KDA slots, MLA pages, DSA indexer pages) and a record
-// arena (one first-token record per slot) are registered with UCX once, at creation. submit() queues a request
+// arena (one first-token record per slot) are registered with UCX once, at creation: when the pools were
+// allocated by DecodeHandoffOptions::arenas (the server's decode role), their UCX regions are advertised as they
+// are and the record arena is allocated there too, so that a prefill on the same host puts into them directly;
+// otherwise the pools' heap memory is registered (puts over shared memory are then emulated, pd/decode_arenas.h). submit() queues a request
 // with Handoff::kReceive: admission reserves a slot and the prompt's pages; this side sends their addresses for
 // the request's room to the prefill instance, waits for the completion, verifies sizes and checksum over the
 // received bytes, and only then admits the request into the decode batch with the first token from its record.
@@ -18,6 +21,7 @@
 #include <memory>
 
 #include "disagg/region_registry.h"
+#include "pd/decode_arenas.h"
 #include "disagg/transfer.h"
 #include "pd/layout.h"
 #include "pd/side.h"
@@ -27,7 +31,9 @@
 namespace kestrel::pd {
 
 struct DecodeHandoffOptions {
-  disagg::WorkerOptions worker;
+  disagg::WorkerOptions worker;  // its context is the arenas' when `arenas` is set
+  // Where the scheduler's pools were allocated (the same object as its CachePoolConfig::arenas), or null.
+  std::shared_ptr<DecodeArenas> arenas;
   std::chrono::milliseconds transfer_timeout{10000};  // destinations sent → completion verified
   std::chrono::milliseconds silence{2000};            // no message (heartbeats included) from the prefill
 };
@@ -64,7 +70,8 @@ class DecodeHandoff final : public HandoffSide {
     disagg::Endpoint* ep;  // the endpoint it was advertised through (in retired_); null: nothing advertised
     uint64_t bytes;
   };
-  DecodeHandoff(Scheduler& s, const DecodeHandoffOptions& o) : HandoffSide(o.worker), sched_(s), opts_(o) {}
+  DecodeHandoff(Scheduler& s, const DecodeHandoffOptions& o) : HandoffSide(worker_options(o)), sched_(s), opts_(o) {}
+  static disagg::WorkerOptions worker_options(const DecodeHandoffOptions& o);
   Status register_pools();
   struct Pending {
     CacheLocation loc;
@@ -84,9 +91,9 @@ class DecodeHandoff final : public HandoffSide {
 
   Scheduler& sched_;
   DecodeHandoffOptions opts_;
-  std::unique_ptr<std::byte[]> records_;
+  std::shared_ptr<std::byte> records_;
   // Registered regions by Pool (null for an empty pool).
-  std::unique_ptr<disagg::Region> regions_[4];
+  std::shared_ptr<disagg::Region> regions_[4];
   disagg::RegionRegistry registry_;
   std::vector<Pending> pending_;
   std::vector<Quarantined> quarantined_;

@@ -62,7 +62,7 @@ void HandoffSide::loop() {
     const bool busy = worker_->progress();
     for (auto& t : tasks) t();
     idle();
-    if (!busy && tasks.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (!busy && tasks.empty()) worker_->idle(std::chrono::microseconds(200));
   }
   teardown();
   // Endpoints close (bounded) before the worker goes.

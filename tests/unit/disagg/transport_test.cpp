@@ -12,6 +12,7 @@
 
 #include "disagg/checksum.h"
 #include "disagg/memory.h"
+#include "disagg/put.h"
 #include "disagg/region_registry.h"
 #include "disagg/transfer.h"
 #include "pair.h"
@@ -244,6 +245,90 @@ TEST_F(DisaggPair, CorruptedByteIsAChecksumMismatch) {
   EXPECT_EQ(diff, 1u);
   EXPECT_EQ(pool[40960 + 4095], ~source[40960 + 4095]);
   EXPECT_EQ(registry.counts().quarantined, 1u);
+}
+
+// Which path UCX takes for the hand-off's puts over shared memory, observed from outside: the decode worker is
+// never progressed while the prefill puts and flushes. Into memory UCX allocated (Region::allocate, as a decode
+// server's pools are) the puts go directly (posix/sysv: the writer maps the target's segment and copies into it),
+// so the flush completes with every byte in place. Into memory that is only registered (Region::map of a heap
+// buffer) UCX 1.13 has no direct put over shared memory and emulates it with active messages, which need the
+// target's progress: the same flush is still pending after 300 ms, and completes once the target progresses. The
+// second half shows that the first would fail if the puts fell back to the emulation.
+TEST_F(DisaggPair, PutsIntoAllocatedMemoryNeedNoProgressOfTheTargetOverSharedMemory) {
+  if (testing::expected_transports().count("sysv") == 0) GTEST_SKIP() << "over tcp every put needs the target's progress";
+  ASSERT_NO_FATAL_FAILURE(connect(false));
+  // Pages of a k3-bench request's size, a range cut short, a small one.
+  const size_t lengths[] = {294912, 294912, 294912, 100000, 176};
+  size_t total = 0;
+  for (size_t l : lengths) total += l;
+  auto allocated = Region::allocate(decode->shared_context(), total + 4096);
+  ASSERT_TRUE(allocated) << allocated.error().message();
+  EXPECT_TRUE((*allocated)->allocated());
+  std::vector<std::byte> src(total);
+  for (size_t i = 0; i < total; ++i) src[i] = static_cast<std::byte>((i * 7 + 3) % 253);
+  auto key = to_decode->unpack_rkey((*allocated)->packed_rkey());
+  ASSERT_TRUE(key) << key.error().message();
+  // The connection's wire-up (once per endpoint, before any transfer in a server) needs both sides: a first flush
+  // with both progressing.
+  {
+    ucp_request_param_t param{};
+    void* flush = ucp_ep_flush_nbx(to_decode->handle(), &param);
+    ASSERT_FALSE(UCS_PTR_IS_ERR(flush));
+    Status wired = prefill->wait(
+        [&] {
+          decode->progress();
+          return flush == nullptr || ucp_request_check_status(flush) != UCS_INPROGRESS;
+        },
+        Deadline::after(milliseconds(5000)), "wire-up");
+    ASSERT_TRUE(wired.is_ok()) << wired.message();
+    if (flush != nullptr) ucp_request_free(flush);
+  }
+  std::vector<PutRange> puts;
+  size_t off = 0;
+  for (size_t l : lengths) {  // in reverse order through the region, 64 bytes apart
+    const size_t at = total + 4096 - off - l - 64 * puts.size() - 64;
+    puts.push_back({src.data() + off, (*allocated)->address(at), l, &*key});
+    off += l;
+  }
+  Status put = put_and_flush(*to_decode, kTransfer, puts, Deadline::after(milliseconds(5000)));
+  ASSERT_TRUE(put.is_ok()) << put.message();
+  off = 0;
+  for (const PutRange& p : puts) {
+    EXPECT_EQ(std::memcmp((*allocated)->base() + (p.remote - (*allocated)->address(0)), src.data() + off, p.length), 0);
+    off += p.length;
+  }
+
+  // The control: the same kind of puts into the registered heap pool; the decode worker still not progressed.
+  auto heap_key = to_decode->unpack_rkey(region->packed_rkey());
+  ASSERT_TRUE(heap_key) << heap_key.error().message();
+  std::vector<void*> requests;
+  for (size_t at = 0; at + 8192 <= kPoolBytes; at += 8192) {
+    ucp_request_param_t param{};
+    void* r = ucp_put_nbx(to_decode->handle(), source.data() + at, 8192, region->address(at), heap_key->handle(), &param);
+    ASSERT_FALSE(UCS_PTR_IS_ERR(r));
+    if (r != nullptr) requests.push_back(r);
+  }
+  ucp_request_param_t param{};
+  void* flush = ucp_ep_flush_nbx(to_decode->handle(), &param);
+  ASSERT_FALSE(UCS_PTR_IS_ERR(flush));
+  ASSERT_NE(flush, nullptr) << "the flush of emulated puts completed without the target";
+  const Deadline held = Deadline::after(milliseconds(300));
+  while (!held.expired()) prefill->progress();
+  EXPECT_EQ(ucp_request_check_status(flush), UCS_INPROGRESS) << "puts into registered memory did not need the target";
+  Status done = prefill->wait(
+      [&] {
+        decode->progress();
+        return ucp_request_check_status(flush) != UCS_INPROGRESS;
+      },
+      Deadline::after(milliseconds(5000)), "emulated puts");
+  EXPECT_TRUE(done.is_ok()) << done.message();
+  EXPECT_EQ(ucp_request_check_status(flush), UCS_OK);
+  ucp_request_free(flush);
+  for (void* r : requests) {
+    while (ucp_request_check_status(r) == UCS_INPROGRESS) prefill->progress();
+    ucp_request_free(r);
+  }
+  EXPECT_EQ(std::memcmp(pool.data(), source.data(), kPoolBytes), 0);
 }
 
 // Segments of 4096 bytes over the 12,686-byte stream of destinations() (4096 | 512 1 3583 | 4096 | 321 77): the

@@ -10,8 +10,12 @@
 //     is admitted; over tcp the quarantined memory returns once the connection is closed; over shared memory it
 //     stays quarantined while the peer process (here: this one) lives.
 //   - Leases and deadlines: a slow transfer to a live decode side outlasts the prefill's lease (heartbeats renew
-//     it); a decode side frozen after advertising loses it and the prefill frees the pages; a decode reservation
+//     it); a decode side frozen after advertising loses it and the prefill frees the pages where the flush needs
+//     the decode (tcp; registered pools over shared memory), while over shared memory into pools UCX allocated the
+//     puts need nothing from the frozen decode, which decodes exactly once it runs again; a decode reservation
 //     made after the prefill's destinations deadline is withdrawn at once.
+// The decode scheduler's pools are allocated as a decode server allocates them (DecodeArenas) unless a test says
+// otherwise.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -60,11 +64,19 @@ class Handoff : public ::testing::TestWithParam<const char*> {
     return c.wait();
   }
 
-  void open_pair(PrefillHandoffOptions po = {}, DecodeHandoffOptions dopt = {}) {
+  // ucx_pools: the decode scheduler's pools allocated through UCX (DecodeArenas, as `kestrel serve --role decode`
+  // does); otherwise heap pools, registered by the hand-off.
+  void open_pair(PrefillHandoffOptions po = {}, DecodeHandoffOptions dopt = {}, bool ucx_pools = true) {
     auto ps = Scheduler::create(*prefill_engine_, config());
     ASSERT_TRUE(ps) << ps.error().message();
     prefill_sched_ = std::move(*ps);
-    auto ds = Scheduler::create(*decode_engine_, config());
+    SchedulerConfig dc = config();
+    if (ucx_pools) {
+      auto arenas = DecodeArenas::create(dopt.worker.transports);
+      ASSERT_TRUE(arenas) << arenas.error().message();
+      dc.cache.arenas = dopt.arenas = *arenas;
+    }
+    auto ds = Scheduler::create(*decode_engine_, dc);
     ASSERT_TRUE(ds) << ds.error().message();
     decode_sched_ = std::move(*ds);
     if (po.worker.faults == nullptr) po.worker.faults = &faults_;
@@ -399,11 +411,12 @@ TEST_P(HandoffFault, LeaseRenewedByHeartbeats) {
   expect_no_leaks();
 }
 
-// The decode side freezes right after advertising. The flush needs the decode's acknowledgement (tcp, and the
-// shared-memory lanes too), so only the lease can end the transfer (the deadlines are 10 minutes away): the
-// prefill frees the pages while the decode side is still frozen and counts a lease expiry; once the decode side
-// runs again its request fails cleanly (the prefill fell silent), and its memory returns as after any failure
-// (tcp: at once; shared memory: it stays quarantined while the writer, this process, lives).
+// The decode side freezes right after advertising. Where the flush needs the decode's acknowledgement (tcp; over
+// shared memory, puts into registered heap pools, which UCX emulates with active messages: this test's pools over
+// shared memory) only the lease can end the transfer (the deadlines are 10 minutes away): the prefill frees the
+// pages while the decode side is still frozen and counts a lease expiry; once the decode side runs again its
+// request fails cleanly (the prefill fell silent), and its memory returns as after any failure (tcp: at once;
+// shared memory: it stays quarantined while the writer, this process, lives).
 TEST_P(HandoffFault, FrozenDecodeLosesTheLease) {
   auto& decode_faults = static_cast<kestrel::disagg::testing::ScriptedFaults&>(
       *owned_faults_.emplace_back(std::make_unique<kestrel::disagg::testing::ScriptedFaults>()));
@@ -418,7 +431,7 @@ TEST_P(HandoffFault, FrozenDecodeLosesTheLease) {
   // stalled side's clock keeps running, which a stopped process's detector would not see.
   d.silence = 3000ms;
   d.worker.faults = &decode_faults;
-  open_pair(p, d);
+  open_pair(p, d, /*ucx_pools=*/kestrel::disagg::testing::expected_transports().count("sysv") == 0);
   const std::vector<int32_t> ids = prompt(40, 3);
   Client pc, dc;
   ASSERT_TRUE(decode_->submit(dc.make(ids, 6), 5, prefill_->instance()));
@@ -438,6 +451,47 @@ TEST_P(HandoffFault, FrozenDecodeLosesTheLease) {
   decode_faults.stalled = false;
   const Collected dres = dc.wait(30s);
   expect_failed_cleanly(dres, "hand-off from prefill failed", &DecodeCounts::failed_peer);
+}
+
+// Over shared memory into pools UCX allocated (the decode server's) the prefill's puts go straight into the
+// decode's memory and its flush needs nothing from the decode side: frozen right after advertising, the decode
+// does not hold the prefill up. The prefill hands the request off (kLength, no lease expiry) and frees its pages
+// while the decode side is still frozen; once the decode side runs it reads the segment and completion messages,
+// verifies every byte, and decodes exactly as a colocated run. Fails if the puts needed the decode's progress
+// (the emulation): the lease would expire as in FrozenDecodeLosesTheLease.
+TEST_P(HandoffFault, FrozenDecodeDoesNotHoldUpPutsIntoUcxPoolsOverSharedMemory) {
+  if (kestrel::disagg::testing::expected_transports().count("sysv") == 0)
+    GTEST_SKIP() << "over tcp every put needs the decode's progress (FrozenDecodeLosesTheLease)";
+  auto& decode_faults = static_cast<kestrel::disagg::testing::ScriptedFaults&>(
+      *owned_faults_.emplace_back(std::make_unique<kestrel::disagg::testing::ScriptedFaults>()));
+  auto& freeze = *owned_faults_.emplace_back(std::make_unique<FreezeDecodeOnFirstPut>(decode_faults.stalled));
+  PrefillHandoffOptions p;
+  p.lease = 500ms;
+  p.transfer_timeout = std::chrono::minutes(10);
+  p.worker.faults = &freeze;
+  DecodeHandoffOptions d;
+  d.transfer_timeout = std::chrono::minutes(10);
+  d.silence = 3000ms;
+  d.worker.faults = &decode_faults;
+  open_pair(p, d);
+  const std::vector<int32_t> ids = prompt(40, 3);
+  const Collected want = colocated(ids, 6);
+  Client pc, dc;
+  ASSERT_TRUE(decode_->submit(dc.make(ids, 6), 5, prefill_->instance()));
+  ASSERT_TRUE(prefill_->submit(pc.make(ids, 6), 5));
+  const Collected pres = pc.wait(30s);
+  ASSERT_TRUE(decode_faults.stalled) << "the transfer never started";
+  const ServiceStats ps = settled(*prefill_sched_);
+  EXPECT_EQ(ps.kv_blocks_used, 0);
+  EXPECT_EQ(ps.state_slots_used, 0);
+  EXPECT_TRUE(decode_faults.stalled) << "the prefill waited for the decode side";
+  EXPECT_EQ(pres.finish, FinishReason::kLength) << pres.error;
+  EXPECT_EQ(prefill_->counts().lease_expired, 0u);
+  decode_faults.stalled = false;
+  const Collected got = dc.wait(30s);
+  EXPECT_EQ(got.finish, FinishReason::kLength) << got.error;
+  EXPECT_TRUE(bit_equal(got, want)) << "hand-off changed the generation";
+  expect_no_leaks();
 }
 
 // Allocation wait: a decode side that reserves the request's memory only after the prefill gave up waiting for

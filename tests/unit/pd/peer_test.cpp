@@ -1,6 +1,7 @@
 // The hand-off between two processes: this test is the decode side (scheduler + DecodeHandoff on its own engine),
 // pd_peer (a child process) the prefill side, both loading the same tiny K3 checkpoint, connected over the
-// transports UCX_TLS selects (ctest: shm and tcp), the lanes checked.
+// transports UCX_TLS selects (ctest: shm and tcp), the lanes checked. This side's pools are allocated as a decode
+// server's are (DecodeArenas: through UCX).
 //   - Parity: decoding after the hand-off equals a colocated run in this process bit for bit.
 //   - A prefill killed (SIGKILL) in the middle of a transfer fails the request with a clear error, without a hang;
 //     once the dead peer can no longer write (tcp: connection closed; shared memory: also its process reaped)
@@ -10,10 +11,11 @@
 //     as the peer may write into it (tcp: until the endpoint is closed; shared memory: until the peer's process
 //     is gone). After SIGCONT the prefill's late writes land only there (a new hand-off meanwhile is exact),
 //     nothing is decoded from them, and both sides return to baseline.
-//   - A decode side (pd_peer decode) frozen in the middle of a transfer, past the prefill's lease: the prefill
-//     (this process) frees the pages and counts a lease expiry while the decode is still stopped; after SIGCONT
-//     the decode's request fails cleanly, nothing is in flight, and its memory is back (tcp) or quarantined while
-//     the writer, this process, lives (shared memory).
+//   - A decode side (pd_peer decode, whose heap pools are registered: over shared memory UCX emulates the puts
+//     into them, so the flush needs the decode's progress, as over tcp) frozen in the middle of a transfer, past
+//     the prefill's lease: the prefill (this process) frees the pages and counts a lease expiry while the decode
+//     is still stopped; after SIGCONT the decode's request fails cleanly, nothing is in flight, and its memory is
+//     back (tcp) or quarantined while the writer, this process, lives (shared memory).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -63,7 +65,13 @@ class PdPeer : public ::testing::Test {
     std::string& address = address_;
     ASSERT_TRUE(hello >> peer_ >> pid >> address) << "no greeting from pd_peer";
     EXPECT_EQ(pid, static_cast<uint32_t>(child_.pid));
-    auto s = Scheduler::create(*engine_, config());
+    // The pools allocated as `kestrel serve --role decode` allocates them (through UCX: the prefill process puts
+    // into them directly over shared memory).
+    auto arenas = DecodeArenas::create(options.worker.transports);
+    ASSERT_TRUE(arenas) << arenas.error().message();
+    SchedulerConfig sc = config();
+    sc.cache.arenas = options.arenas = *arenas;
+    auto s = Scheduler::create(*engine_, sc);
     ASSERT_TRUE(s) << s.error().message();
     sched_ = std::move(*s);
     auto d = DecodeHandoff::create(*sched_, options);

@@ -1,6 +1,7 @@
 #include "layers/vision_tower.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -16,6 +17,24 @@ namespace kestrel {
 namespace {
 
 constexpr double kRopeTheta = 10000.0;
+
+// Adds the seconds since the previous lap to a stage of VisionStageTimes; nothing when there is none.
+class StageClock {
+ public:
+  explicit StageClock(VisionStageTimes* times) : times_(times) {
+    if (times_) last_ = std::chrono::steady_clock::now();
+  }
+  void lap(double VisionStageTimes::*stage) {
+    if (!times_) return;
+    const auto now = std::chrono::steady_clock::now();
+    times_->*stage += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  VisionStageTimes* times_;
+  std::chrono::steady_clock::time_point last_;
+};
 
 // Source index and weights of PyTorch's bilinear resize (align_corners=False, no antialias) along one axis.
 struct Tap {
@@ -153,7 +172,9 @@ void VisionTower::attention(std::span<const VisionImage> images, const float* qk
 }
 
 void VisionTower::block_forward(const Block& blk, std::span<const VisionImage> images,
-                                const std::vector<int64_t>& rope_pos, std::vector<float>& x, BlockBuffers& buf) const {
+                                const std::vector<int64_t>& rope_pos, std::vector<float>& x, BlockBuffers& buf,
+                                VisionStageTimes* times) const {
+  StageClock clock(times);
   const int64_t T = static_cast<int64_t>(rope_pos.size() / 2), D = v_.hidden, qw = v_.qkv_hidden;
   const int64_t heads = v_.num_heads, hd = head_dim_, nf = hd / 4;
   buf.h.resize(static_cast<size_t>(T * D));
@@ -167,7 +188,9 @@ void VisionTower::block_forward(const Block& blk, std::span<const VisionImage> i
   std::vector<float>& proj = buf.proj;
   std::vector<float>& mid = buf.mid;
   kernels::rms_norm(x.data(), blk.norm0.data(), T, D, kEncoderNormEps, h.data());
+  clock.lap(&VisionStageTimes::norms);
   kernels::matmul_sgemm(blk.wqkv, h.data(), T, qkv.data());
+  clock.lap(&VisionStageTimes::qkv);
   // 2-D RoPE on q and k: complex pair 2i turns by column·freq_i, pair 2i+1 by row·freq_i.
   kernels::parallel_for(0, T, 1, T * qw >= 65536, [&](int64_t t) {
     const int64_t y = rope_pos[static_cast<size_t>(2 * t)], xcol = rope_pos[static_cast<size_t>(2 * t + 1)];
@@ -183,17 +206,25 @@ void VisionTower::block_forward(const Block& blk, std::span<const VisionImage> i
         }
       }
   });
+  clock.lap(&VisionStageTimes::rope);
   attention(images, qkv.data(), attn.data(), buf.kv);
+  clock.lap(&VisionStageTimes::attention);
   kernels::matmul_sgemm(blk.wo, attn.data(), T, proj.data());
+  clock.lap(&VisionStageTimes::out_proj);
   for (int64_t i = 0; i < T * D; ++i) x[static_cast<size_t>(i)] += proj[static_cast<size_t>(i)];
+  clock.lap(&VisionStageTimes::residual);
   kernels::rms_norm(x.data(), blk.norm1.data(), T, D, kEncoderNormEps, h.data());
-  kernels::matmul_sgemm(blk.fc0, h.data(), T, mid.data());
-  kernels::gelu_tanh_inplace(mid.data(), static_cast<int64_t>(mid.size()));
+  clock.lap(&VisionStageTimes::norms);
+  kernels::matmul_sgemm(blk.fc0, h.data(), T, mid.data(), kernels::GemmEpilogue::kGeluTanh);
+  clock.lap(&VisionStageTimes::fc0_gelu);
   kernels::matmul_sgemm(blk.fc1, mid.data(), T, proj.data());
+  clock.lap(&VisionStageTimes::fc1);
   for (int64_t i = 0; i < T * D; ++i) x[static_cast<size_t>(i)] += proj[static_cast<size_t>(i)];
+  clock.lap(&VisionStageTimes::residual);
 }
 
-Status VisionTower::encode(std::span<const VisionImage> images, std::vector<float>& x, const StopFn& stop) const {
+Status VisionTower::encode(std::span<const VisionImage> images, std::vector<float>& x, const StopFn& stop,
+                           VisionStageTimes* times) const {
   std::vector<int64_t> rope_pos;  // (row, column) of every patch in its image
   for (const VisionImage& im : images)
     for (int64_t y = 0; y < im.grid_thw[1]; ++y)
@@ -201,10 +232,12 @@ Status VisionTower::encode(std::span<const VisionImage> images, std::vector<floa
   BlockBuffers buf;
   for (const Block& blk : blocks_) {
     if (stop && stop()) return unavailable("image encoding stopped");
-    block_forward(blk, images, rope_pos, x, buf);
+    block_forward(blk, images, rope_pos, x, buf, times);
   }
+  StageClock clock(times);
   const int64_t T = static_cast<int64_t>(rope_pos.size() / 2);
   kernels::rms_norm(x.data(), final_norm_.data(), T, v_.hidden, kEncoderNormEps, x.data());
+  clock.lap(&VisionStageTimes::norms);
   return Status::ok();
 }
 
@@ -229,12 +262,17 @@ void VisionTower::merge(std::span<const VisionImage> images, const std::vector<f
   }
 }
 
-Result<std::vector<float>> VisionTower::forward(std::span<const VisionImage> images, const StopFn& stop) const {
+Result<std::vector<float>> VisionTower::forward(std::span<const VisionImage> images, const StopFn& stop,
+                                                VisionStageTimes* times) const {
   for (const VisionImage& im : images) KESTREL_RETURN_IF_ERROR(check_grid(im.grid_thw));
   std::vector<float> x, merged;
+  StageClock clock(times);
   embed(images, x);
-  KESTREL_RETURN_IF_ERROR(encode(images, x, stop));
+  clock.lap(&VisionStageTimes::embed);
+  KESTREL_RETURN_IF_ERROR(encode(images, x, stop, times));
+  clock = StageClock(times);
   merge(images, x, merged);
+  clock.lap(&VisionStageTimes::merger);
   return merged;
 }
 

@@ -1,15 +1,19 @@
 // The vision tower's fp32 kernels: matmul_sgemm / sgemm over OpenBLAS (kernels/cpu/blas_gemm.h) and the
 // elementwise helper it uses (gelu_tanh_inplace in kernels/cpu/elementwise.h):
 // - matmul_sgemm equals the fp64 product of the same fp32 / bf16 weights within fp32 summation error
-//   (4e-6 · Σ|w·x|), also when the bf16 weight is decoded in several slices of rows;
+//   (4e-6 · Σ|w·x|), also when the bf16 weight is decoded in several column chunks;
 // - a row of y has the same bits whatever the batch around it (T from 1 to 1,400, the row first or after others),
 //   at the tower's real widths and at tiny widths where OpenBLAS would otherwise switch to its small-matrix
 //   kernels (M·N·K ≤ 10^6; without the padding these rows differ), and the same bits run to run;
+// - the bits do not depend on the thread count, and the GELU epilogue equals the product then a GELU pass;
 // - gelu_tanh_inplace equals its fp64 definition within a few ulp (libmvec tanhf).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <random>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/blas_gemm.h"
@@ -61,9 +65,9 @@ TEST(BlasGemm, MatchesTheFp64Product) {
   std::vector<float> y(static_cast<size_t>(T * 96));
   matmul_sgemm(f32, x.data(), T, y.data());
   expect_matches_fp64(f32, x.data(), T, y);
-  // 600 × 4096 bf16 = 2,457,600 floats: decoded in two slices of 512 and 88 rows.
+  // 600 × 4096 bf16: decoded in two column chunks of 512 and 88 rows.
   const Bf16Weight b = bf16_weight(600, 4096, 3);
-  ASSERT_GT(b.m.out * b.m.in, kDecodeSliceFloats);
+  ASSERT_GT(b.m.out, kGemmColumnChunk);
   y.assign(static_cast<size_t>(T * 600), 0.0f);
   matmul_sgemm(b.m, x.data(), T, y.data());
   expect_matches_fp64(b.m, x.data(), T, y);
@@ -103,6 +107,43 @@ TEST(BlasGemm, RowsDoNotDependOnTheBatchAtTinyWidths) {
   expect_batch_invariant(64, 48);
   expect_batch_invariant(96, 128);
   expect_batch_invariant(128, 588);
+}
+
+// Every tile runs one single-threaded OpenBLAS call on fixed tiles, so the thread count changes no bit: K = 588 (the
+// patch embedding, between one and two of OpenBLAS's K blocks, where its threaded and single-threaded drivers cut
+// K differently), q/k/v and fc1 at the tower widths, several row blocks (T = 1,100).
+TEST(BlasGemm, BitsDoNotDependOnTheThreadCount) {
+  const int saved = omp_get_max_threads();
+  for (const auto& [out, in] : std::vector<std::pair<int64_t, int64_t>>{{1024, 588}, {4608, 1024}, {1024, 4096}, {96, 128}}) {
+    const Bf16Weight w = bf16_weight(out, in, 9);
+    const int64_t T = 1100;
+    const std::vector<float> x = random_floats(static_cast<size_t>(T * in), 10);
+    std::vector<std::vector<float>> y;
+    for (int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      y.emplace_back(static_cast<size_t>(T * out));
+      matmul_sgemm(w.m, x.data(), T, y.back().data());
+    }
+    EXPECT_EQ(y[0], y[1]) << out << "x" << in << ": 1 vs 2 threads";
+    EXPECT_EQ(y[0], y[2]) << out << "x" << in << ": 1 vs 3 threads";
+  }
+  omp_set_num_threads(saved);
+}
+
+// The GELU epilogue on each output tile gives the bits of the product followed by gelu_tanh_inplace over all of y.
+TEST(BlasGemm, GeluEpilogueEqualsTheSeparatePass) {
+  for (const auto& [out, in, T] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{4096, 1024, 700}, {200, 48, 5}}) {
+    const Bf16Weight w = bf16_weight(out, in, 11);
+    const std::vector<float> x = random_floats(static_cast<size_t>(T * in), 12);
+    std::vector<float> fused(static_cast<size_t>(T * out)), separate(fused.size());
+    matmul_sgemm(w.m, x.data(), T, fused.data(), GemmEpilogue::kGeluTanh);
+    matmul_sgemm(w.m, x.data(), T, separate.data());
+    gelu_tanh_inplace(separate.data(), static_cast<int64_t>(separate.size()));
+    EXPECT_EQ(fused, separate) << out << "x" << in << " T " << T;
+    std::vector<float> plain(fused.size());
+    matmul_sgemm(w.m, x.data(), T, plain.data());
+    EXPECT_NE(fused, plain);
+  }
 }
 
 TEST(VisionElementwise, GeluTanhMatchesFp64) {

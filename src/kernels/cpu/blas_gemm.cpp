@@ -1,12 +1,13 @@
-// fp32 GEMM over OpenBLAS for the vision tower and projector (blas_gemm.h): cblas_sgemm, the fixed tiles shared
-// among the OpenMP threads, the zero-row padding that keeps every tile on OpenBLAS's blocked kernels, and the
-// chunk-by-chunk decode of non-fp32 weights.
+// fp32 GEMM over OpenBLAS for the vision tower and projector (blas_gemm.h): cblas_sgemm, the output columns split
+// among the OpenMP threads, the zero-row padding that keeps every product on OpenBLAS's blocked kernels, and the
+// slice-by-slice decode of non-fp32 weights.
 #include "kernels/cpu/blas_gemm.h"
 
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "kernels/cpu/elementwise.h"
@@ -39,27 +40,31 @@ void padded_gemm(int64_t T, int64_t N, int64_t K, const float* x, const float* B
   for (int64_t t = 0; t < T; ++t) std::memcpy(y + t * ldy, yp + t * N, static_cast<size_t>(N) * sizeof(float));
 }
 
-// Tiles [u0, u1) of a product with `row_blocks` row blocks per column chunk (tile u: chunk u / row_blocks, row
-// block u % row_blocks), on the calling thread; a chunk of a non-fp32 weight is decoded when the run reaches it.
-void run_tiles(const WeightMatrix& w, const float* x, int64_t T, float* y, GemmEpilogue epilogue, int64_t row_blocks,
-               int64_t u0, int64_t u1) {
-  const int64_t K = w.in;
-  int64_t decoded = -1;
-  for (int64_t u = u0; u < u1; ++u) {
-    const int64_t chunk = u / row_blocks, n0 = chunk * kGemmColumnChunk, nn = std::min(kGemmColumnChunk, w.out - n0);
-    const int64_t m0 = u % row_blocks * kGemmRowBlock, mm = std::min(kGemmRowBlock, T - m0);
+// Output columns [c0, c1) for all T rows, on the calling thread: slices of at most kDecodeSliceFloats weight floats,
+// equal widths in multiples of kGemmColumnAlign, one single-threaded product each (a non-fp32 weight decoded slice by
+// slice into this thread's buffer), then the epilogue on the slice.
+void run_columns(const WeightMatrix& w, const float* x, int64_t T, float* y, GemmEpilogue epilogue, int64_t c0,
+                 int64_t c1) {
+  const int64_t K = w.in, cols = c1 - c0;
+  if (cols <= 0) return;
+  const int64_t max_cols = std::max<int64_t>(kGemmColumnAlign, kDecodeSliceFloats / K / kGemmColumnAlign * kGemmColumnAlign);
+  const int64_t slices = (cols + max_cols - 1) / max_cols;
+  const int64_t width = (cols / slices + kGemmColumnAlign - 1) / kGemmColumnAlign * kGemmColumnAlign;
+  for (int64_t n0 = c0; n0 < c1; n0 += width) {
+    const int64_t nn = std::min(width, c1 - n0);
     const float* B = static_cast<const float*>(w.data) + n0 * K;
     if (w.format != WeightFormat::kF32) {
-      float* buf = thread_scratch(kScratchBlasWeights, static_cast<size_t>(kGemmColumnChunk * K));
-      if (decoded != chunk)
-        for (int64_t r = 0; r < nn; ++r) decode_row(w, n0 + r, buf + r * K);
-      decoded = chunk;
+      float* buf = thread_scratch(kScratchBlasWeights, static_cast<size_t>(nn * K));
+      for (int64_t r = 0; r < nn; ++r) decode_row(w, n0 + r, buf + r * K);
       B = buf;
     }
-    float* tile = y + m0 * w.out + n0;
-    padded_gemm(mm, nn, K, x + m0 * K, B, tile, w.out);
+    padded_gemm(T, nn, K, x, B, y + n0, w.out);
     if (epilogue == GemmEpilogue::kGeluTanh)
-      for (int64_t r = 0; r < mm; ++r) gelu_tanh_inplace(tile + r * w.out, nn);
+      for (int64_t t = 0; t < T; ++t) gelu_tanh_inplace(y + t * w.out + n0, nn);
+    if (epilogue == GemmEpilogue::kGeluErf)
+      for (int64_t t = 0; t < T; ++t)
+        for (float* v = y + t * w.out + n0; v < y + t * w.out + n0 + nn; ++v)
+          *v = 0.5f * *v * (1.0f + std::erf(*v * static_cast<float>(M_SQRT1_2)));
   }
 }
 
@@ -67,18 +72,25 @@ void run_tiles(const WeightMatrix& w, const float* x, int64_t T, float* y, GemmE
 
 void matmul_sgemm(const WeightMatrix& w, const float* x, int64_t T, float* y, GemmEpilogue epilogue) {
   if (T <= 0) return;
-  const int64_t row_blocks = (T + kGemmRowBlock - 1) / kGemmRowBlock;
-  const int64_t tiles = row_blocks * ((w.out + kGemmColumnChunk - 1) / kGemmColumnChunk);
   if (omp_get_max_threads() == 1) {
-    run_tiles(w, x, T, y, epilogue, row_blocks, 0, tiles);
+    run_columns(w, x, T, y, epilogue, 0, w.out);
     return;
   }
-  // Even with one tile the call goes through the region: inside it OpenBLAS runs single-threaded, as for every
-  // other tile (its threaded driver would block K differently).
+  // Thread i takes the i-th of n equal column ranges (edges on kGemmColumnAlign), or, when that would give a thread
+  // fewer than kGemmMinColumns columns, the i-th of n equal row ranges with every column. Even a single range goes
+  // through the region: inside it OpenBLAS runs single-threaded, as for every other range.
 #pragma omp parallel
   {
     const int64_t n = omp_get_num_threads(), i = omp_get_thread_num();
-    run_tiles(w, x, T, y, epilogue, row_blocks, tiles * i / n, tiles * (i + 1) / n);
+    if (w.out < kGemmMinColumns * n) {
+      const int64_t r0 = T * i / n, r1 = T * (i + 1) / n;
+      if (r1 > r0) run_columns(w, x + r0 * w.in, r1 - r0, y + r0 * w.out, epilogue, 0, w.out);
+    } else {
+      const auto edge = [&](int64_t k) {
+        return std::min(w.out, (w.out * k / n + kGemmColumnAlign / 2) / kGemmColumnAlign * kGemmColumnAlign);
+      };
+      run_columns(w, x, T, y, epilogue, i == 0 ? 0 : edge(i), i == n - 1 ? w.out : edge(i + 1));
+    }
   }
 }
 

@@ -224,6 +224,7 @@ int main(int argc, char** argv) {
     const double patch_embed = 2 * N * 3 * v->patch_size * v->patch_size * D;
     const std::vector<std::tuple<const char*, double, double>> stage_rows = {
         {"embed", best_stages.embed, patch_embed},
+        {"buffers", best_stages.buffers, 0},
         {"norms", best_stages.norms, 0},
         {"qkv", best_stages.qkv, L * 2 * N * D * 3 * Q},
         {"rope", best_stages.rope, 0},

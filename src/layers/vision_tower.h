@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/result.h"
+#include "kernels/cpu/huge_page_buffer.h"
 #include "layers/binder.h"
 #include "loader/vision_config.h"
 
@@ -33,6 +34,7 @@ using StopFn = std::function<bool()>;
 // one clock read per stage when a caller passes one). The GELU runs inside fc0's product (kernels::GemmEpilogue).
 struct VisionStageTimes {
   double embed = 0;       // patch embedding + position grid
+  double buffers = 0;     // allocating the per-block activation buffers (first block)
   double norms = 0;       // norm0, norm1 and the final norm
   double qkv = 0;         // wqkv
   double rope = 0;        // 2-D RoPE on q and k
@@ -86,14 +88,14 @@ class VisionTower {
   };
   // Activations of one block, sized once per encode and reused by every block (no page faults per block).
   struct BlockBuffers {
-    std::vector<float> h, qkv, attn, proj, mid;
-    std::vector<float> kv;  // one image's keys and values packed per head (kernels::pack_keys_values)
+    kernels::HugePageBuffer h, qkv, attn, proj, mid;
+    kernels::HugePageBuffer kv;  // one image's keys and values packed per head (kernels::pack_keys_values)
   };
   // Position grid interpolated to h x w (or the grid itself when it is h x w): [h·w, hidden].
   void position_grid(int64_t h, int64_t w, std::vector<float>& out) const;
   void block_forward(const Block& blk, std::span<const VisionImage> images, const std::vector<int64_t>& rope_pos,
                      std::vector<float>& x, BlockBuffers& buf, VisionStageTimes* times) const;
-  void attention(std::span<const VisionImage> images, const float* qkv, float* out, std::vector<float>& kv) const;
+  void attention(std::span<const VisionImage> images, const float* qkv, float* out, kernels::HugePageBuffer& kv) const;
 
   VisionConfig v_;
   int64_t head_dim_ = 0;

@@ -253,7 +253,7 @@ TEST_P(VisionTowerTest, ProfiledForwardEqualsPlainAndTimesEveryStage) {
   auto plain = tower_.forward(images_);
   ASSERT_TRUE(profiled && plain);
   EXPECT_EQ(*profiled, *plain);
-  for (double s : {t.embed, t.norms, t.qkv, t.rope, t.attention, t.out_proj, t.fc0_gelu, t.fc1, t.residual, t.merger})
+  for (double s : {t.embed, t.buffers, t.norms, t.qkv, t.rope, t.attention, t.out_proj, t.fc0_gelu, t.fc1, t.residual, t.merger})
     EXPECT_GT(s, 0.0);
   EXPECT_EQ(t.projector, 0.0);  // the model's part
 }

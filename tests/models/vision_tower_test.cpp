@@ -197,8 +197,8 @@ TEST_P(VisionTowerTest, ImageAloneEqualsItsRowsInTheBatch) {
   EXPECT_EQ(row, batch->size());
 }
 
-// The same at sizes where the products are large (1,024 + 384 patches: OpenBLAS's threaded blocked path, M cut
-// differently among threads and tiles in each batch): image A alone, then after B, then before B, then again —
+// The same at sizes where the products are large (1,024 + 384 patches: OpenBLAS's blocked path, M cut differently
+// into tiles in each batch): image A alone, then after B, then before B, then again —
 // A's rows are the same bits every time (kernels/cpu/blas_gemm.h).
 TEST_P(VisionTowerTest, LargerImageAloneEqualsItsRowsInAnyBatch) {
   const int64_t per_patch = 3 * int64_t{vcfg_.patch_size} * vcfg_.patch_size;

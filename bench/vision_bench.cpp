@@ -220,7 +220,8 @@ int main(int argc, char** argv) {
     // The best repetition per stage: milliseconds, share of the repetition, and GFLOP/s where the FLOP model counts it.
     const double N = static_cast<double>(n), D = v->hidden, Q = v->qkv_hidden, I = v->intermediate,
                  L = v->num_layers;
-    const double tower_only = tower_flops(*v, n) - L * (2 * N * D * 3 * Q + 4 * N * N * Q + 2 * N * Q * D + 4 * N * D * I);
+    const double outside_blocks =
+        tower_flops(*v, n) - L * (2 * N * D * 3 * Q + 4 * N * N * Q + 2 * N * Q * D + 4 * N * D * I);
     const double patch_embed = 2 * N * 3 * v->patch_size * v->patch_size * D;
     const std::vector<std::tuple<const char*, double, double>> stage_rows = {
         {"embed", best_stages.embed, patch_embed},
@@ -234,7 +235,7 @@ int main(int argc, char** argv) {
         {"fc1", best_stages.fc1, L * 2 * N * I * D},
         {"residual", best_stages.residual, 0},
         {"merger", best_stages.merger, 0},
-        {"projector", best_stages.projector, tower_only - patch_embed}};
+        {"projector", best_stages.projector, outside_blocks - patch_embed}};
     nlohmann::json stages_json = nlohmann::json::object();
     std::printf("         stage ms (%% of best, GFLOP/s):");
     for (const auto& [name, sec, flop] : stage_rows) {

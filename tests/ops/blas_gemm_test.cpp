@@ -115,7 +115,8 @@ TEST(BlasGemm, RowsDoNotDependOnTheBatchAtTinyWidths) {
 // slices per thread), narrow products split by rows (the projector to a 256-wide text model, a tiny width).
 TEST(BlasGemm, BitsDoNotDependOnTheThreadCount) {
   const int saved = omp_get_max_threads();
-  for (const auto& [out, in] : std::vector<std::pair<int64_t, int64_t>>{{1024, 588}, {4608, 1024}, {1024, 4096}, {256, 4096}, {96, 128}}) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1024, 588}, {4608, 1024}, {1024, 4096}, {256, 4096}, {96, 128}};
+  for (const auto& [out, in] : shapes) {
     const Bf16Weight w = bf16_weight(out, in, 9);
     const int64_t T = 1100;
     const std::vector<float> x = random_floats(static_cast<size_t>(T * in), 10);

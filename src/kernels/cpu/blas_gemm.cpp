@@ -47,7 +47,8 @@ void run_columns(const WeightMatrix& w, const float* x, int64_t T, float* y, Gem
                  int64_t c1) {
   const int64_t K = w.in, cols = c1 - c0;
   if (cols <= 0) return;
-  const int64_t max_cols = std::max<int64_t>(kGemmColumnAlign, kDecodeSliceFloats / K / kGemmColumnAlign * kGemmColumnAlign);
+  const int64_t max_cols =
+      std::max<int64_t>(kGemmColumnAlign, kDecodeSliceFloats / K / kGemmColumnAlign * kGemmColumnAlign);
   const int64_t slices = (cols + max_cols - 1) / max_cols;
   const int64_t width = (cols / slices + kGemmColumnAlign - 1) / kGemmColumnAlign * kGemmColumnAlign;
   for (int64_t n0 = c0; n0 < c1; n0 += width) {

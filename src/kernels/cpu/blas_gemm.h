@@ -1,8 +1,9 @@
 // fp32 GEMM through OpenBLAS (Debian's OpenMP build, libopenblas-openmp-dev): the dense products of the vision
 // tower and projector (docs/vision.md §5.4 says why a library and not a kernel of our own).
 // Threads: matmul_sgemm gives each OpenMP thread an equal range of output columns (weight rows) and multiplies it,
-// all T rows at once (a narrow product: an equal range of rows, all columns), by single-threaded OpenBLAS calls (OpenBLAS's OpenMP build runs one thread inside a parallel
-// region). OpenBLAS's own threaded driver split these shapes poorly (docs/PERFORMANCE.md "Vision encoder").
+// all T rows at once (a narrow product: an equal range of rows, all columns), by single-threaded OpenBLAS calls
+// (OpenBLAS's OpenMP build runs one thread inside a parallel region); faster than OpenBLAS's own threaded driver on
+// the tower (docs/PERFORMANCE.md "Vision encoder").
 // Arithmetic (OpenBLAS 0.3.21, checked by `BlasGemm.*` and `VisionTowerTest.ImageAloneEqualsItsRowsInTheBatch`):
 // a C element is a dot product over K whose blocking depends on K alone in the single-threaded driver; M and N are
 // only cut into tiles. Products with M·N·K ≤ 10^6 go through separate small-matrix kernels that sum in another

@@ -1,8 +1,8 @@
 // Vision encoder benchmark: milliseconds per image through a model's vision tower + projector (Engine::encode_images,
-// one image per batch) at square grids of 256 / 1024 / 4096 image tokens, and the GFLOP/s that gives against a FLOP
-// model of the tower (docs/PERFORMANCE.md "Vision encoder"), as a share of the fp32 peak measured in the same run (an
-// FMA loop on every thread: 12 independent 16-lane accumulators per thread, 2 FLOP per lane per FMA), measured
-// again right before each size (on a shared machine the cores' availability drifts). Pixels are random (the cost
+// one image per batch) at square grids of 256 / 1024 / 4096 image tokens, the GFLOP/s that gives against a FLOP
+// model of the tower (docs/PERFORMANCE.md "Vision encoder"), as a share of the fp32 FMA peak measured right before
+// and right after each size in the same process (measure_peak: both threads at once, 8 trials, max and spread, and
+// the effective clock), and the best repetition's time per stage (VisionStageTimes). Pixels are random (the cost
 // does not depend on them).
 //
 //   vision_bench MODEL_DIR [TOKENS,...] [REPS] [JSON_OUT]     e.g. vision_bench /tmp/vt27 256,1024 3 out.json
@@ -23,6 +23,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "loader/vision_config.h"
@@ -41,38 +42,108 @@ double tower_flops(const kestrel::VisionConfig& v, int64_t n) {
   return f + 2 * (N / (v.merge_h * v.merge_w)) * projector_params;
 }
 
-// fp32 FMA throughput of all OpenMP threads together, GFLOP/s (best of 5 runs of ~0.2 s).
-double fma_peak_gflops() {
+// The machine's fp32 FMA peak, measured on all OpenMP threads at once: every thread runs 12 independent chains of
+// zmm FMAs (vfmadd231ps, 16 lanes, 2 FLOP per lane; two FMA ports with a 4-cycle latency need >= 8 chains), written
+// in asm so the compiler can neither spill nor fold them, the threads started together behind a barrier. Trials of
+// ~0.2 s each; the spread says how steady the cores were.
+struct Peak {
+  std::vector<double> gflops;  // per trial, sorted
+  double clock_ghz = 0;        // effective clock during the trials (a dependent FMA chain, see clock_ghz)
+  double max() const { return gflops.empty() ? 0 : gflops.back(); }
+  double min() const { return gflops.empty() ? 0 : gflops.front(); }
+  double median() const { return gflops.empty() ? 0 : gflops[gflops.size() / 2]; }
+};
+
 #if defined(__AVX512F__)
-  constexpr int kAcc = 12;
-  constexpr int64_t kIters = 20'000'000;
-  double best = 0;
-  for (int run = 0; run < 5; ++run) {
-    const int threads = omp_get_max_threads();
-    const auto t0 = std::chrono::steady_clock::now();
-    float sink = 0;
-#pragma omp parallel reduction(+ : sink)
-    {
-      __m512 acc[kAcc];
-      for (int a = 0; a < kAcc; ++a) acc[a] = _mm512_set1_ps(static_cast<float>(a) * 1e-3f);
-      const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-      for (int64_t i = 0; i < kIters; ++i)
-#pragma GCC unroll 12
-        for (int a = 0; a < kAcc; ++a) acc[a] = _mm512_fmadd_ps(acc[a], m, c);
-      float lanes[16];
-      for (int a = 1; a < kAcc; ++a) acc[0] = _mm512_add_ps(acc[0], acc[a]);
-      _mm512_storeu_ps(lanes, acc[0]);
-      sink += lanes[0];
-    }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (sink == 12345.0f) std::printf(" ");  // keeps the loop
-    best = std::max(best, threads * static_cast<double>(kIters) * kAcc * 32 / s / 1e9);
-  }
-  return best;
-#else
-  return 0;
-#endif
+constexpr int64_t kFmaChains = 12;
+
+void fma_chains(int64_t iters) {
+  asm volatile(
+      "vxorps %%zmm12, %%zmm12, %%zmm12\n\t"
+      "vxorps %%zmm13, %%zmm13, %%zmm13\n\t"
+      "1:\n\t"
+      "vfmadd231ps %%zmm12, %%zmm13, %%zmm0\n\t"
+      "vfmadd231ps %%zmm12, %%zmm13, %%zmm1\n\t"
+      "vfmadd231ps %%zmm12, %%zmm13, %%zmm2\n\t"
+      "vfmadd231ps %%zmm12, %%zmm13, %%zmm3\n\t"
+      "vfmadd231ps %%zmm12, %%zmm13, %%zmm4\n\t"
+      "vfmadd231ps %%zmm12, %%zmm13, %%zmm5\n\t"
+      "vfmadd231ps %%zmm12, %%zmm13, %%zmm6\n\t"
+      "vfmadd231ps %%zmm12, %%zmm13, %%zmm7\n\t"
+      "vfmadd231ps %%zmm12, %%zmm13, %%zmm8\n\t"
+      "vfmadd231ps %%zmm12, %%zmm13, %%zmm9\n\t"
+      "vfmadd231ps %%zmm12, %%zmm13, %%zmm10\n\t"
+      "vfmadd231ps %%zmm12, %%zmm13, %%zmm11\n\t"
+      "dec %0\n\t"
+      "jnz 1b\n\t"
+      : "+r"(iters)
+      :
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
+        "xmm13", "cc");
 }
+
+// One chain of 8 dependent FMAs per iteration: 8 × 4 cycles (vfmadd231ps zmm latency on Skylake-SP through Sapphire
+// Rapids), so iterations · 32 / seconds is the core clock.
+void fma_dependent(int64_t iters) {
+  asm volatile(
+      "vxorps %%zmm0, %%zmm0, %%zmm0\n\t"
+      "1:\n\t"
+      "vfmadd231ps %%zmm0, %%zmm0, %%zmm0\n\t"
+      "vfmadd231ps %%zmm0, %%zmm0, %%zmm0\n\t"
+      "vfmadd231ps %%zmm0, %%zmm0, %%zmm0\n\t"
+      "vfmadd231ps %%zmm0, %%zmm0, %%zmm0\n\t"
+      "vfmadd231ps %%zmm0, %%zmm0, %%zmm0\n\t"
+      "vfmadd231ps %%zmm0, %%zmm0, %%zmm0\n\t"
+      "vfmadd231ps %%zmm0, %%zmm0, %%zmm0\n\t"
+      "vfmadd231ps %%zmm0, %%zmm0, %%zmm0\n\t"
+      "dec %0\n\t"
+      "jnz 1b\n\t"
+      : "+r"(iters)
+      :
+      : "xmm0", "cc");
+}
+#endif
+
+// Seconds for every OpenMP thread to run body() at once (started together behind a barrier).
+template <class F>
+double all_threads(F&& body) {
+  std::chrono::steady_clock::time_point t0;
+#pragma omp parallel
+  {
+#pragma omp barrier
+#pragma omp master
+    t0 = std::chrono::steady_clock::now();
+#pragma omp barrier
+    body();
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Peak measure_peak(int trials) {
+  Peak p;
+#if defined(__AVX512F__)
+  constexpr int64_t kIters = 120'000'000, kClockIters = 25'000'000;
+  const int threads = omp_get_max_threads();
+  for (int t = 0; t < trials; ++t) {
+    const double s = all_threads([] { fma_chains(kIters); });
+    p.gflops.push_back(threads * static_cast<double>(kIters) * kFmaChains * 32 / s / 1e9);
+  }
+  std::sort(p.gflops.begin(), p.gflops.end());
+  // All threads at once, as during the encoder; best of 3.
+  for (int t = 0; t < 3; ++t)
+    p.clock_ghz = std::max(p.clock_ghz, static_cast<double>(kClockIters) * 32 / all_threads([] {
+                                          fma_dependent(kClockIters);
+                                        }) / 1e9);
+#endif
+  return p;
+}
+
+nlohmann::json peak_json(const Peak& p) {
+  return {{"max_gflops", p.max()}, {"median_gflops", p.median()}, {"min_gflops", p.min()}, {"trials_gflops", p.gflops},
+          {"clock_ghz", p.clock_ghz}};
+}
+
+constexpr int kPeakTrials = 8;
 
 }  // namespace
 
@@ -101,15 +172,17 @@ int main(int argc, char** argv) {
   }
   std::printf("tower: %d blocks, width %d, q/k/v %d, MLP %d; %d threads\n", v->num_layers, v->hidden, v->qkv_hidden,
               v->intermediate, omp_get_max_threads());
-  std::printf("%8s %8s %10s %10s %10s %10s %9s %9s %7s\n", "tokens", "patches", "GFLOP", "best ms", "median ms",
-              "worst ms", "GFLOP/s", "peak", "% peak");
+  std::printf("%8s %8s %9s %9s %9s %9s %8s %17s %17s %7s %7s %11s\n", "tokens", "patches", "GFLOP", "best ms",
+              "median ms", "worst ms", "GFLOP/s", "peak before", "peak after", "% bef", "% aft", "GHz bef/aft");
   nlohmann::json out = {{"bench", "vision_bench"},
                         {"tower", {{"blocks", v->num_layers}, {"hidden", v->hidden}, {"qkv_hidden", v->qkv_hidden},
                                    {"intermediate", v->intermediate}, {"heads", v->num_heads}}},
                         {"threads", omp_get_max_threads()},
+                        {"peak_model", "threads x clock x 2 FMA units x 16 lanes x 2 FLOP"},
                         {"rows", nlohmann::json::array()}};
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int threads = omp_get_max_threads();
   for (int64_t tokens : token_counts) {
     int64_t side = 1;
     while (side * side < tokens) ++side;
@@ -122,26 +195,63 @@ int main(int argc, char** argv) {
     for (float& x : pixels) x = u(rng);
     const kestrel::VisionImage im{pixels.data(), {1, gh, gw}};
     std::vector<double> ms;
-    const double peak = fma_peak_gflops();
+    kestrel::VisionStageTimes best_stages;
+    const Peak before = measure_peak(kPeakTrials);
     for (int r = 0; r < reps; ++r) {
+      kestrel::VisionStageTimes stages;
       const auto t0 = std::chrono::steady_clock::now();
-      auto rows = (*engine)->encode_images(std::span<const kestrel::VisionImage>(&im, 1));
+      auto rows = (*engine)->encode_images(std::span<const kestrel::VisionImage>(&im, 1), {}, &stages);
       const auto t1 = std::chrono::steady_clock::now();
       if (!rows) {
         std::fprintf(stderr, "vision_bench: %s\n", rows.error().message().c_str());
         return 1;
       }
       ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      if (ms.back() <= *std::min_element(ms.begin(), ms.end())) best_stages = stages;
     }
+    const Peak after = measure_peak(kPeakTrials);
     std::sort(ms.begin(), ms.end());
     const double gflop = tower_flops(*v, n) / 1e9, rate = gflop / (ms.front() / 1e3);
-    std::printf("%8lld %8lld %10.1f %10.1f %10.1f %10.1f %9.1f %9.1f %6.1f%%\n", static_cast<long long>(tokens),
-                static_cast<long long>(n), gflop, ms.front(), ms[ms.size() / 2], ms.back(), rate, peak,
-                peak > 0 ? 100 * rate / peak : 0.0);
+    const auto pct = [&](const Peak& p) { return p.max() > 0 ? 100 * rate / p.max() : 0.0; };
+    std::printf("%8lld %8lld %9.1f %9.1f %9.1f %9.1f %8.1f %7.1f (%5.1f-) %7.1f (%5.1f-) %6.1f%% %6.1f%% %5.2f/%4.2f\n",
+                static_cast<long long>(tokens), static_cast<long long>(n), gflop, ms.front(), ms[ms.size() / 2],
+                ms.back(), rate, before.max(), before.min(), after.max(), after.min(), pct(before), pct(after),
+                before.clock_ghz, after.clock_ghz);
+    // The best repetition per stage: milliseconds, share of the repetition, and GFLOP/s where the FLOP model counts it.
+    const double N = static_cast<double>(n), D = v->hidden, Q = v->qkv_hidden, I = v->intermediate,
+                 L = v->num_layers;
+    const double outside_blocks =
+        tower_flops(*v, n) - L * (2 * N * D * 3 * Q + 4 * N * N * Q + 2 * N * Q * D + 4 * N * D * I);
+    const double patch_embed = 2 * N * 3 * v->patch_size * v->patch_size * D;
+    const std::vector<std::tuple<const char*, double, double>> stage_rows = {
+        {"embed", best_stages.embed, patch_embed},
+        {"buffers", best_stages.buffers, 0},
+        {"norms", best_stages.norms, 0},
+        {"qkv", best_stages.qkv, L * 2 * N * D * 3 * Q},
+        {"rope", best_stages.rope, 0},
+        {"attention", best_stages.attention, L * 4 * N * N * Q},
+        {"out_proj", best_stages.out_proj, L * 2 * N * Q * D},
+        {"fc0_gelu", best_stages.fc0_gelu, L * 2 * N * D * I},
+        {"fc1", best_stages.fc1, L * 2 * N * I * D},
+        {"residual", best_stages.residual, 0},
+        {"merger", best_stages.merger, 0},
+        {"projector", best_stages.projector, outside_blocks - patch_embed}};
+    nlohmann::json stages_json = nlohmann::json::object();
+    std::printf("         stage ms (%% of best, GFLOP/s):");
+    for (const auto& [name, sec, flop] : stage_rows) {
+      std::printf(" %s %.0f (%.1f%%", name, sec * 1e3, 100 * sec * 1e3 / ms.front());
+      if (flop > 0 && sec > 0) std::printf(", %.0f", flop / sec / 1e9);
+      std::printf(")");
+      stages_json[name] = {{"ms", sec * 1e3}, {"gflops", flop > 0 && sec > 0 ? flop / sec / 1e9 : 0.0}};
+    }
+    std::printf("\n");
     std::fflush(stdout);
     out["rows"].push_back({{"image_tokens", tokens}, {"patches", n}, {"gflop", gflop}, {"ms", ms},
-                           {"best_ms", ms.front()}, {"gflops_best", rate}, {"fp32_fma_peak_gflops", peak},
-                           {"percent_of_peak", peak > 0 ? 100 * rate / peak : 0.0}});
+                           {"best_ms", ms.front()}, {"gflops_best", rate}, {"peak_before", peak_json(before)},
+                           {"peak_after", peak_json(after)},
+                           {"theoretical_peak_at_clock_before_gflops", threads * before.clock_ghz * 64},
+                           {"percent_of_peak_before", pct(before)}, {"percent_of_peak_after", pct(after)},
+                           {"stages_of_best", stages_json}});
   }
   if (argc > 4) std::ofstream(argv[4]) << out.dump(2) << "\n";
   return 0;

@@ -1,7 +1,5 @@
 #include "layers/vision_projector.h"
 
-#include <cmath>
-
 #include "kernels/cpu/blas_gemm.h"
 #include "kernels/cpu/elementwise.h"
 
@@ -18,8 +16,7 @@ Status VisionProjector::bind(Binder& b, const VisionConfig& v) {
 
 void VisionProjector::forward(const float* merged, int64_t T, std::vector<float>& out) const {
   std::vector<float> h(static_cast<size_t>(T * fc0_.out));
-  kernels::matmul_sgemm(fc0_, merged, T, h.data());
-  for (float& x : h) x = 0.5f * x * (1.0f + std::erf(x * static_cast<float>(M_SQRT1_2)));  // nn.GELU()
+  kernels::matmul_sgemm(fc0_, merged, T, h.data(), kernels::GemmEpilogue::kGeluErf);  // then nn.GELU()
   out.resize(static_cast<size_t>(T * fc2_.out));
   kernels::matmul_sgemm(fc2_, h.data(), T, out.data());
   kernels::rms_norm(out.data(), post_norm_.data(), T, fc2_.out, eps_, out.data());

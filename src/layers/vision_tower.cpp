@@ -1,6 +1,7 @@
 #include "layers/vision_tower.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -16,6 +17,24 @@ namespace kestrel {
 namespace {
 
 constexpr double kRopeTheta = 10000.0;
+
+// Adds the seconds since the previous lap to a stage of VisionStageTimes; nothing when there is none.
+class StageClock {
+ public:
+  explicit StageClock(VisionStageTimes* times) : times_(times) {
+    if (times_) last_ = std::chrono::steady_clock::now();
+  }
+  void lap(double VisionStageTimes::*stage) {
+    if (!times_) return;
+    const auto now = std::chrono::steady_clock::now();
+    times_->*stage += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  VisionStageTimes* times_;
+  std::chrono::steady_clock::time_point last_;
+};
 
 // Source index and weights of PyTorch's bilinear resize (align_corners=False, no antialias) along one axis.
 struct Tap {
@@ -129,7 +148,7 @@ void VisionTower::embed(std::span<const VisionImage> images, std::vector<float>&
 // item per head and block of kQueryBlock query rows, key-tiled with an online softmax (kernels::attend_rows) so the
 // score tile stays in L2. Items run in parallel; an item's bits depend only on its image's rows.
 void VisionTower::attention(std::span<const VisionImage> images, const float* qkv, float* out,
-                            std::vector<float>& kv) const {
+                            kernels::HugePageBuffer& kv) const {
   constexpr int64_t kQueryBlock = 96;
   const int64_t heads = v_.num_heads, hd = head_dim_, width = 3 * int64_t{v_.qkv_hidden}, qw = v_.qkv_hidden;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -137,8 +156,8 @@ void VisionTower::attention(std::span<const VisionImage> images, const float* qk
   for (const VisionImage& im : images) {
     const int64_t n = im.patches(), blocks = (n + kQueryBlock - 1) / kQueryBlock;
     const int64_t per_head = kernels::packed_kv_floats(n, hd);
-    kv.resize(static_cast<size_t>(heads * per_head + 16));
-    float* packed = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(kv.data()) + 63) & ~uintptr_t{63});
+    kv.reserve(static_cast<size_t>(heads * per_head));
+    float* packed = kv.data();
     const float* base = qkv + start * width;
     kernels::parallel_for_dynamic(heads, 1, [&](int64_t h) {
       kernels::pack_keys_values(base + qw + h * hd, base + 2 * qw + h * hd, width, n, hd, packed + h * per_head);
@@ -153,27 +172,32 @@ void VisionTower::attention(std::span<const VisionImage> images, const float* qk
 }
 
 void VisionTower::block_forward(const Block& blk, std::span<const VisionImage> images,
-                                const std::vector<int64_t>& rope_pos, std::vector<float>& x, BlockBuffers& buf) const {
+                                const std::vector<int64_t>& rope_pos, std::vector<float>& x, BlockBuffers& buf,
+                                VisionStageTimes* times) const {
+  StageClock clock(times);
   const int64_t T = static_cast<int64_t>(rope_pos.size() / 2), D = v_.hidden, qw = v_.qkv_hidden;
   const int64_t heads = v_.num_heads, hd = head_dim_, nf = hd / 4;
-  buf.h.resize(static_cast<size_t>(T * D));
-  buf.qkv.resize(static_cast<size_t>(T * 3 * qw));
-  buf.attn.resize(static_cast<size_t>(T * qw));
-  buf.proj.resize(static_cast<size_t>(T * D));
-  buf.mid.resize(static_cast<size_t>(T * v_.intermediate));
-  std::vector<float>& h = buf.h;
-  std::vector<float>& qkv = buf.qkv;
-  std::vector<float>& attn = buf.attn;
-  std::vector<float>& proj = buf.proj;
-  std::vector<float>& mid = buf.mid;
-  kernels::rms_norm(x.data(), blk.norm0.data(), T, D, kEncoderNormEps, h.data());
-  kernels::matmul_sgemm(blk.wqkv, h.data(), T, qkv.data());
+  buf.h.reserve(static_cast<size_t>(T * D));
+  buf.qkv.reserve(static_cast<size_t>(T * 3 * qw));
+  buf.attn.reserve(static_cast<size_t>(T * qw));
+  buf.proj.reserve(static_cast<size_t>(T * D));
+  buf.mid.reserve(static_cast<size_t>(T * v_.intermediate));
+  clock.lap(&VisionStageTimes::buffers);
+  float* const h = buf.h.data();
+  float* const qkv = buf.qkv.data();
+  float* const attn = buf.attn.data();
+  float* const proj = buf.proj.data();
+  float* const mid = buf.mid.data();
+  kernels::rms_norm(x.data(), blk.norm0.data(), T, D, kEncoderNormEps, h);
+  clock.lap(&VisionStageTimes::norms);
+  kernels::matmul_sgemm(blk.wqkv, h, T, qkv);
+  clock.lap(&VisionStageTimes::qkv);
   // 2-D RoPE on q and k: complex pair 2i turns by column·freq_i, pair 2i+1 by row·freq_i.
   kernels::parallel_for(0, T, 1, T * qw >= 65536, [&](int64_t t) {
     const int64_t y = rope_pos[static_cast<size_t>(2 * t)], xcol = rope_pos[static_cast<size_t>(2 * t + 1)];
     for (int64_t part = 0; part < 2; ++part)
       for (int64_t hh = 0; hh < heads; ++hh) {
-        float* r = qkv.data() + t * 3 * qw + part * qw + hh * hd;
+        float* r = qkv + t * 3 * qw + part * qw + hh * hd;
         for (int64_t p = 0; p < hd / 2; ++p) {
           const int64_t i = p / 2, pos = (p % 2 == 0) ? xcol : y;
           const float c = rope_cos_[static_cast<size_t>(pos * nf + i)], s = rope_sin_[static_cast<size_t>(pos * nf + i)];
@@ -183,17 +207,25 @@ void VisionTower::block_forward(const Block& blk, std::span<const VisionImage> i
         }
       }
   });
-  attention(images, qkv.data(), attn.data(), buf.kv);
-  kernels::matmul_sgemm(blk.wo, attn.data(), T, proj.data());
-  for (int64_t i = 0; i < T * D; ++i) x[static_cast<size_t>(i)] += proj[static_cast<size_t>(i)];
-  kernels::rms_norm(x.data(), blk.norm1.data(), T, D, kEncoderNormEps, h.data());
-  kernels::matmul_sgemm(blk.fc0, h.data(), T, mid.data());
-  kernels::gelu_tanh_inplace(mid.data(), static_cast<int64_t>(mid.size()));
-  kernels::matmul_sgemm(blk.fc1, mid.data(), T, proj.data());
-  for (int64_t i = 0; i < T * D; ++i) x[static_cast<size_t>(i)] += proj[static_cast<size_t>(i)];
+  clock.lap(&VisionStageTimes::rope);
+  attention(images, qkv, attn, buf.kv);
+  clock.lap(&VisionStageTimes::attention);
+  kernels::matmul_sgemm(blk.wo, attn, T, proj);
+  clock.lap(&VisionStageTimes::out_proj);
+  for (int64_t i = 0; i < T * D; ++i) x[static_cast<size_t>(i)] += proj[i];
+  clock.lap(&VisionStageTimes::residual);
+  kernels::rms_norm(x.data(), blk.norm1.data(), T, D, kEncoderNormEps, h);
+  clock.lap(&VisionStageTimes::norms);
+  kernels::matmul_sgemm(blk.fc0, h, T, mid, kernels::GemmEpilogue::kGeluTanh);
+  clock.lap(&VisionStageTimes::fc0_gelu);
+  kernels::matmul_sgemm(blk.fc1, mid, T, proj);
+  clock.lap(&VisionStageTimes::fc1);
+  for (int64_t i = 0; i < T * D; ++i) x[static_cast<size_t>(i)] += proj[i];
+  clock.lap(&VisionStageTimes::residual);
 }
 
-Status VisionTower::encode(std::span<const VisionImage> images, std::vector<float>& x, const StopFn& stop) const {
+Status VisionTower::encode(std::span<const VisionImage> images, std::vector<float>& x, const StopFn& stop,
+                           VisionStageTimes* times) const {
   std::vector<int64_t> rope_pos;  // (row, column) of every patch in its image
   for (const VisionImage& im : images)
     for (int64_t y = 0; y < im.grid_thw[1]; ++y)
@@ -201,10 +233,12 @@ Status VisionTower::encode(std::span<const VisionImage> images, std::vector<floa
   BlockBuffers buf;
   for (const Block& blk : blocks_) {
     if (stop && stop()) return unavailable("image encoding stopped");
-    block_forward(blk, images, rope_pos, x, buf);
+    block_forward(blk, images, rope_pos, x, buf, times);
   }
+  StageClock clock(times);
   const int64_t T = static_cast<int64_t>(rope_pos.size() / 2);
   kernels::rms_norm(x.data(), final_norm_.data(), T, v_.hidden, kEncoderNormEps, x.data());
+  clock.lap(&VisionStageTimes::norms);
   return Status::ok();
 }
 
@@ -229,12 +263,17 @@ void VisionTower::merge(std::span<const VisionImage> images, const std::vector<f
   }
 }
 
-Result<std::vector<float>> VisionTower::forward(std::span<const VisionImage> images, const StopFn& stop) const {
+Result<std::vector<float>> VisionTower::forward(std::span<const VisionImage> images, const StopFn& stop,
+                                                VisionStageTimes* times) const {
   for (const VisionImage& im : images) KESTREL_RETURN_IF_ERROR(check_grid(im.grid_thw));
   std::vector<float> x, merged;
+  StageClock clock(times);
   embed(images, x);
-  KESTREL_RETURN_IF_ERROR(encode(images, x, stop));
+  clock.lap(&VisionStageTimes::embed);
+  KESTREL_RETURN_IF_ERROR(encode(images, x, stop, times));
+  clock = StageClock(times);
   merge(images, x, merged);
+  clock.lap(&VisionStageTimes::merger);
   return merged;
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/result.h"
+#include "kernels/cpu/huge_page_buffer.h"
 #include "layers/binder.h"
 #include "loader/vision_config.h"
 
@@ -28,6 +29,23 @@ struct VisionImage {
 
 // Asked between the tower's blocks: true stops the encoding (a cancelled or timed-out request).
 using StopFn = std::function<bool()>;
+
+// Wall seconds per stage of an encoding, summed over blocks and calls (bench/vision_bench's profile; the tower adds
+// one clock read per stage when a caller passes one). The GELU runs inside fc0's product (kernels::GemmEpilogue).
+struct VisionStageTimes {
+  double embed = 0;       // patch embedding + position grid
+  double buffers = 0;     // allocating the per-block activation buffers (first block)
+  double norms = 0;       // norm0, norm1 and the final norm
+  double qkv = 0;         // wqkv
+  double rope = 0;        // 2-D RoPE on q and k
+  double attention = 0;   // key/value packing + key-tiled attention
+  double out_proj = 0;    // wo
+  double fc0_gelu = 0;    // mlp.fc0 with the GELU on each output tile
+  double fc1 = 0;         // mlp.fc1
+  double residual = 0;    // the two residual adds
+  double merger = 0;      // the 2x2 patch merger
+  double projector = 0;   // PatchMergerMLPV2 (filled by the model)
+};
 
 class VisionTower {
  public:
@@ -48,13 +66,16 @@ class VisionTower {
   void embed(std::span<const VisionImage> images, std::vector<float>& x) const;
   // the blocks and the final norm, in place (`stop`, when set, is asked before every block: true ends the
   // encoding with kUnavailable, x left half-done),
-  Status encode(std::span<const VisionImage> images, std::vector<float>& x, const StopFn& stop = {}) const;
+  Status encode(std::span<const VisionImage> images, std::vector<float>& x, const StopFn& stop = {},
+                VisionStageTimes* times = nullptr) const;
   // and the merger: merged [total tokens, merge_h·merge_w·hidden], each image's 2x2 windows in raster order,
   // the window's patches in (row, column) order.
   void merge(std::span<const VisionImage> images, const std::vector<float>& x, std::vector<float>& merged) const;
 
   // All three; every grid must pass check_grid.
-  Result<std::vector<float>> forward(std::span<const VisionImage> images, const StopFn& stop = {}) const;
+  // `times`, when set, gets each stage's seconds added.
+  Result<std::vector<float>> forward(std::span<const VisionImage> images, const StopFn& stop = {},
+                                     VisionStageTimes* times = nullptr) const;
 
   int64_t hidden() const { return v_.hidden; }
   int64_t merged_width() const { return v_.merged_width(); }
@@ -67,14 +88,14 @@ class VisionTower {
   };
   // Activations of one block, sized once per encode and reused by every block (no page faults per block).
   struct BlockBuffers {
-    std::vector<float> h, qkv, attn, proj, mid;
-    std::vector<float> kv;  // one image's keys and values packed per head (kernels::pack_keys_values)
+    kernels::HugePageBuffer h, qkv, attn, proj, mid;
+    kernels::HugePageBuffer kv;  // one image's keys and values packed per head (kernels::pack_keys_values)
   };
   // Position grid interpolated to h x w (or the grid itself when it is h x w): [h·w, hidden].
   void position_grid(int64_t h, int64_t w, std::vector<float>& out) const;
   void block_forward(const Block& blk, std::span<const VisionImage> images, const std::vector<int64_t>& rope_pos,
-                     std::vector<float>& x, BlockBuffers& buf) const;
-  void attention(std::span<const VisionImage> images, const float* qkv, float* out, std::vector<float>& kv) const;
+                     std::vector<float>& x, BlockBuffers& buf, VisionStageTimes* times) const;
+  void attention(std::span<const VisionImage> images, const float* qkv, float* out, kernels::HugePageBuffer& kv) const;
 
   VisionConfig v_;
   int64_t head_dim_ = 0;

@@ -1,6 +1,7 @@
 #include "models/kimi_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <cstdio>
 #include <cstring>
@@ -67,12 +68,15 @@ Result<std::unique_ptr<KimiModel>> KimiModel::load(const std::string& dir, Exper
   return m;
 }
 
-Result<std::vector<float>> KimiModel::encode_images(std::span<const VisionImage> images, const StopFn& stop) const {
-  if (!vision_tower_) return Model::encode_images(images, stop);
-  auto merged = vision_tower_->forward(images, stop);
+Result<std::vector<float>> KimiModel::encode_images(std::span<const VisionImage> images, const StopFn& stop,
+                                                    VisionStageTimes* times) const {
+  if (!vision_tower_) return Model::encode_images(images, stop, times);
+  auto merged = vision_tower_->forward(images, stop, times);
   if (!merged) return merged.error();
   std::vector<float> out;
+  const auto t0 = std::chrono::steady_clock::now();
   vision_projector_.forward(merged->data(), static_cast<int64_t>(merged->size()) / vision_projector_.in_width(), out);
+  if (times) times->projector += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
 

@@ -33,7 +33,8 @@ class KimiModel final : public Model {
   double indexer_seconds() const override;
   std::span<const int32_t> last_topk(size_t layer) const override;
   bool has_vision() const override { return vision_tower_ != nullptr; }
-  Result<std::vector<float>> encode_images(std::span<const VisionImage> images, const StopFn& stop = {}) const override;
+  Result<std::vector<float>> encode_images(std::span<const VisionImage> images, const StopFn& stop = {},
+                                           VisionStageTimes* times = nullptr) const override;
 
  private:
   struct Layer {

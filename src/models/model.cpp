@@ -141,7 +141,7 @@ void Model::forward(const int32_t* ids, int64_t T, SequenceState& st, std::vecto
   forward_batch(one_, logits, o);
 }
 
-Result<std::vector<float>> Model::encode_images(std::span<const VisionImage>, const StopFn&) const {
+Result<std::vector<float>> Model::encode_images(std::span<const VisionImage>, const StopFn&, VisionStageTimes*) const {
   return unsupported(cfg_.model_type + " model without a vision tower: image input is not supported");
 }
 

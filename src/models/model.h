@@ -111,9 +111,10 @@ class Model {
   virtual bool has_vision() const { return false; }
   // The images of one request through the vision tower and projector as one batch: [sum of tokens, hidden],
   // image by image in order. Unsupported without a tower; an error for a grid the tower cannot run.
-  // `stop` is asked between the tower's blocks (layers/vision_tower.h).
-  virtual Result<std::vector<float>> encode_images(std::span<const VisionImage> images,
-                                                   const StopFn& stop = {}) const;
+  // `stop` is asked between the tower's blocks (layers/vision_tower.h); `times`, when set, gets each stage's seconds
+  // added (bench/vision_bench).
+  virtual Result<std::vector<float>> encode_images(std::span<const VisionImage> images, const StopFn& stop = {},
+                                                   VisionStageTimes* times = nullptr) const;
   // Runs several sequences in one step: token-wise work (projections, MoE, norms, lm_head) over the
   // concatenated tokens so weights are read once; attention per sequence. Logits rows are emitted
   // run by run (T rows when all_logits, else 1). Pool-backed sequences must already have pages for

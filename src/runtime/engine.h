@@ -28,9 +28,11 @@ class Engine {
                                            std::span<const float> media, int64_t chunk = 0, bool all_logits = false,
                                            const ForwardOptions& base = {});
   // One request's images through the model's vision tower and projector, as one batch: [sum of tokens, hidden].
-  // `stop` is asked between the tower's blocks: true ends it with kUnavailable.
-  Result<std::vector<float>> encode_images(std::span<const VisionImage> images, const StopFn& stop = {}) const {
-    return model_->encode_images(images, stop);
+  // `stop` is asked between the tower's blocks: true ends it with kUnavailable; `times`, when set, gets each stage's
+  // seconds added.
+  Result<std::vector<float>> encode_images(std::span<const VisionImage> images, const StopFn& stop = {},
+                                           VisionStageTimes* times = nullptr) const {
+    return model_->encode_images(images, stop, times);
   }
   bool has_vision() const { return model_->has_vision(); }
   Result<std::vector<float>> decode(SequenceState& seq, int32_t id, const ForwardOptions& base = {});

@@ -23,6 +23,7 @@
 // 2.6e-6 / 3.75; real widths: 1.2e-6 / 1.96, 2.9e-6 / 4.14, 3.5e-6 / 3.18; i.e. ≤ 1.1e-6 relative. Checked to fail: encoder norm eps 1e-5 instead of 2^-23 (tower 8.3e-5 / 3.26), RoPE row/column
 // swapped (0.30), bilinear source positions off by 0.1 % (embed 1.2e-2).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -196,8 +197,8 @@ TEST_P(VisionTowerTest, ImageAloneEqualsItsRowsInTheBatch) {
   EXPECT_EQ(row, batch->size());
 }
 
-// The same at sizes where the products are large (1,024 + 384 patches: OpenBLAS's threaded blocked path, M cut
-// differently among threads and tiles in each batch): image A alone, then after B, then before B, then again —
+// The same at sizes where the products are large (1,024 + 384 patches: OpenBLAS's blocked path, M cut differently
+// into tiles in each batch): image A alone, then after B, then before B, then again —
 // A's rows are the same bits every time (kernels/cpu/blas_gemm.h).
 TEST_P(VisionTowerTest, LargerImageAloneEqualsItsRowsInAnyBatch) {
   const int64_t per_patch = 3 * int64_t{vcfg_.patch_size} * vcfg_.patch_size;
@@ -219,6 +220,42 @@ TEST_P(VisionTowerTest, LargerImageAloneEqualsItsRowsInAnyBatch) {
   projector_.forward(alone->data(), tokens, projected_alone);
   projector_.forward(before->data(), static_cast<int64_t>(before->size()) / projector_.in_width(), projected_batch);
   EXPECT_TRUE(std::equal(projected_alone.begin(), projected_alone.end(), projected_batch.begin())) << "projector";
+}
+
+// The encoder's bits do not depend on the thread count: the dense products run as fixed tiles, each on one
+// single-threaded OpenBLAS call (kernels/cpu/blas_gemm.h), and attention's work items are fixed (flash_attention.h).
+// A 32 x 32 image (1,024 patches: several row blocks and column chunks per product) and the golden batch.
+TEST_P(VisionTowerTest, SameBitsOnOneTwoAndThreeThreads) {
+  const int64_t per_patch = 3 * int64_t{vcfg_.patch_size} * vcfg_.patch_size;
+  const std::vector<float> pa = testing::hashed_pixels(13, 32 * 32 * per_patch);
+  const VisionImage a{pa.data(), {1, 32, 32}};
+  const int saved = omp_get_max_threads();
+  std::vector<std::vector<float>> big, batch;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    auto r = tower_.forward(std::span<const VisionImage>(&a, 1));
+    auto g = tower_.forward(images_);
+    ASSERT_TRUE(r && g);
+    big.push_back(std::move(*r));
+    batch.push_back(std::move(*g));
+  }
+  omp_set_num_threads(saved);
+  EXPECT_EQ(big[0], big[1]) << "1 vs 2 threads";
+  EXPECT_EQ(big[0], big[2]) << "1 vs 3 threads";
+  EXPECT_EQ(batch[0], batch[1]) << "golden batch, 1 vs 2 threads";
+  EXPECT_EQ(batch[0], batch[2]) << "golden batch, 1 vs 3 threads";
+}
+
+// The stage profile (VisionStageTimes) changes nothing and times every tower stage.
+TEST_P(VisionTowerTest, ProfiledForwardEqualsPlainAndTimesEveryStage) {
+  VisionStageTimes t;
+  auto profiled = tower_.forward(images_, {}, &t);
+  auto plain = tower_.forward(images_);
+  ASSERT_TRUE(profiled && plain);
+  EXPECT_EQ(*profiled, *plain);
+  for (double s : {t.embed, t.buffers, t.norms, t.qkv, t.rope, t.attention, t.out_proj, t.fc0_gelu, t.fc1, t.residual, t.merger})
+    EXPECT_GT(s, 0.0);
+  EXPECT_EQ(t.projector, 0.0);  // the model's part
 }
 
 TEST_P(VisionTowerTest, RefusesGridsItCannotRun) {

@@ -5,11 +5,15 @@
 // - a row of y has the same bits whatever the batch around it (T from 1 to 1,400, the row first or after others),
 //   at the tower's real widths and at tiny widths where OpenBLAS would otherwise switch to its small-matrix
 //   kernels (M·N·K ≤ 10^6; without the padding these rows differ), and the same bits run to run;
+// - the bits do not depend on the thread count, and the GELU epilogue equals the product then a GELU pass;
 // - gelu_tanh_inplace equals its fp64 definition within a few ulp (libmvec tanhf).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <random>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/blas_gemm.h"
@@ -61,10 +65,10 @@ TEST(BlasGemm, MatchesTheFp64Product) {
   std::vector<float> y(static_cast<size_t>(T * 96));
   matmul_sgemm(f32, x.data(), T, y.data());
   expect_matches_fp64(f32, x.data(), T, y);
-  // 600 × 4096 bf16 = 2,457,600 floats: decoded in two slices of 512 and 88 rows.
-  const Bf16Weight b = bf16_weight(600, 4096, 3);
-  ASSERT_GT(b.m.out * b.m.in, kDecodeSliceFloats);
-  y.assign(static_cast<size_t>(T * 600), 0.0f);
+  // 1,200 × 4096 bf16: each thread's 600 rows decoded in two slices (≤ 512 rows of 4,096).
+  const Bf16Weight b = bf16_weight(1200, 4096, 3);
+  ASSERT_GT(b.m.out * b.m.in / 2, kDecodeSliceFloats);
+  y.assign(static_cast<size_t>(T * 1200), 0.0f);
   matmul_sgemm(b.m, x.data(), T, y.data());
   expect_matches_fp64(b.m, x.data(), T, y);
 }
@@ -103,6 +107,49 @@ TEST(BlasGemm, RowsDoNotDependOnTheBatchAtTinyWidths) {
   expect_batch_invariant(64, 48);
   expect_batch_invariant(96, 128);
   expect_batch_invariant(128, 588);
+}
+
+// Every product is one single-threaded OpenBLAS call, so the thread count (and with it where the column ranges are
+// cut) changes no bit: K = 588 (the patch embedding, between one and two of OpenBLAS's K blocks, where its threaded
+// and single-threaded drivers cut K differently), q/k/v and fc1 at the tower widths (fc1's K = 4,096: several decode
+// slices per thread), narrow products split by rows (the projector to a 256-wide text model, a tiny width).
+TEST(BlasGemm, BitsDoNotDependOnTheThreadCount) {
+  const int saved = omp_get_max_threads();
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1024, 588}, {4608, 1024}, {1024, 4096}, {256, 4096}, {96, 128}};
+  for (const auto& [out, in] : shapes) {
+    const Bf16Weight w = bf16_weight(out, in, 9);
+    const int64_t T = 1100;
+    const std::vector<float> x = random_floats(static_cast<size_t>(T * in), 10);
+    std::vector<std::vector<float>> y;
+    for (int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      y.emplace_back(static_cast<size_t>(T * out));
+      matmul_sgemm(w.m, x.data(), T, y.back().data());
+    }
+    EXPECT_EQ(y[0], y[1]) << out << "x" << in << ": 1 vs 2 threads";
+    EXPECT_EQ(y[0], y[2]) << out << "x" << in << ": 1 vs 3 threads";
+  }
+  omp_set_num_threads(saved);
+}
+
+// The GELU epilogues give the bits of the product followed by the GELU over all of y (tanh: gelu_tanh_inplace;
+// erf: nn.GELU as the projector wrote it), for a product split by columns and a narrow one split by rows.
+TEST(BlasGemm, GeluEpiloguesEqualTheSeparatePass) {
+  for (const auto& [out, in, T] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{4096, 1024, 700}, {200, 48, 5}}) {
+    const Bf16Weight w = bf16_weight(out, in, 11);
+    const std::vector<float> x = random_floats(static_cast<size_t>(T * in), 12);
+    std::vector<float> plain(static_cast<size_t>(T * out)), tanh_fused(plain.size()), erf_fused(plain.size());
+    matmul_sgemm(w.m, x.data(), T, plain.data());
+    matmul_sgemm(w.m, x.data(), T, tanh_fused.data(), GemmEpilogue::kGeluTanh);
+    matmul_sgemm(w.m, x.data(), T, erf_fused.data(), GemmEpilogue::kGeluErf);
+    std::vector<float> tanh_separate = plain, erf_separate = plain;
+    gelu_tanh_inplace(tanh_separate.data(), static_cast<int64_t>(tanh_separate.size()));
+    for (float& v : erf_separate) v = 0.5f * v * (1.0f + std::erf(v * static_cast<float>(M_SQRT1_2)));
+    EXPECT_EQ(tanh_fused, tanh_separate) << out << "x" << in << " T " << T;
+    EXPECT_EQ(erf_fused, erf_separate) << out << "x" << in << " T " << T;
+    EXPECT_NE(tanh_fused, plain);
+    EXPECT_NE(erf_fused, tanh_fused);
+  }
 }
 
 TEST(VisionElementwise, GeluTanhMatchesFp64) {

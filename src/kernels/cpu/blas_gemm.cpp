@@ -1,13 +1,16 @@
-// fp32 GEMM over OpenBLAS for the vision tower and projector (blas_gemm.h): cblas_sgemm, the zero-row padding that
-// keeps every product on OpenBLAS's blocked kernels, and the slice-by-slice decode of non-fp32 weights.
+// fp32 GEMM over OpenBLAS for the vision tower and projector (blas_gemm.h): cblas_sgemm, the output columns split
+// among the OpenMP threads, the zero-row padding that keeps every product on OpenBLAS's blocked kernels, and the
+// slice-by-slice decode of non-fp32 weights.
 #include "kernels/cpu/blas_gemm.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
-#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/scratch.h"
 
 namespace kestrel::kernels {
@@ -37,20 +40,58 @@ void padded_gemm(int64_t T, int64_t N, int64_t K, const float* x, const float* B
   for (int64_t t = 0; t < T; ++t) std::memcpy(y + t * ldy, yp + t * N, static_cast<size_t>(N) * sizeof(float));
 }
 
+// Output columns [c0, c1) for all T rows, on the calling thread: slices of at most kDecodeSliceFloats weight floats,
+// equal widths in multiples of kGemmColumnAlign, one single-threaded product each (a non-fp32 weight decoded slice by
+// slice into this thread's buffer), then the epilogue on the slice.
+void run_columns(const WeightMatrix& w, const float* x, int64_t T, float* y, GemmEpilogue epilogue, int64_t c0,
+                 int64_t c1) {
+  const int64_t K = w.in, cols = c1 - c0;
+  if (cols <= 0) return;
+  const int64_t max_cols =
+      std::max<int64_t>(kGemmColumnAlign, kDecodeSliceFloats / K / kGemmColumnAlign * kGemmColumnAlign);
+  const int64_t slices = (cols + max_cols - 1) / max_cols;
+  const int64_t width = (cols / slices + kGemmColumnAlign - 1) / kGemmColumnAlign * kGemmColumnAlign;
+  for (int64_t n0 = c0; n0 < c1; n0 += width) {
+    const int64_t nn = std::min(width, c1 - n0);
+    const float* B = static_cast<const float*>(w.data) + n0 * K;
+    if (w.format != WeightFormat::kF32) {
+      float* buf = thread_scratch(kScratchBlasWeights, static_cast<size_t>(nn * K));
+      for (int64_t r = 0; r < nn; ++r) decode_row(w, n0 + r, buf + r * K);
+      B = buf;
+    }
+    padded_gemm(T, nn, K, x, B, y + n0, w.out);
+    if (epilogue == GemmEpilogue::kGeluTanh)
+      for (int64_t t = 0; t < T; ++t) gelu_tanh_inplace(y + t * w.out + n0, nn);
+    if (epilogue == GemmEpilogue::kGeluErf)
+      for (int64_t t = 0; t < T; ++t)
+        for (float* v = y + t * w.out + n0; v < y + t * w.out + n0 + nn; ++v)
+          *v = 0.5f * *v * (1.0f + std::erf(*v * static_cast<float>(M_SQRT1_2)));
+  }
+}
+
 }  // namespace
 
-void matmul_sgemm(const WeightMatrix& w, const float* x, int64_t T, float* y) {
+void matmul_sgemm(const WeightMatrix& w, const float* x, int64_t T, float* y, GemmEpilogue epilogue) {
   if (T <= 0) return;
-  if (w.format == WeightFormat::kF32) {
-    padded_gemm(T, w.out, w.in, x, static_cast<const float*>(w.data), y, w.out);
+  if (omp_get_max_threads() == 1) {
+    run_columns(w, x, T, y, epilogue, 0, w.out);
     return;
   }
-  const int64_t slice = std::max<int64_t>(1, kDecodeSliceFloats / w.in);
-  float* buf = thread_scratch(kScratchBlasWeights, static_cast<size_t>(std::min(slice, w.out) * w.in));
-  for (int64_t r0 = 0; r0 < w.out; r0 += slice) {
-    const int64_t rows = std::min(slice, w.out - r0);
-    parallel_for(0, rows, 1, rows * w.in >= (1 << 16), [&](int64_t r) { decode_row(w, r0 + r, buf + r * w.in); });
-    padded_gemm(T, rows, w.in, x, buf, y + r0, w.out);
+  // Thread i takes the i-th of n equal column ranges (edges on kGemmColumnAlign), or, when that would give a thread
+  // fewer than kGemmMinColumns columns, the i-th of n equal row ranges with every column. Even a single range goes
+  // through the region: inside it OpenBLAS runs single-threaded, as for every other range.
+#pragma omp parallel
+  {
+    const int64_t n = omp_get_num_threads(), i = omp_get_thread_num();
+    if (w.out < kGemmMinColumns * n) {
+      const int64_t r0 = T * i / n, r1 = T * (i + 1) / n;
+      if (r1 > r0) run_columns(w, x + r0 * w.in, r1 - r0, y + r0 * w.out, epilogue, 0, w.out);
+    } else {
+      const auto edge = [&](int64_t k) {
+        return std::min(w.out, (w.out * k / n + kGemmColumnAlign / 2) / kGemmColumnAlign * kGemmColumnAlign);
+      };
+      run_columns(w, x, T, y, epilogue, i == 0 ? 0 : edge(i), i == n - 1 ? w.out : edge(i + 1));
+    }
   }
 }
 

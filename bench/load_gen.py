@@ -39,7 +39,7 @@ import urllib.request
 
 
 def sse_events(r):
-    """The JSON payloads of a server-sent event stream, in order ([DONE] skipped)."""
+    """The JSON payloads of a server-sent event stream, in order ([DONE] and comment events skipped)."""
     buf = b""
     while True:
         chunk = r.read1(65536)
@@ -48,8 +48,13 @@ def sse_events(r):
         buf += chunk
         while b"\n\n" in buf:
             ev, buf = buf.split(b"\n\n", 1)
+            if ev.startswith(b":"):  # an SSE comment (a keep-alive), not an event
+                continue
             if ev[6:] != b"[DONE]":
-                yield json.loads(ev[6:])
+                try:
+                    yield json.loads(ev[6:])
+                except json.JSONDecodeError:
+                    raise SystemExit(f"load_gen: a server-sent event that is not JSON: {ev[:300]!r}")
 
 
 def one(host, port, prompt, max_tokens):

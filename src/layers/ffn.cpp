@@ -9,6 +9,7 @@
 
 #include "dist/tp_partition.h"
 #include "kernels/cpu/elementwise.h"
+#include "layers/moe_combine.h"
 
 namespace kestrel {
 
@@ -16,13 +17,6 @@ using kernels::matmul;
 using kernels::MatmulTask;
 
 namespace {
-// One expert's weighted output added to a token's accumulator. The single-process combine and the cell's
-// combine both call this one function, so the additions are the same operations (same contraction into FMA
-// or not) in the same per-token order: ascending expert id.
-[[gnu::noinline]] void add_weighted(float* dst, const float* src, float w, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) dst[d] += w * src[d];
-}
-
 // One member's partial output rows added to the sum; the tensor-parallel MLP adds the members' partials
 // through it in group order, so the sum is the same operations on every run and every batch.
 [[gnu::noinline]] void add_partial(float* dst, const float* src, int64_t n) {
@@ -192,6 +186,7 @@ Status MoeBlock::bind(Binder& b, const std::string& p, const TextConfig& c, cons
                  static_cast<int64_t>(c.num_shared_experts) * c.moe_intermediate_size, c);
   by_expert_.resize(static_cast<size_t>(E_));
   for (auto& v : by_expert_) v.reserve(64);  // decode never grows these
+  bind_fused();
   return b.status();
 }
 
@@ -265,9 +260,8 @@ void MoeBlock::select(int64_t T, std::vector<int>& ids, std::vector<float>& weig
   }
 }
 
-// Grouped execution: four parallel regions per layer whatever the number of experts hit —
-// (router, latent down), (gate/up of every routed expert over its tokens + the shared experts'),
-// (every down projection), (latent up). Each expert's weights are read once per call.
+// Router (+ latent down) in one region, then the experts: on GGUF int8 weights in one more region
+// (forward_fused, moe_fused.cpp), otherwise grouped through matmul_many (forward_grouped), then latent up.
 // In a cell the routed experts run in routed_ep() and the shared experts in their own two regions.
 void MoeBlock::forward(const float* x, int64_t T, float* out) {
   const int64_t hid = c_->hidden_size, inter = c_->moe_intermediate_size;
@@ -310,43 +304,10 @@ void MoeBlock::forward(const float* x, int64_t T, float* out) {
       for (int64_t i = 0; i < K_; ++i)
         by_expert_[static_cast<size_t>(ids[static_cast<size_t>(t * K_ + i)])].push_back(
             {t, w_[static_cast<size_t>(t * K_ + i)]});
-    const int64_t rows = T * K_;
-    gathered_.resize(static_cast<size_t>(rows * in_));
-    g_.resize(static_cast<size_t>(rows * inter));
-    u_.resize(static_cast<size_t>(rows * inter));
-    eout_.resize(static_cast<size_t>(rows * in_));
-    tasks_.clear();
-    down_.clear();
-    int64_t off = 0;
-    for (int64_t e = 0; e < E_; ++e) {
-      const auto& toks = by_expert_[static_cast<size_t>(e)];
-      if (toks.empty()) continue;
-      const int64_t n = static_cast<int64_t>(toks.size());
-      for (int64_t i = 0; i < n; ++i)
-        std::copy_n(in + toks[static_cast<size_t>(i)].first * in_, in_, gathered_.data() + (off + i) * in_);
-      const GatedMlp& ex = experts_[static_cast<size_t>(e)];
-      ex.gate_up_tasks(gathered_.data() + off * in_, n, g_.data() + off * inter, u_.data() + off * inter, tasks_);
-      down_.push_back(ex.down_task(g_.data() + off * inter, n, eout_.data() + off * in_));
-      off += n;
-    }
-    if (has_shared_) {
-      shared_.gate_up_tasks(x, T, sg_.data(), su_.data(), tasks_);
-      down_.push_back(shared_.down_task(sg_.data(), T, shared_out_.data()));
-    }
-    kernels::matmul_many(tasks_);
-    if (off > 0) experts_[0].activate(g_.data(), u_.data(), off * inter);
-    if (has_shared_) shared_.activate(sg_.data(), su_.data(), T * sh_inter);
-    kernels::matmul_many(down_);
-
-    // Weighted sum per token, experts in ascending order (the order does not depend on the batch).
-    acc_.assign(static_cast<size_t>(T * in_), 0.0f);
-    off = 0;
-    for (int64_t e = 0; e < E_; ++e) {
-      const auto& toks = by_expert_[static_cast<size_t>(e)];
-      for (size_t i = 0; i < toks.size(); ++i, ++off) {
-        const auto [t, w] = toks[i];
-        add_weighted(acc_.data() + t * in_, eout_.data() + off * in_, w, in_);
-      }
+    if (fused_applies(T)) {
+      forward_fused(x, in, T);
+    } else {
+      forward_grouped(x, in, T);
     }
   }
   if (T == 0) return;
@@ -359,6 +320,51 @@ void MoeBlock::forward(const float* x, int64_t T, float* out) {
   }
   if (has_shared_)
     for (int64_t i = 0; i < T * hid; ++i) out[i] += shared_out_[static_cast<size_t>(i)];
+}
+
+// The experts through matmul_many: (gate/up of every routed expert over its gathered tokens + the shared
+// experts'), the activation, (every down projection), then the weighted combine. Each expert's weights are
+// read once per call.
+void MoeBlock::forward_grouped(const float* x, const float* in, int64_t T) {
+  const int64_t inter = c_->moe_intermediate_size, sh_inter = has_shared_ ? static_cast<int64_t>(c_->num_shared_experts) * inter : 0;
+  const int64_t rows = T * K_;
+  gathered_.resize(static_cast<size_t>(rows * in_));
+  g_.resize(static_cast<size_t>(rows * inter));
+  u_.resize(static_cast<size_t>(rows * inter));
+  eout_.resize(static_cast<size_t>(rows * in_));
+  tasks_.clear();
+  down_.clear();
+  int64_t off = 0;
+  for (int64_t e = 0; e < E_; ++e) {
+    const auto& toks = by_expert_[static_cast<size_t>(e)];
+    if (toks.empty()) continue;
+    const int64_t n = static_cast<int64_t>(toks.size());
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(in + toks[static_cast<size_t>(i)].first * in_, in_, gathered_.data() + (off + i) * in_);
+    const GatedMlp& ex = experts_[static_cast<size_t>(e)];
+    ex.gate_up_tasks(gathered_.data() + off * in_, n, g_.data() + off * inter, u_.data() + off * inter, tasks_);
+    down_.push_back(ex.down_task(g_.data() + off * inter, n, eout_.data() + off * in_));
+    off += n;
+  }
+  if (has_shared_) {
+    shared_.gate_up_tasks(x, T, sg_.data(), su_.data(), tasks_);
+    down_.push_back(shared_.down_task(sg_.data(), T, shared_out_.data()));
+  }
+  kernels::matmul_many(tasks_);
+  if (off > 0) experts_[0].activate(g_.data(), u_.data(), off * inter);
+  if (has_shared_) shared_.activate(sg_.data(), su_.data(), T * sh_inter);
+  kernels::matmul_many(down_);
+
+  // Weighted sum per token, experts in ascending order (the order does not depend on the batch).
+  acc_.assign(static_cast<size_t>(T * in_), 0.0f);
+  off = 0;
+  for (int64_t e = 0; e < E_; ++e) {
+    const auto& toks = by_expert_[static_cast<size_t>(e)];
+    for (size_t i = 0; i < toks.size(); ++i, ++off) {
+      const auto [t, w] = toks[i];
+      add_weighted(acc_.data() + t * in_, eout_.data() + off * in_, w, in_);
+    }
+  }
 }
 
 // Dispatch / expert compute / combine across the cell (docs/cell.md). Three all_to_all_v per call:

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/gguf_int8.h"
 #include "layers/binder.h"
 #include "loader/model_config.h"
 
@@ -33,6 +34,9 @@ class GatedMlp {
   void gate_up_tasks(const float* x, int64_t T, float* g, float* u, std::vector<kernels::MatmulTask>& out) const;
   void activate(float* g, const float* u, int64_t n) const;
   kernels::MatmulTask down_task(const float* h, int64_t T, float* y) const { return {&wd_, h, T, y}; }
+  const kernels::WeightMatrix& gate_weight() const { return wg_; }
+  const kernels::WeightMatrix& up_weight() const { return wu_; }
+  const kernels::WeightMatrix& down_weight() const { return wd_; }
 
  private:
   // Tensor parallel: gather the group's rows, this slice's partial output for all of them, return each
@@ -49,6 +53,11 @@ class GatedMlp {
   std::vector<float> tp_x_, tp_part_, tp_recv_;
   std::vector<size_t> tp_counts_[7];
 };
+
+// The single-process MoE experts on GGUF int8 weights run in one parallel region (moe_fused.cpp) unless
+// this is off (KESTREL_MOE_FUSED=0, or set in code: tests compare the two paths bit for bit).
+bool moe_fused_enabled();
+void set_moe_fused(bool on);
 
 // Per-expert tensor names: Moonshot's w1/w3/w2 (Kimi) or HF's gate_proj/up_proj/down_proj (DeepSeek).
 struct ExpertNames {
@@ -86,6 +95,13 @@ class MoeBlock {
   void select(int64_t T, std::vector<int>& ids, std::vector<float>& weights);
   // The routed experts of a cell: dispatch, owned experts, combine into acc_ [T, in_].
   void routed_ep(const float* in, int64_t T);
+  // One process, tokens already listed per expert in by_expert_: routed experts' weighted sum into acc_
+  // [T, in_] and the shared experts into shared_out_ [T, hidden]; x is the layer input, in the routed input.
+  void forward_grouped(const float* x, const float* in, int64_t T);
+  // The same in one parallel region on GGUF int8 weights (moe_fused.cpp), where fused_applies(T).
+  void bind_fused();
+  bool fused_applies(int64_t T) const;
+  void forward_fused(const float* x, const float* in, int64_t T);
   bool sharded() const { return shard_ != nullptr && shard_->size > 1; }
   static constexpr int64_t kMaxEpTopK = 64;
 
@@ -104,6 +120,23 @@ class MoeBlock {
   std::vector<float> w_, sel_, score_, group_score_;
   std::vector<int> group_order_;
   std::vector<std::vector<std::pair<int64_t, float>>> by_expert_;
+  // Fused-path scratch (moe_fused.cpp): whether every expert matrix is a GGUF int8 format with
+  // 128-aligned intermediate widths; the quantized layer input (fx_; fxs_ for the shared experts when
+  // their input differs), the quantized activated rows (fh_ routed, fsh_ shared), the active experts,
+  // each routed row's token and weight, row indices, and the work items of the two phases.
+  struct FusedExpert {
+    int64_t e, off, n;
+  };
+  struct FusedItem {
+    int32_t expert;  // index into fused_experts_, −1 for the shared experts
+    int64_t r0, r1;
+  };
+  bool fused_formats_ = false;
+  kernels::Q8Acts fx_, fxs_, fh_, fsh_;
+  std::vector<FusedExpert> fused_experts_;
+  std::vector<int32_t> fused_tok_, fused_row_;
+  std::vector<float> fused_w_;
+  std::vector<FusedItem> fused_items_;
   // Cell scratch: send / receive buffers (records, expert outputs), per-rank counts and displacements,
   // received (record row, return row) pairs per owned expert, and each local slot's output row.
   std::vector<float> ep_send_, ep_recv_, ep_ret_send_, ep_ret_recv_;

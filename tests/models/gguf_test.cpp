@@ -41,6 +41,7 @@
 
 #include "common/test_util.h"
 #include "kernels/cpu/gguf_int8.h"
+#include "layers/ffn.h"
 #include "loader/gguf.h"
 #include "loader/gguf_config.h"
 #include "loader/model_config.h"
@@ -348,6 +349,35 @@ TEST_P(GgufDeepseek2Int8TokenByToken, AbsorbedInt8MatchesLlamaCppNative) {
 
 INSTANTIATE_TEST_SUITE_P(Micro, GgufDeepseek2Int8TokenByToken,
                          ::testing::Values("deepseek_v3_micro_q8_0", "deepseek_v3_micro_q4_0"));
+
+// The MoE experts in one parallel region (layers/moe_fused.cpp) against the grouped matmul_many path, int8
+// mode, bit for bit: prefill chunks of 24 tokens (the shared experts in the GEMM form, several tokens per
+// expert) and one token at a time. The files cover Q4_0 and Q8_0 experts with shared experts, LatentMoE
+// (the routed input is the latent, the shared experts' the hidden state: two quantized inputs) and
+// deepseek2's plain MoE.
+class GgufMoeFused : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GgufMoeFused, SameBitsAsGroupedExperts) {
+  if (!kernels::gguf_int8_applies(kernels::WeightMatrix{kernels::WeightFormat::kGgufQ4_0}))
+    GTEST_SKIP() << "GGUF int8 mode needs AVX-512 VNNI";
+  const Golden g = read_golden(data(std::string(GetParam()) + ".logits.safetensors"));
+  struct Restore {
+    ~Restore() { set_moe_fused(true); }
+  } restore;
+  for (const int64_t chunk : {24, 1}) {
+    SCOPED_TRACE(chunk);
+    set_moe_fused(false);
+    const auto grouped = run(data(std::string(GetParam()) + ".gguf"), g.prompt, true, chunk);
+    set_moe_fused(true);
+    const auto fused = run(data(std::string(GetParam()) + ".gguf"), g.prompt, true, chunk);
+    ASSERT_EQ(fused.size(), grouped.size());
+    EXPECT_EQ(std::memcmp(fused.data(), grouped.data(), fused.size() * sizeof(float)), 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Micro, GgufMoeFused,
+                         ::testing::Values("k3_micro_q4_0", "k3_micro_q8_0", "deepseek_v3_micro_q4_0",
+                                           "deepseek_v3_micro_q8_0", "deepseek_v2_lite_micro_q4_0"));
 
 // deepseek2 metadata (llama.cpp's converter) → the same ModelConfig as the checkpoint's config.json it was
 // converted from: every field the DeepSeek model reads, the derived softmax scale bit for bit (YaRN mscale

@@ -6,7 +6,8 @@
 // - the AVX-512 VNNI kernel equals the scalar kernel within 1e-5 · Σ|w·x| (same exact int32 block sums,
 //   other fp32 order), gives every token and row the same bits at any batch size and row split, and is
 //   what matmul() runs in the default int8 mode (the exact path when the mode is off);
-// - the prefill GEMM form (Q4_0 / Q8_0) gives the small-T kernel's bits for every token at every T.
+// - the prefill GEMM form (Q4_0 / Q8_0) gives the small-T kernel's bits for every token at every T;
+// - picked tokens (gguf_int8_rows_at) keep their bits, and stripe-wise quantization equals whole rows.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -260,6 +261,87 @@ TEST_P(GgufInt8Kernel, TailTokensInOneBlockKeepEachTokensBits) {
           ASSERT_EQ(y[static_cast<size_t>(t * out + r)], alone[static_cast<size_t>(t * out + r)])
               << "vbmi " << vbmi << " T " << T << " t " << t << " r " << r;
     }
+}
+
+// gguf_int8_rows_at (routed MoE experts reading their tokens from one quantization of the layer input):
+// each picked token's outputs are the bits it gets alone and the lane model's (the scalar statement of
+// the arithmetic, Q4_0 / Q8_0), for 1..11 picked tokens in any order and with repeats, either chunk
+// loader, rows cut at odd places.
+TEST_P(GgufInt8Kernel, PickedTokensKeepEachTokensBits) {
+  if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI path: " << isa_unsupported_reason(Isa::kAvx512Vnni);
+  const auto [format, in] = GetParam();
+  const int64_t out = 23, T = 11;
+  std::mt19937 rng(static_cast<unsigned>(in) * 13 + static_cast<unsigned>(format));
+  const std::vector<uint8_t> data = random_blocks(format, out, in, rng);
+  WeightMatrix w;
+  w.format = format, w.out = out, w.in = in, w.data = data.data();
+  std::uniform_real_distribution<float> dist(-2, 2);
+  std::vector<float> x(static_cast<size_t>(T * in));
+  for (auto& v : x) v = dist(rng);
+  Q8Acts all;
+  quantize_q8_0_acts(x.data(), T, in, all);
+  std::vector<float> alone(static_cast<size_t>(T * out));
+  for (int64_t t = 0; t < T; ++t) {
+    Q8Acts one;
+    quantize_q8_0_acts(x.data() + t * in, 1, in, one);
+    gguf_int8_rows_avx512(w, one, alone.data() + t * out, out, 0, out);
+  }
+  const bool lanes = format != WeightFormat::kGgufMxfp4;
+  const std::vector<std::vector<int32_t>> picks = {
+      {5}, {3, 3}, {10, 0, 7}, {9, 1, 4, 2}, {1, 2, 4, 8, 9}, {6, 5, 4, 3, 2, 1, 0, 10}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}};
+  for (const bool vbmi : {true, false})
+    for (const auto& tok : picks) {
+      const int64_t n = static_cast<int64_t>(tok.size());
+      std::vector<float> y(static_cast<size_t>(n * out), -1.0f);
+      gguf_int8_rows_at(w, all, tok.data(), n, y.data(), out, 0, 9, vbmi);
+      gguf_int8_rows_at(w, all, tok.data(), n, y.data(), out, 9, 10, vbmi);
+      gguf_int8_rows_at(w, all, tok.data(), n, y.data(), out, 10, out, vbmi);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t r = 0; r < out; ++r) {
+          const float got = y[static_cast<size_t>(i * out + r)];
+          ASSERT_EQ(got, alone[static_cast<size_t>(tok[static_cast<size_t>(i)] * out + r)])
+              << "vbmi " << vbmi << " n " << n << " i " << i << " r " << r;
+          if (lanes) {
+            ASSERT_EQ(got, lane_model(w, all, r, tok[static_cast<size_t>(i)])) << "n " << n << " i " << i << " r " << r;
+          }
+        }
+    }
+}
+
+// q8_acts_fill_chunks: a row quantized stripe by stripe (128-element chunks, in any order, the last chunk
+// partial) gives every array of the whole-row quantization, GEMM layouts included, bit for bit.
+TEST(GgufInt8, ChunkStripesQuantizeAsWholeRows) {
+  for (const int64_t in : {32, 384, 416}) {
+    SCOPED_TRACE(in);
+    const int64_t T = 3;
+    std::mt19937 rng(static_cast<unsigned>(in));
+    std::uniform_real_distribution<float> dist(-3, 3);
+    std::vector<float> x(static_cast<size_t>(T * in));
+    for (auto& v : x) v = dist(rng);
+    for (int j = 0; j < 32; ++j) x[static_cast<size_t>(in + j)] = 0;  // token 1, block 0: all zero
+    Q8Acts whole, striped;
+    q8_acts_prepare(whole, T, in, true, true);
+    q8_acts_fill(x.data(), 0, T, whole);
+    q8_acts_prepare(striped, T, in, true, true);
+    const int64_t nc = striped.nc;
+    std::vector<int64_t> order;  // odd chunks descending, then even chunks ascending
+    for (int64_t c = nc - 1; c >= 0; --c) {
+      if (c % 2 == 1) order.push_back(c);
+    }
+    for (int64_t c = 0; c < nc; c += 2) order.push_back(c);
+    for (int64_t t = T - 1; t >= 0; --t)
+      for (const int64_t c : order) q8_acts_fill_chunks(x.data() + t * in, t, c, c + 1, striped);
+    const size_t P = static_cast<size_t>(T * nc * 128);
+    auto same = [](const auto& a, const auto& b, size_t n) { return std::memcmp(a.data(), b.data(), n * sizeof(a[0])) == 0; };
+    EXPECT_TRUE(same(whole.q, striped.q, P));
+    EXPECT_TRUE(same(whole.qg, striped.qg, P));
+    EXPECT_TRUE(same(whole.comp, striped.comp, P / 8));
+    EXPECT_TRUE(same(whole.d, striped.d, P / 32));
+    EXPECT_TRUE(same(whole.n4, striped.n4, P / 8));
+    EXPECT_TRUE(same(whole.dx4, striped.dx4, P / 8));
+    EXPECT_TRUE(same(whole.n8, striped.n8, P / 4));
+    EXPECT_TRUE(same(whole.dx8, striped.dx8, P / 4));
+  }
 }
 
 class GgufInt8Gemm : public ::testing::TestWithParam<Case> {};

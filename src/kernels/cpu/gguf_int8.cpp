@@ -35,46 +35,47 @@ void quantize_q8_0_acts(const float* x, int64_t T, int64_t in, Q8Acts& a) {
 }
 
 void q8_acts_fill(const float* x, int64_t t0, int64_t t1, Q8Acts& a) {
-  const int64_t in = a.in, P = a.nc * 128;
-  for (int64_t t = t0; t < t1; ++t) {
-    const float* xr = x + t * in;
-    int8_t* q = a.q.data() + t * P;
-    int8_t* qg = a.qg.data() + t * P;
-    int32_t* comp = a.comp.data() + t * (P / 8);
-    float* d = a.d.data() + t * (P / 32);
-    for (int64_t b = 0; b < a.nc * 4; ++b) {
-      int8_t* qb = q + b * 32;
-      const int64_t c = b / 4, k = b % 4;
-      if (b >= a.nb) {
-        std::memset(qb, 0, 32);
-        d[b] = 0;
-      } else {
-        const float* v = xr + b * 32;
-        float amax = 0;
-        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
-        d[b] = f16_to_f32(f32_to_f16(amax / 127.0f));
-        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-        for (int j = 0; j < 32; ++j) qb[j] = static_cast<int8_t>(std::nearbyint(v[j] * id));
-      }
-      int32_t s = 0;
-      for (int j = 0; j < 32; ++j) s += qb[j];
-      std::memcpy(qg + c * 128 + k * 16, qb, 16);
-      std::memcpy(qg + c * 128 + 64 + k * 16, qb + 16, 16);
-      for (int i = 0; i < 4; ++i) comp[c * 16 + k * 4 + i] = i == 0 ? s : 0;
+  for (int64_t t = t0; t < t1; ++t) q8_acts_fill_chunks(x + t * a.in, t, 0, a.nc, a);
+}
+
+void q8_acts_fill_chunks(const float* xr, int64_t t, int64_t c0, int64_t c1, Q8Acts& a) {
+  const int64_t P = a.nc * 128;
+  int8_t* q = a.q.data() + t * P;
+  int8_t* qg = a.qg.data() + t * P;
+  int32_t* comp = a.comp.data() + t * (P / 8);
+  float* d = a.d.data() + t * (P / 32);
+  for (int64_t b = 4 * c0; b < 4 * c1; ++b) {
+    int8_t* qb = q + b * 32;
+    const int64_t c = b / 4, k = b % 4;
+    if (b >= a.nb) {
+      std::memset(qb, 0, 32);
+      d[b] = 0;
+    } else {
+      const float* v = xr + b * 32;
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
+      d[b] = f16_to_f32(f32_to_f16(amax / 127.0f));
+      const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+      for (int j = 0; j < 32; ++j) qb[j] = static_cast<int8_t>(std::nearbyint(v[j] * id));
     }
-    if (a.gemm_q4) {
-      int32_t* n4 = a.n4.data() + t * (P / 8);
-      float* dx4 = a.dx4.data() + t * (P / 8);
-      for (int64_t l = 0; l < P / 8; ++l) n4[l] = -8 * comp[l], dx4[l] = d[(l / 16) * 4 + (l % 16) / 4];
-    }
-    if (a.gemm_q8) {
-      int32_t* n8 = a.n8.data() + t * (P / 4);
-      float* dx8 = a.dx8.data() + t * (P / 4);
-      for (int64_t l = 0; l < P / 4; ++l) {  // chunk l/32, half (l%32)/16, lane l%16
-        const int8_t* e = q + 4 * l;
-        n8[l] = -128 * (e[0] + e[1] + e[2] + e[3]);
-        dx8[l] = d[(l / 32) * 4 + ((l % 32) / 16) * 2 + (l % 16) / 8];
-      }
+    int32_t s = 0;
+    for (int j = 0; j < 32; ++j) s += qb[j];
+    std::memcpy(qg + c * 128 + k * 16, qb, 16);
+    std::memcpy(qg + c * 128 + 64 + k * 16, qb + 16, 16);
+    for (int i = 0; i < 4; ++i) comp[c * 16 + k * 4 + i] = i == 0 ? s : 0;
+  }
+  if (a.gemm_q4) {
+    int32_t* n4 = a.n4.data() + t * (P / 8);
+    float* dx4 = a.dx4.data() + t * (P / 8);
+    for (int64_t l = 16 * c0; l < 16 * c1; ++l) n4[l] = -8 * comp[l], dx4[l] = d[(l / 16) * 4 + (l % 16) / 4];
+  }
+  if (a.gemm_q8) {
+    int32_t* n8 = a.n8.data() + t * (P / 4);
+    float* dx8 = a.dx8.data() + t * (P / 4);
+    for (int64_t l = 32 * c0; l < 32 * c1; ++l) {  // chunk l/32, half (l%32)/16, lane l%16
+      const int8_t* e = q + 4 * l;
+      n8[l] = -128 * (e[0] + e[1] + e[2] + e[3]);
+      dx8[l] = d[(l / 32) * 4 + ((l % 32) / 16) * 2 + (l % 16) / 8];
     }
   }
 }

@@ -46,6 +46,10 @@ void quantize_q8_0_acts(const float* x, int64_t T, int64_t in, Q8Acts& out);
 // fill quantizes tokens [t0, t1) of x [T, in] (disjoint ranges may run concurrently).
 void q8_acts_prepare(Q8Acts& a, int64_t T, int64_t in, bool gemm_q4 = false, bool gemm_q8 = false);
 void q8_acts_fill(const float* x, int64_t t0, int64_t t1, Q8Acts& a);
+// Chunks [c0, c1) (128 elements each) of token t, x_row = its whole input row: a block's quantization
+// reads only its own 32 elements, so threads that produce different 128-aligned stripes of one row can
+// each quantize their stripe (the same bits as q8_acts_fill of the whole row).
+void q8_acts_fill_chunks(const float* x_row, int64_t t, int64_t c0, int64_t c1, Q8Acts& a);
 
 // Formats this path handles.
 bool is_gguf_int8_format(WeightFormat f);
@@ -61,6 +65,11 @@ void set_gguf_int8(bool on);
 void gguf_int8_rows_avx512(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1,
                            bool vbmi = true);
 bool gguf_int8_vbmi_applies(const WeightMatrix& w);
+// The same kernel for n tokens picked from `a`: y[i·ldy + r] for activation token tok[i] (i < n), with the
+// bits gguf_int8_rows_avx512 gives that token (per (row, token) the same operations in the same order).
+// Routed MoE experts read their tokens from one quantization of the layer input this way.
+void gguf_int8_rows_at(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy, int64_t r0,
+                       int64_t r1, bool vbmi = true);
 // Prefill (convert-then-GEMM) form for Q4_0 / Q8_0, gguf_int8_gemm_avx512.cpp: the same bits as
 // gguf_int8_rows_avx512 for every token (same lane integers, products and fma order); needs `a`
 // prepared with gemm_q4 (Q4_0) / gemm_q8 (Q8_0). matmul takes it from kGgufGemmMinTokens tokens.

@@ -132,19 +132,22 @@ KESTREL_AVX512 inline void q8_chunk_dot(__m512i w0, __m512i w1, __m512 dw, const
   }
 }
 
-// Token pointers into the activations for tokens t0..t0+U−1.
+// Token pointers into the activations for output tokens t0..t0+U−1: activation token tok[t0 + u], or
+// t0 + u itself when tok is null.
 template <Kind K, int U>
-inline void token_ptrs(const Q8Acts& a, int64_t t0, const int8_t* (&X)[U], const int32_t* (&C)[U], const float* (&D)[U]) {
+inline void token_ptrs(const Q8Acts& a, const int32_t* tok, int64_t t0, const int8_t* (&X)[U], const int32_t* (&C)[U],
+                       const float* (&D)[U]) {
   const int64_t P = a.nc * 128;
   for (int u = 0; u < U; ++u) {
-    X[u] = (K == Kind::kQ8_0 ? a.q.data() : a.qg.data()) + (t0 + u) * P;
-    C[u] = a.comp.data() + (t0 + u) * (P / 8);
-    D[u] = a.d.data() + (t0 + u) * (P / 32);
+    const int64_t t = tok ? tok[t0 + u] : t0 + u;
+    X[u] = (K == Kind::kQ8_0 ? a.q.data() : a.qg.data()) + t * P;
+    C[u] = a.comp.data() + t * (P / 8);
+    D[u] = a.d.data() + t * (P / 32);
   }
 }
 
 template <Kind K, int R, int U>
-KESTREL_AVX512 void block(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t t0) {
+KESTREL_AVX512 void block(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, float* y, int64_t ldy, int64_t r0, int64_t t0) {
   constexpr int64_t B = kBlockBytes<K>;
   const int64_t nb = a.nb, nc = a.nc;
   const uint8_t* W[R];
@@ -152,7 +155,7 @@ KESTREL_AVX512 void block(const WeightMatrix& w, const Q8Acts& a, float* y, int6
   const int8_t* X[U];
   const int32_t* C[U];
   const float* D[U];
-  token_ptrs<K, U>(a, t0, X, C, D);
+  token_ptrs<K, U>(a, tok, t0, X, C, D);
   __m512 acc[R][U];
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
@@ -182,17 +185,17 @@ KESTREL_AVX512 void block(const WeightMatrix& w, const Q8Acts& a, float* y, int6
 }
 
 template <Kind K, int R>
-KESTREL_AVX512 void rows(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0) {
+KESTREL_AVX512 void rows(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t T, float* y, int64_t ldy, int64_t r0) {
   int64_t t = 0;
-  for (; t + 4 <= a.T; t += 4) block<K, R, 4>(w, a, y, ldy, r0, t);
-  for (; t < a.T; ++t) block<K, R, 1>(w, a, y, ldy, r0, t);
+  for (; t + 4 <= T; t += 4) block<K, R, 4>(w, a, tok, y, ldy, r0, t);
+  for (; t < T; ++t) block<K, R, 1>(w, a, tok, y, ldy, r0, t);
 }
 
 template <Kind K>
-KESTREL_AVX512 void run(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+KESTREL_AVX512 void run(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) rows<K, 4>(w, a, y, ldy, r);
-  for (; r < r1; ++r) rows<K, 1>(w, a, y, ldy, r);
+  for (; r + 4 <= r1; r += 4) rows<K, 4>(w, a, tok, T, y, ldy, r);
+  for (; r < r1; ++r) rows<K, 1>(w, a, tok, T, y, ldy, r);
 }
 
 // ---- VBMI path: whole 128-element chunks (in % 128 == 0, every real model width) ----------------
@@ -253,7 +256,7 @@ KESTREL_AVX512_VBMI inline void load_chunk(const uint8_t* p, __m512i ci, __m512i
 constexpr int64_t kPrefetchBytes = 1024;
 
 template <Kind K, int R, int U>
-KESTREL_AVX512_VBMI void block_vbmi(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t t0) {
+KESTREL_AVX512_VBMI void block_vbmi(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, float* y, int64_t ldy, int64_t r0, int64_t t0) {
   constexpr int64_t CB = 4 * kBlockBytes<K>;
   const int64_t nc = a.nc;
   const uint8_t* W[R];
@@ -261,7 +264,7 @@ KESTREL_AVX512_VBMI void block_vbmi(const WeightMatrix& w, const Q8Acts& a, floa
   const int8_t* X[U];
   const int32_t* C[U];
   const float* D[U];
-  token_ptrs<K, U>(a, t0, X, C, D);
+  token_ptrs<K, U>(a, tok, t0, X, C, D);
   const __m512i ci = _mm512_load_si512(kVbmiIdx<K>.codes), si = _mm512_load_si512(kVbmiIdx<K>.scales);
   __m512 acc[R][U];
   for (int r = 0; r < R; ++r)
@@ -299,7 +302,7 @@ struct Q8Idx {
 inline constexpr Q8Idx kQ8Idx{};
 
 template <int R, int U>
-KESTREL_AVX512_VBMI void block_vbmi_q8(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t t0) {
+KESTREL_AVX512_VBMI void block_vbmi_q8(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, float* y, int64_t ldy, int64_t r0, int64_t t0) {
   constexpr int64_t CB = 4 * 34;
   const int64_t nc = a.nc;
   const uint8_t* W[R];
@@ -307,7 +310,7 @@ KESTREL_AVX512_VBMI void block_vbmi_q8(const WeightMatrix& w, const Q8Acts& a, f
   const int8_t* X[U];
   const int32_t* C[U];
   const float* D[U];
-  token_ptrs<Kind::kQ8_0, U>(a, t0, X, C, D);
+  token_ptrs<Kind::kQ8_0, U>(a, tok, t0, X, C, D);
   const __m512i i0 = _mm512_load_si512(kQ8Idx.w0), i1 = _mm512_load_si512(kQ8Idx.w1), is = _mm512_load_si512(kQ8Idx.sc);
   __m512 acc[R][U];
   for (int r = 0; r < R; ++r)
@@ -332,22 +335,23 @@ KESTREL_AVX512_VBMI void block_vbmi_q8(const WeightMatrix& w, const Q8Acts& a, f
 }
 
 template <Kind K, int R>
-KESTREL_AVX512_VBMI void rows_vbmi(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0) {
+KESTREL_AVX512_VBMI void rows_vbmi(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t T, float* y, int64_t ldy, int64_t r0) {
   int64_t t = 0;
   if constexpr (K == Kind::kQ8_0) {
-    for (; t + 4 <= a.T; t += 4) block_vbmi_q8<R, 4>(w, a, y, ldy, r0, t);
-    for (; t < a.T; ++t) block_vbmi_q8<R, 1>(w, a, y, ldy, r0, t);
+    for (; t + 4 <= T; t += 4) block_vbmi_q8<R, 4>(w, a, tok, y, ldy, r0, t);
+    for (; t < T; ++t) block_vbmi_q8<R, 1>(w, a, tok, y, ldy, r0, t);
   } else {
-    for (; t + 4 <= a.T; t += 4) block_vbmi<K, R, 4>(w, a, y, ldy, r0, t);
-    for (; t < a.T; ++t) block_vbmi<K, R, 1>(w, a, y, ldy, r0, t);
+    for (; t + 4 <= T; t += 4) block_vbmi<K, R, 4>(w, a, tok, y, ldy, r0, t);
+    for (; t < T; ++t) block_vbmi<K, R, 1>(w, a, tok, y, ldy, r0, t);
   }
 }
 
 template <Kind K>
-KESTREL_AVX512_VBMI void run_vbmi(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+KESTREL_AVX512_VBMI void run_vbmi(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t T, float* y, int64_t ldy, int64_t r0,
+                                 int64_t r1) {
   int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) rows_vbmi<K, 4>(w, a, y, ldy, r);
-  for (; r < r1; ++r) rows_vbmi<K, 1>(w, a, y, ldy, r);
+  for (; r + 4 <= r1; r += 4) rows_vbmi<K, 4>(w, a, tok, T, y, ldy, r);
+  for (; r < r1; ++r) rows_vbmi<K, 1>(w, a, tok, T, y, ldy, r);
 }
 
 bool cpu_has_vbmi() {
@@ -362,19 +366,31 @@ bool gguf_int8_vbmi_applies(const WeightMatrix& w) {
          (w.format == WeightFormat::kGgufQ4_0 || w.format == WeightFormat::kGgufMxfp4 || w.format == WeightFormat::kGgufQ8_0);
 }
 
-KESTREL_AVX512 void gguf_int8_rows_avx512(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1,
-                                          bool vbmi) {
+namespace {
+KESTREL_AVX512 void rows_dispatch(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t T, float* y, int64_t ldy,
+                                  int64_t r0, int64_t r1, bool vbmi) {
   KCHECK(w.in == a.in, "gguf_int8: shape mismatch");
   if (vbmi && gguf_int8_vbmi_applies(w))
-    return w.format == WeightFormat::kGgufQ4_0   ? run_vbmi<Kind::kQ4_0>(w, a, y, ldy, r0, r1)
-           : w.format == WeightFormat::kGgufQ8_0 ? run_vbmi<Kind::kQ8_0>(w, a, y, ldy, r0, r1)
-                                                 : run_vbmi<Kind::kMxfp4>(w, a, y, ldy, r0, r1);
+    return w.format == WeightFormat::kGgufQ4_0   ? run_vbmi<Kind::kQ4_0>(w, a, tok, T, y, ldy, r0, r1)
+           : w.format == WeightFormat::kGgufQ8_0 ? run_vbmi<Kind::kQ8_0>(w, a, tok, T, y, ldy, r0, r1)
+                                                 : run_vbmi<Kind::kMxfp4>(w, a, tok, T, y, ldy, r0, r1);
   switch (w.format) {
-    case WeightFormat::kGgufQ4_0: return run<Kind::kQ4_0>(w, a, y, ldy, r0, r1);
-    case WeightFormat::kGgufQ8_0: return run<Kind::kQ8_0>(w, a, y, ldy, r0, r1);
-    case WeightFormat::kGgufMxfp4: return run<Kind::kMxfp4>(w, a, y, ldy, r0, r1);
+    case WeightFormat::kGgufQ4_0: return run<Kind::kQ4_0>(w, a, tok, T, y, ldy, r0, r1);
+    case WeightFormat::kGgufQ8_0: return run<Kind::kQ8_0>(w, a, tok, T, y, ldy, r0, r1);
+    case WeightFormat::kGgufMxfp4: return run<Kind::kMxfp4>(w, a, tok, T, y, ldy, r0, r1);
     default: KCHECK(false, "gguf_int8_rows_avx512: not a GGUF block format");
   }
+}
+}  // namespace
+
+void gguf_int8_rows_avx512(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1, bool vbmi) {
+  rows_dispatch(w, a, nullptr, a.T, y, ldy, r0, r1, vbmi);
+}
+
+void gguf_int8_rows_at(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy, int64_t r0,
+                       int64_t r1, bool vbmi) {
+  for (int64_t i = 0; i < n; ++i) KCHECK(tok[i] >= 0 && tok[i] < a.T, "gguf_int8_rows_at: token index out of range");
+  rows_dispatch(w, a, tok, n, y, ldy, r0, r1, vbmi);
 }
 
 }  // namespace kestrel::kernels

@@ -12,6 +12,9 @@
 //   - Leases and deadlines: a slow transfer to a live decode side outlasts the prefill's lease (heartbeats renew
 //     it); a decode side frozen after advertising loses it and the prefill frees the pages; a decode reservation
 //     made after the prefill's destinations deadline is withdrawn at once.
+//   - Cancels: a cancel on either side releases both at once with 10-minute deadlines; a decode-side cancel
+//     reaches the prefill as a cancel message (before the first put, mid-transfer, while the prompt runs, before
+//     the prefill's request came), the prefill stops, and the decode's memory returns on its confirmation.
 #include <gtest/gtest.h>
 
 #include <atomic>

@@ -10,7 +10,8 @@ namespace kestrel::disagg {
 namespace {
 
 constexpr uint32_t kMagic = 0x4753444b;  // "KDSG" little-endian
-constexpr uint16_t kVersion = 3;  // 3: per-segment checksums (2: one XXH3-64 in the completion; 1: FNV-1a)
+// 4: kCancel (3: per-segment checksums; 2: one XXH3-64 in the completion; 1: FNV-1a)
+constexpr uint16_t kVersion = 4;
 constexpr size_t kHeaderBytes = 4 + 2 + 2 + 8 + 4 + 8;
 
 class Writer {
@@ -72,6 +73,14 @@ Status bad(const std::string& what) { return corrupt("disagg: malformed message:
 
 }  // namespace
 
+const char* to_string(CancelReason r) {
+  switch (r) {
+    case CancelReason::kClient: return "its client cancelled";
+    case CancelReason::kEnded: return "its request ended before the hand-off";
+  }
+  return "?";
+}
+
 std::vector<std::byte> encode_heartbeat(uint64_t sender) {
   return header(MessageKind::kHeartbeat, sender, 0).take();
 }
@@ -108,6 +117,12 @@ std::vector<std::byte> encode_completion(uint64_t sender, uint64_t transfer_id, 
   w.u64(c.bytes);
   w.u32(c.segments);
   w.u64(c.checksum);
+  return w.take();
+}
+
+std::vector<std::byte> encode_cancel(uint64_t sender, uint64_t transfer_id, CancelReason reason) {
+  Writer w = header(MessageKind::kCancel, sender, transfer_id);
+  w.u32(static_cast<uint32_t>(reason));
   return w.take();
 }
 
@@ -188,6 +203,15 @@ Result<Completion> decode_completion(std::span<const std::byte> body) {
   r.u32(c.segments);
   r.u64(c.checksum);
   return c;
+}
+
+Result<CancelReason> decode_cancel(std::span<const std::byte> body) {
+  Reader r(body);
+  uint32_t reason = 0;
+  if (body.size() != 4) return bad("cancel: " + std::to_string(body.size()) + " body bytes, expected 4");
+  r.u32(reason);
+  if (reason == 0 || reason > kMaxCancelReason) return bad("cancel: unknown reason " + std::to_string(reason));
+  return static_cast<CancelReason>(reason);
 }
 
 }  // namespace kestrel::disagg

@@ -14,9 +14,16 @@
 //                 sender gave up after the destinations arrived, 2 = withdrawn: the sender's request ended before
 //                 any put and none will come, the ranges are free), u32 range count, u64 total bytes, u32 segment
 //                 count, u64 checksum (checksum.h) of the segments' checksums (each a u64, little-endian, in order)
+//                 (3 = cancelled: the sender stopped at the receiver's kCancel, every put it issued was flushed
+//                 before this message and none will follow, the ranges are free)
 //   kHeartbeat    (both ways, periodic): empty body
+//   kCancel       (decode → prefill): u32 reason (1 = the decode's client cancelled, 2 = the decode's request
+//                 ended otherwise before its state arrived). The prefill stops the transfer of that id (or never
+//                 starts it) and releases its request; a transfer already under way is answered with a completion
+//                 of status 3 once its puts are flushed
 //
-// Version 3: segments (version 2 had one checksum of the whole payload in the completion, version 1 FNV-1a).
+// Version 4: kCancel and completion status 3 (version 3 had no cancel from the decode side, version 2 one
+// checksum of the whole payload in the completion, version 1 FNV-1a).
 #pragma once
 
 #include <cstddef>
@@ -28,8 +35,8 @@
 
 namespace kestrel::disagg {
 
-enum class MessageKind : uint16_t { kDestinations = 1, kCompletion = 2, kHeartbeat = 3, kSegment = 4 };
-inline constexpr uint16_t kMaxMessageKind = 4;
+enum class MessageKind : uint16_t { kDestinations = 1, kCompletion = 2, kHeartbeat = 3, kSegment = 4, kCancel = 5 };
+inline constexpr uint16_t kMaxMessageKind = 5;
 
 struct MessageHeader {
   MessageKind kind = MessageKind::kHeartbeat;
@@ -51,6 +58,12 @@ struct Destinations {
 
 inline constexpr uint32_t kCompletionFailed = 1;
 inline constexpr uint32_t kCompletionWithdrawn = 2;
+inline constexpr uint32_t kCompletionCancelled = 3;
+
+// Why the decode side calls a transfer off (kCancel).
+enum class CancelReason : uint32_t { kClient = 1, kEnded = 2 };
+inline constexpr uint32_t kMaxCancelReason = 2;
+const char* to_string(CancelReason r);
 
 struct Segment {
   uint32_t index = 0;
@@ -61,7 +74,8 @@ struct Segment {
 
 struct Completion {
   uint32_t status = 0;  // 0: every range was put and flushed; kCompletionWithdrawn: nothing was put and nothing
-                        // will be; otherwise the sender failed and the data is invalid
+                        // will be; kCompletionCancelled: stopped at the receiver's cancel, what was put is
+                        // flushed, nothing follows; otherwise the sender failed and the data is invalid
   uint32_t ranges = 0;
   uint64_t bytes = 0;
   uint32_t segments = 0;
@@ -88,6 +102,7 @@ std::vector<std::byte> encode_heartbeat(uint64_t sender);
 std::vector<std::byte> encode_destinations(uint64_t sender, uint64_t transfer_id, const Destinations& d);
 std::vector<std::byte> encode_segment(uint64_t sender, uint64_t transfer_id, const Segment& s);
 std::vector<std::byte> encode_completion(uint64_t sender, uint64_t transfer_id, const Completion& c);
+std::vector<std::byte> encode_cancel(uint64_t sender, uint64_t transfer_id, CancelReason reason);
 
 // Splits a message into its header and body; kCorrupt for a bad magic, version, kind or a short buffer.
 Result<MessageHeader> decode_header(std::span<const std::byte> message, std::span<const std::byte>* body);
@@ -95,5 +110,6 @@ Result<MessageHeader> decode_header(std::span<const std::byte> message, std::spa
 Result<Destinations> decode_destinations(std::span<const std::byte> body);
 Result<Segment> decode_segment(std::span<const std::byte> body);  // also kCorrupt for an empty or wrapping segment
 Result<Completion> decode_completion(std::span<const std::byte> body);
+Result<CancelReason> decode_cancel(std::span<const std::byte> body);  // also kCorrupt for an unknown reason
 
 }  // namespace kestrel::disagg

@@ -20,7 +20,7 @@ Status fail(Endpoint& ep, Status reason) {
 
 Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRange> ranges, Deadline deadline,
                      std::chrono::milliseconds lease) {
-  return put_and_flush(ep, transfer_id, ranges, Segments{{ranges.size()}, {}, {}}, deadline, lease);
+  return put_and_flush(ep, transfer_id, ranges, Segments{{ranges.size()}, {}, {}, {}}, deadline, lease);
 }
 
 Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRange> ranges, const Segments& segments,
@@ -105,6 +105,36 @@ Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRang
     return reason;
   };
 
+  // Stopped: one more flush covers every put posted so far; it and the segments' flushes complete unreported.
+  auto flush_stopped = [&] {
+    ucp_request_param_t param{};
+    void* last = ucp_ep_flush_nbx(ep.handle(), &param);
+    if (UCS_PTR_IS_ERR(last)) return abort_with(ucx_error(UCS_PTR_STATUS(last), "ucp_ep_flush_nbx"));
+    flushes.push_back(last);
+    auto outstanding = [&] {
+      size_t n = pending();
+      for (void*& f : flushes) {
+        if (f == nullptr) continue;
+        ucs_status_t st = ucp_request_check_status(f);
+        if (st == UCS_INPROGRESS) {
+          ++n;
+          continue;
+        }
+        ucp_request_free(f);
+        f = nullptr;
+        if (st != UCS_OK) ep.mark_failed(ucx_error(st, "ucp_ep_flush_nbx"));
+      }
+      return n;
+    };
+    bool expired = false;
+    Status waited = worker.wait([&] { return outstanding() == 0 || ep.failed() || (expired = lease_expired()); },
+                                deadline, "flushing the puts posted before a stop");
+    if (!waited.is_ok()) return abort_with(waited);
+    if (expired) return abort_with(lease_status());
+    if (ep.failed()) return abort_with(ep.failure());
+    return Status::ok();
+  };
+
   size_t segment = 0;
   for (size_t i = 0; i <= ranges.size(); ++i) {
     // Segments that end here (an empty one included): posted, then their flush.
@@ -142,6 +172,7 @@ Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRang
         source = corrupted.back().data();
       }
     }
+    if (segments.stop && segments.stop()) return flush_stopped();
     if (deadline.expired()) return abort_with(unavailable("disagg: posting puts: deadline passed"));
     ucp_request_param_t param{};
     void* request = ucp_put_nbx(ep.handle(), source, r.length, r.remote, r.rkey->handle(), &param);

@@ -43,9 +43,14 @@ Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRang
 // they must not change), flushed(k) once every byte of segment k is in the peer's memory; flushed() runs in
 // segment order, always after posted() of the same segment, and a non-Ok status from either fails the call as
 // an endpoint failure would.
+//
+// stop() (optional) is asked before each put: once it returns true no further put is posted and no further
+// segment is reported; the puts already posted are flushed (remote completion) and the call returns Ok, so the
+// peer may reuse the memory once told. A failure while flushing fails the call as usual.
 struct Segments {
   std::vector<size_t> ends;
   std::function<Status(size_t)> posted, flushed;
+  std::function<bool()> stop;
 };
 
 // put_and_flush in segments: the same contract, faults (`index` counts puts within the call) and lease.

@@ -18,6 +18,7 @@ const char* to_string(TransferState s) {
     case TransferState::kCompleted: return "completed";
     case TransferState::kFailed: return "failed";
     case TransferState::kWithdrawn: return "withdrawn";
+    case TransferState::kCancelled: return "cancelled";
   }
   return "?";
 }
@@ -99,6 +100,15 @@ std::optional<Status> IncomingTransfer::poll(Deadline deadline, std::chrono::mil
   return std::nullopt;
 }
 
+Status IncomingTransfer::cancel(CancelReason reason, Deadline deadline) {
+  if (state_ != TransferState::kAdvertised) {
+    return invalid_argument(std::string("disagg: cancel of a transfer in state ") + to_string(state_));
+  }
+  if (cancel_sent_) return Status::ok();
+  cancel_sent_ = true;  // a failed send fails the endpoint, and the transfer at its next poll
+  return ep_.send(encode_cancel(ep_.worker().instance(), id_, reason), MessageKind::kCancel, deadline);
+}
+
 std::optional<Status> IncomingTransfer::step(std::chrono::milliseconds silence) {
   Worker& worker = ep_.worker();
   // Never a stale message from another peer. Segments first: a completion counts only the verified ones.
@@ -167,6 +177,17 @@ std::optional<Status> IncomingTransfer::settle() {
     state_ = TransferState::kWithdrawn;
     return unavailable("disagg: the sender withdrew transfer " + std::to_string(id_) + " before any put");
   }
+  if (c.status == kCompletionCancelled) {
+    if (!cancel_sent_) {
+      return fail(corrupt("disagg: transfer " + std::to_string(id_) + " reported cancelled, but no cancel was sent"));
+    }
+    // The sender flushed every put it issued before this message and issues none after it: the same trust as a
+    // completion's. The bytes that landed are not used.
+    Status freed = registry_.complete(id_);
+    if (!freed.is_ok()) return fail(freed);
+    state_ = TransferState::kCancelled;
+    return unavailable("disagg: the sender stopped transfer " + std::to_string(id_) + " at the cancel");
+  }
   if (c.status != 0) return fail(unavailable("disagg: the sender failed transfer " + std::to_string(id_)));
   if (c.ranges != ranges_.size() || c.bytes != total_ || c.segments < segments_) {
     return fail(corrupt("disagg: transfer " + std::to_string(id_) + ": completion reports " +
@@ -204,6 +225,10 @@ Status send_withdrawal(Endpoint& ep, uint64_t id, Deadline deadline) {
   Completion c;
   c.status = kCompletionWithdrawn;
   return ep.send(encode_completion(ep.worker().instance(), id, c), MessageKind::kCompletion, deadline);
+}
+
+Status send_cancel(Endpoint& ep, uint64_t id, CancelReason reason, Deadline deadline) {
+  return ep.send(encode_cancel(ep.worker().instance(), id, reason), MessageKind::kCancel, deadline);
 }
 
 OutgoingTransfer::OutgoingTransfer(uint64_t id, Endpoint& ep, Destinations destinations,
@@ -284,9 +309,28 @@ Status OutgoingTransfer::run(Deadline deadline, std::chrono::milliseconds lease)
     const Segment s{static_cast<uint32_t>(k), offset, std::min<uint64_t>(segment_bytes_, total - offset), sums[k]};
     return ep_.send(encode_segment(ep_.worker().instance(), id_, s), MessageKind::kSegment, deadline);
   };
+  // The receiver's cancel, looked for before every put (the worker reads messages between puts).
+  std::optional<CancelReason> cancelled;
+  segments.stop = [&] {
+    std::optional<Message> m = ep_.worker().take(MessageKind::kCancel, id_, ep_.peer());
+    if (m) {
+      Result<CancelReason> r = decode_cancel(m->body);
+      cancelled = r ? *r : CancelReason::kClient;  // a malformed cancel still asks to stop
+    }
+    return cancelled.has_value();
+  };
   state_ = TransferState::kPosted;
   Status put = put_and_flush(ep_, id_, puts, segments, deadline, lease);
   if (!put.is_ok()) return fail(put, deadline);
+  if (cancelled) {
+    Completion stopped;
+    stopped.status = kCompletionCancelled;
+    state_ = TransferState::kCancelled;
+    Status sent = ep_.send(encode_completion(ep_.worker().instance(), id_, stopped), MessageKind::kCompletion, deadline);
+    if (!sent.is_ok()) return sent;
+    return unavailable("disagg: transfer " + std::to_string(id_) + " stopped: the receiver cancelled it (" +
+                       to_string(*cancelled) + ")");
+  }
   c.checksum = digest.value();
   state_ = TransferState::kFlushed;
   Status sent = ep_.send(encode_completion(ep_.worker().instance(), id_, c), MessageKind::kCompletion, deadline);

@@ -22,6 +22,12 @@
 // limit, when the sender reports that it gave up, or at once when a segment's checksum does not match (the rest
 // of the transfer lands in quarantined memory). A missing segment announcement fails at the deadline. Nothing is
 // ready until every segment matched and the completion agrees.
+//
+// Cancel (decode → prefill, kCancel): IncomingTransfer::cancel() asks the sender to stop. The ranges stay leased
+// until the sender confirms that it no longer writes: a completion (status 0: it had finished; withdrawn: it never
+// put; cancelled: it stopped and flushed what it had put), or else the usual failure rules (deadline, silence,
+// endpoint error: quarantined until the peer cannot write). OutgoingTransfer::run() looks for the cancel before
+// every put; once it is there it posts no more puts, flushes the ones posted, and answers with status cancelled.
 #pragma once
 
 #include <chrono>
@@ -40,7 +46,8 @@
 namespace kestrel::disagg {
 
 // kWithdrawn (decode side): the sender withdrew before any put, so the ranges were freed, not quarantined.
-enum class TransferState { kCreated, kAdvertised, kPosted, kFlushed, kCompleted, kFailed, kWithdrawn };
+// kCancelled: stopped at the receiver's cancel, every put issued flushed (sender), the ranges freed (receiver).
+enum class TransferState { kCreated, kAdvertised, kPosted, kFlushed, kCompleted, kFailed, kWithdrawn, kCancelled };
 const char* to_string(TransferState s);
 
 struct DestinationRange {
@@ -73,6 +80,11 @@ class IncomingTransfer {
   // nullopt while nothing has happened yet (no completion, the peer neither failed nor silent, the deadline not
   // passed); otherwise what wait() would return, with the same state change.
   std::optional<Status> poll(Deadline deadline, std::chrono::milliseconds silence);
+  // kAdvertised only: sends kCancel. The transfer goes on until the sender confirms (then kCancelled, kWithdrawn,
+  // or kCompleted if it had finished first) or fails as any other (quarantined). A completion with status
+  // cancelled is accepted only after this was sent.
+  Status cancel(CancelReason reason, Deadline deadline);
+  bool cancel_sent() const { return cancel_sent_; }
 
   uint64_t id() const { return id_; }
   TransferState state() const { return state_; }
@@ -98,6 +110,7 @@ class IncomingTransfer {
   std::optional<Completion> completion_;
   TransferState state_ = TransferState::kCreated;
   Clock::time_point advertised_at_{};
+  bool cancel_sent_ = false;
 };
 
 // Waits for the kDestinations message of transfer `id` on the worker; the sender's instance id goes to *sender.
@@ -107,6 +120,10 @@ Result<Destinations> wait_destinations(Worker& worker, uint64_t id, Deadline dea
 // ranges are free (a completion with status kCompletionWithdrawn).
 Status send_withdrawal(Endpoint& ep, uint64_t id, Deadline deadline);
 
+// Decode side, for transfer `id` that was never advertised (the request ended or was cancelled first): tells the
+// sender to drop its request.
+Status send_cancel(Endpoint& ep, uint64_t id, CancelReason reason, Deadline deadline);
+
 class OutgoingTransfer {
  public:
   // sources[i] is written to destinations.ranges[i]; the lengths must match one for one. The byte stream of the
@@ -114,7 +131,9 @@ class OutgoingTransfer {
   OutgoingTransfer(uint64_t id, Endpoint& ep, Destinations destinations,
                    std::vector<std::span<const std::byte>> sources, size_t segment_bytes = kDefaultSegmentBytes);
 
-  // kCreated → kPosted → kFlushed → kCompleted; kFailed on any error. A failure after the destinations arrived
+  // kCreated → kPosted → kFlushed → kCompleted; kFailed on any error; kCancelled when the receiver's kCancel for
+  // this id came before the last put (the puts posted are flushed, then a completion with status cancelled is
+  // sent; run() returns kUnavailable naming the cancel, the endpoint stays open). A failure after the destinations arrived
   // (mismatched ranges, a bad rkey, a failed put) is reported to the peer by a completion with a non-zero status
   // while the endpoint is still usable. When run() returns, no UCX request reads the sources any more. A positive
   // `lease` holds the sources only while the peer is heard from (put.h): a silent peer fails it ("lease expired").

@@ -68,16 +68,80 @@ Status DecodeHandoff::register_pools() {
 }
 
 Result<uint64_t> DecodeHandoff::submit(GenerationRequest req, uint64_t room, uint64_t prefill) {
+  auto e = std::make_shared<Entry>();
+  e->room = room;
+  e->prefill = prefill;
   req.handoff = Handoff::kReceive;
-  req.on_cache_location = [this, room, prefill](const CacheLocation& loc) {
+  req.on_cache_location = [this, e](const CacheLocation& loc) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       counts_.in_flight++;
       counts_.started++;
+      e->located = true;
     }
-    post([this, room, prefill, loc] { start_transfer(room, prefill, loc); });
+    post([this, e, loc] { start_transfer(*e, loc); });
   };
-  return sched_.submit(std::move(req));
+  auto user = std::move(req.on_event);
+  req.on_event = [this, e, user](const GenerationEvent& ev) {
+    if (ev.finish != FinishReason::kNone) {
+      bool unreserved = false;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        e->ended = true;
+        if (e->id != 0) requests_.erase(e->id);
+        unreserved = !e->located;
+      }
+      // Ended before its reservation (cancelled or failed while waiting for admission): the prefill holds the
+      // request for nothing.
+      if (unreserved) {
+        const auto reason = ev.finish == FinishReason::kCancelled ? disagg::CancelReason::kClient
+                                                                  : disagg::CancelReason::kEnded;
+        post([this, e, reason] { call_off(*e, reason); });
+      }
+    }
+    if (user) user(ev);
+  };
+  auto id = sched_.submit(std::move(req));
+  if (id) {
+    std::lock_guard<std::mutex> lk(mu_);
+    e->id = *id;
+    if (!e->ended) requests_[*id] = e;
+  }
+  return id;
+}
+
+// The flag first (start_transfer reads it: a reservation not yet advertised is never advertised), then the
+// side's thread tells the prefill of a transfer under way.
+void DecodeHandoff::cancel(uint64_t id) {
+  std::shared_ptr<Entry> e;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = requests_.find(id);
+    if (it == requests_.end()) return;
+    e = it->second;
+    e->cancelled = true;
+    if (!e->located) return;  // still waiting for admission: the scheduler ends it, on_event calls the room off
+  }
+  post([this, e] {
+    for (Pending& p : pending_)
+      if (p.loc.request == e->id) {
+        if (!p.transfer->cancel_sent()) {
+          (void)p.transfer->cancel(disagg::CancelReason::kClient, disagg::Deadline(p.until));
+          std::lock_guard<std::mutex> lk(mu_);
+          counts_.cancelled++;
+        }
+        return;
+      }
+  });
+}
+
+void DecodeHandoff::call_off(const Entry& e, disagg::CancelReason reason) {
+  disagg::Endpoint* ep = endpoint(e.prefill);
+  if (ep == nullptr || ep->failed()) return;  // no connection: the prefill's own deadlines release it
+  if (disagg::send_cancel(*ep, transfer_id(e.room), reason, disagg::Deadline::after(opts_.transfer_timeout)).is_ok()) {
+    std::lock_guard<std::mutex> lk(mu_);
+    counts_.cancelled++;
+  }
 }
 
 bool DecodeHandoff::connected(uint64_t prefill) {
@@ -95,7 +159,24 @@ DecodeCounts DecodeHandoff::counts() {
   return c;
 }
 
-void DecodeHandoff::start_transfer(uint64_t room, uint64_t prefill, const CacheLocation& loc) {
+void DecodeHandoff::start_transfer(const Entry& e, const CacheLocation& loc) {
+  bool cancelled = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    cancelled = e.cancelled;
+  }
+  if (cancelled) {
+    // Cancelled before anything was advertised: no peer can write into the reservation, it returns now.
+    call_off(e, disagg::CancelReason::kClient);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      counts_.in_flight--;
+    }
+    sched_.fail_received(loc.request, "cancelled before its hand-off began");
+    sched_.release_reserved(loc.request);
+    return;
+  }
+  const uint64_t room = e.room, prefill = e.prefill;
   disagg::Endpoint* ep = endpoint(prefill);
   if (ep == nullptr || ep->failed()) {
     return end(loc, nullptr, unavailable("hand-off: no open connection to prefill instance " + std::to_string(prefill)), 0);
@@ -161,11 +242,12 @@ void DecodeHandoff::end(const CacheLocation& loc, disagg::Endpoint* ep, Status s
 
 // The prefill's request ended before any put (cancelled there, or failed): the memory is free at once and the
 // connection stays open.
-void DecodeHandoff::withdraw(const CacheLocation& loc, const Status& st) {
+void DecodeHandoff::withdraw(const CacheLocation& loc, const Status& st, bool cancel_confirmed) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     counts_.in_flight--;
-    counts_.withdrawn++;
+    if (cancel_confirmed) counts_.cancel_confirmed++;
+    else counts_.withdrawn++;
   }
   sched_.fail_received(loc.request, "the prefill instance ended the request before its hand-off (" + st.message() + ")");
   sched_.release_reserved(loc.request);
@@ -181,9 +263,10 @@ void DecodeHandoff::idle() {
     }
     Pending done = std::move(p);
     pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-    const bool withdrawn = done.transfer->state() == disagg::TransferState::kWithdrawn;
+    const disagg::TransferState state = done.transfer->state();
     done.transfer.reset();
-    if (withdrawn) withdraw(done.loc, *st);
+    if (state == disagg::TransferState::kWithdrawn || state == disagg::TransferState::kCancelled)
+      withdraw(done.loc, *st, state == disagg::TransferState::kCancelled);
     else end(done.loc, done.ep, *st, done.bytes, done.since);
   }
   // Quarantined memory returns once its peer can no longer write into it (closed endpoint; over shared memory

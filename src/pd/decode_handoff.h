@@ -10,6 +10,12 @@
 // When the prefill's request ends before its hand-off (cancelled by its client, failed), the prefill withdraws it
 // and the reserved memory returns at once; the client gets kCancelled (cancelled here too) or kError.
 //
+// The other way round, cancel() (after the scheduler's own cancel) tells the prefill to stop (disagg kCancel):
+// before the reservation is advertised nothing is advertised and the memory returns at once; once advertised the
+// memory stays leased until the prefill confirms it no longer writes (completion status cancelled or withdrawn,
+// or a completion it had already sent), else it fails and is quarantined as below. A request that ends here
+// before its reservation (cancelled or failed while waiting for admission) calls the room off the same way.
+//
 // On failure (deadline, silent or dead peer, checksum mismatch, the prefill gave up) the client gets a kError
 // event at once. The reserved memory stays quarantined while the peer may still write into it: the connection to
 // that peer is closed, and the memory returns to the pools when the registry says the peer can no longer write
@@ -19,6 +25,7 @@
 
 #include <chrono>
 #include <memory>
+#include <unordered_map>
 
 #include "disagg/region_registry.h"
 #include "pd/decode_arenas.h"
@@ -45,6 +52,9 @@ struct DecodeCounts {
   // failed or fell silent (or no connection)
   uint64_t failed_corrupt = 0, failed_deadline = 0, failed_sender = 0, failed_peer = 0;
   uint64_t withdrawn = 0;  // the prefill's request ended before any put: memory freed at once, not quarantined
+  // Hand-offs this side called off (kCancel sent: its client cancelled, or its request ended first), and of those
+  // in transfer, the ones the prefill confirmed stopped (status cancelled: memory freed at once)
+  uint64_t cancelled = 0, cancel_confirmed = 0;
   size_t in_flight = 0;    // reserved, transfer not ended
   size_t quarantined = 0;  // failed, memory not yet returned
   uint64_t quarantined_bytes = 0;
@@ -60,6 +70,8 @@ class DecodeHandoff final : public HandoffSide {
 
   // `prefill` is the instance id of the (connected) prefill side that holds the request of `room`.
   Result<uint64_t> submit(GenerationRequest req, uint64_t room, uint64_t prefill);
+  // A client's cancel of a request submitted here (call after Scheduler::cancel).
+  void cancel(uint64_t id);
   DecodeCounts counts();
   // Whether the endpoint to this prefill instance is open (false after a failure gave it up).
   bool connected(uint64_t prefill);
@@ -69,6 +81,13 @@ class DecodeHandoff final : public HandoffSide {
     uint64_t request;
     disagg::Endpoint* ep;  // the endpoint it was advertised through (in retired_); null: nothing advertised
     uint64_t bytes;
+  };
+  // One request submitted here, until its final event (fields under mu_).
+  struct Entry {
+    uint64_t room = 0, prefill = 0, id = 0;
+    bool located = false;   // reserved: its hand-off starts (or started) on the side's thread
+    bool cancelled = false;  // cancel() came
+    bool ended = false;
   };
   DecodeHandoff(Scheduler& s, const DecodeHandoffOptions& o) : HandoffSide(worker_options(o)), sched_(s), opts_(o) {}
   static disagg::WorkerOptions worker_options(const DecodeHandoffOptions& o);
@@ -81,10 +100,13 @@ class DecodeHandoff final : public HandoffSide {
     disagg::Clock::time_point since, until;
   };
   // On the side's thread: start() advertises a reservation; idle() polls every transfer (any order).
-  void start_transfer(uint64_t room, uint64_t prefill, const CacheLocation& loc);
+  void start_transfer(const Entry& e, const CacheLocation& loc);
+  // Side's thread: kCancel to the request's prefill (in transfer: through its IncomingTransfer).
+  void call_off(const Entry& e, disagg::CancelReason reason);
   void end(const CacheLocation& loc, disagg::Endpoint* ep, Status st, uint64_t bytes,
            disagg::Clock::time_point since = {});
-  void withdraw(const CacheLocation& loc, const Status& st);
+  // The prefill withdrew (it never put) or confirmed a cancel (it stopped): the memory is free at once.
+  void withdraw(const CacheLocation& loc, const Status& st, bool cancel_confirmed);
   void idle() override;
   void teardown() override;
   void retire(std::unique_ptr<disagg::Endpoint> ep) override;
@@ -97,6 +119,7 @@ class DecodeHandoff final : public HandoffSide {
   disagg::RegionRegistry registry_;
   std::vector<Pending> pending_;
   std::vector<Quarantined> quarantined_;
+  std::unordered_map<uint64_t, std::shared_ptr<Entry>> requests_;  // request id → entry, until its final event (mu_)
   // Endpoints given up after a failure: closed, kept while a quarantined or pending transfer refers to them.
   std::vector<std::unique_ptr<disagg::Endpoint>> retired_;
   std::mutex mu_;

@@ -45,8 +45,11 @@ std::string prefill_metrics_text(const PrefillCounts& c) {
   common(o, c.started, c.handed_off, c.withdrawn, c.in_flight, c.bytes, c.seconds,
          "Parked after the first token until the completion was sent.");
   failed(o, {{"no_destinations", c.no_destinations}, {"lease", c.lease_expired}, {"transfer", c.transfer_failed}});
-  metric(o, "kestrel_pd_handoffs_cancelled_total", "counter", "Parked requests released by a client's cancel.",
+  metric(o, "kestrel_pd_handoffs_cancelled_total", "counter",
+         "Parked or transferring requests released by a cancel (the client's, or the decode instance's).",
          double(c.cancelled));
+  metric(o, "kestrel_pd_cancel_messages_total", "counter", "Cancels received from decode instances.",
+         double(c.cancel_messages));
   return o;
 }
 
@@ -57,6 +60,12 @@ std::string decode_metrics_text(const DecodeCounts& c) {
          "Destinations sent until the completion was verified.");
   failed(o, {{"corrupt", c.failed_corrupt}, {"deadline", c.failed_deadline}, {"sender", c.failed_sender},
              {"peer", c.failed_peer}});
+  metric(o, "kestrel_pd_handoffs_cancelled_total", "counter",
+         "Hand-offs this instance called off (its client cancelled, or its request ended first): the prefill told.",
+         double(c.cancelled));
+  metric(o, "kestrel_pd_handoffs_cancel_confirmed_total", "counter",
+         "Called-off transfers the prefill confirmed stopped (every put flushed): memory freed at once.",
+         double(c.cancel_confirmed));
   metric(o, "kestrel_pd_quarantined_handoffs", "gauge",
          "Failed hand-offs whose memory waits until the peer can no longer write.", double(c.quarantined));
   metric(o, "kestrel_pd_quarantined_bytes", "gauge", "Bytes of those quarantined hand-offs.",

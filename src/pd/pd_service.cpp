@@ -70,10 +70,12 @@ std::string PdService::extra_metrics() const {
   return prefill_ ? prefill_metrics_text(prefill_->counts()) : decode_metrics_text(decode_->counts());
 }
 
-// The scheduler's cancel first: a parked request that the prefill side releases then ends as cancelled.
+// The scheduler's cancel first: a parked or reserved request that its hand-off side releases then ends as
+// cancelled. On the decode side the hand-off also tells the prefill (pd/decode_handoff.h).
 void PdService::cancel(uint64_t id) {
   sched_.cancel(id);
   if (prefill_) prefill_->cancel(id);
+  if (decode_) decode_->cancel(id);
 }
 
 Result<uint64_t> PdService::prefill_at(const std::string& host, int port) {

@@ -21,6 +21,7 @@ struct PrefillHandoff::Job {
   std::atomic<bool> cancelled{false};   // set by cancel(), read on the side's thread
   uint64_t id = 0;                      // mu_
   bool ended = false;                   // mu_: the final event went out
+  bool released = false;                // side's thread: finish() ran (release_parked sent)
   disagg::Clock::time_point parked_at{};
   disagg::Clock::time_point until{};  // destinations deadline, from parking
 };
@@ -39,6 +40,12 @@ Result<std::unique_ptr<PrefillHandoff>> PrefillHandoff::create(Scheduler& schedu
 PrefillHandoff::~PrefillHandoff() { stop(); }
 
 Result<uint64_t> PrefillHandoff::submit(GenerationRequest req, uint64_t room) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (auto c = cancelled_rooms_.find(room); c != cancelled_rooms_.end() && disagg::Clock::now() < c->second)
+      return unavailable("hand-off: the decode instance cancelled room " + std::to_string(room) +
+                         " before its request came here");
+  }
   auto job = std::make_shared<Job>();
   job->room = room;
   req.handoff = Handoff::kSend;
@@ -50,6 +57,7 @@ Result<uint64_t> PrefillHandoff::submit(GenerationRequest req, uint64_t room) {
         std::lock_guard<std::mutex> lk(mu_);
         job->ended = true;
         if (job->id != 0) jobs_.erase(job->id);
+        if (auto r = rooms_.find(job->room); r != rooms_.end() && r->second == job) rooms_.erase(r);
       }
       // Ended before parking (cancelled or failed while computing): the decode side's reservation is withdrawn.
       if (!job->parked) post([this, room = job->room] { withdraw_later(room); });
@@ -71,12 +79,23 @@ Result<uint64_t> PrefillHandoff::submit(GenerationRequest req, uint64_t room) {
       release_cancelled();
     });
   };
-  auto id = sched_.submit(std::move(req));
-  if (id) {
+  {
     std::lock_guard<std::mutex> lk(mu_);
-    job->id = *id;
-    if (!job->ended) jobs_[*id] = job;
+    rooms_[room] = job;
   }
+  auto id = sched_.submit(std::move(req));
+  bool cancel_now = false;  // the decode side's cancel came before the request had its id
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (id) {
+      job->id = *id;
+      if (!job->ended) jobs_[*id] = job;
+      cancel_now = job->cancelled && !job->ended;
+    } else if (auto r = rooms_.find(room); r != rooms_.end() && r->second == job) {
+      rooms_.erase(r);
+    }
+  }
+  if (cancel_now) sched_.cancel(*id);
   return id;
 }
 
@@ -110,12 +129,46 @@ void PrefillHandoff::withdraw_later(uint64_t room) {
   ended_.push_back({room, disagg::Clock::now() + opts_.destinations_timeout});
 }
 
+// A decode side called a room off (its client cancelled, or its request ended): the request here is cancelled in
+// the scheduler (while computing, or parked: it then ends kCancelled) and released at once if parked; a room not
+// seen yet is refused when it comes. Destinations for the room are answered with a withdrawal either way.
+void PrefillHandoff::take_cancels() {
+  const auto now = disagg::Clock::now();
+  while (std::optional<disagg::Message> m = worker().take(disagg::MessageKind::kCancel)) {
+    const uint64_t room = m->header.transfer_id & ~(uint64_t{1} << 63);
+    std::shared_ptr<Job> job;
+    uint64_t id = 0;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      counts_.cancel_messages++;
+      if (auto it = rooms_.find(room); it != rooms_.end()) {
+        job = it->second;
+        job->cancelled = true;
+        id = job->id;
+      } else {
+        cancelled_rooms_[room] = now + opts_.destinations_timeout;
+      }
+    }
+    if (!job) {
+      withdraw_later(room);
+    } else if (id != 0 && !job->released) {
+      sched_.cancel(id);  // before release_cancelled's release_parked: the request ends kCancelled
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    std::erase_if(cancelled_rooms_, [&](const auto& c) { return c.second <= now; });
+  }
+  release_cancelled();
+}
+
 PrefillCounts PrefillHandoff::counts() {
   std::lock_guard<std::mutex> lk(mu_);
   return counts_;
 }
 
 void PrefillHandoff::idle() {
+  take_cancels();
   for (size_t i = 0; i < ended_.size();) {
     std::optional<disagg::Message> m = worker().take(disagg::MessageKind::kDestinations, transfer_id(ended_[i].room));
     if (!m && disagg::Clock::now() < ended_[i].until) {
@@ -143,16 +196,24 @@ void PrefillHandoff::idle() {
     pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
     Status st;
     uint64_t bytes = 0;
+    bool cancelled = false;
     if (!m) {
       st = unavailable("hand-off: no destinations from a decode instance for room " + std::to_string(job.room) +
                        " within " + std::to_string(opts_.destinations_timeout.count()) + " ms");
     } else if (auto dst = disagg::decode_destinations(m->body); !dst) {
       st = dst.error();
     } else {
-      st = transfer(job, m->header.sender, std::move(*dst), bytes);
+      st = transfer(job, m->header.sender, std::move(*dst), bytes, cancelled);
     }
     Outcome outcome = Outcome::kHandedOff;
-    if (!m) {
+    if (cancelled) {  // the transfer read the decode side's cancel itself
+      outcome = Outcome::kCancelled;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        counts_.cancel_messages++;
+      }
+      sched_.cancel(job.id);  // the request ends kCancelled
+    } else if (!m) {
       outcome = Outcome::kNoDestinations;
       withdraw_later(job.room);  // a decode reservation that comes late is freed at once, not at its deadline
     } else if (!st.is_ok()) {
@@ -164,7 +225,8 @@ void PrefillHandoff::idle() {
 }
 
 // Puts the request's state into the destinations, flushes, sends the completion (bounded by transfer_timeout).
-Status PrefillHandoff::transfer(Job& job, uint64_t decode, disagg::Destinations dst, uint64_t& bytes) {
+Status PrefillHandoff::transfer(Job& job, uint64_t decode, disagg::Destinations dst, uint64_t& bytes,
+                                bool& cancelled) {
   disagg::Endpoint* ep = endpoint(decode);
   if (ep == nullptr || ep->failed()) {
     return unavailable("hand-off: no open connection to decode instance " + std::to_string(decode));
@@ -185,6 +247,7 @@ Status PrefillHandoff::transfer(Job& job, uint64_t decode, disagg::Destinations 
   }
   disagg::OutgoingTransfer out(transfer_id(job.room), *ep, std::move(dst), std::move(sources));
   st = out.run(disagg::Deadline::after(opts_.transfer_timeout), opts_.lease);
+  cancelled = out.state() == disagg::TransferState::kCancelled;
   // A failed put closed the endpoint before returning (disagg/put.h): no put reads the pages now. The peer needs
   // a new connection.
   if (ep->failed() || ep->closed()) endpoints_.erase(decode);
@@ -192,7 +255,8 @@ Status PrefillHandoff::transfer(Job& job, uint64_t decode, disagg::Destinations 
 }
 
 // Counted before the scheduler hears of it: a client that saw the request end sees the counts that go with it.
-void PrefillHandoff::finish(const Job& job, Outcome outcome, const Status& st, uint64_t bytes) {
+void PrefillHandoff::finish(Job& job, Outcome outcome, const Status& st, uint64_t bytes) {
+  job.released = true;
   {
     std::lock_guard<std::mutex> lk(mu_);
     counts_.in_flight--;

@@ -12,6 +12,10 @@
 // Cancellation: cancel() (after the scheduler's own cancel) releases a parked request at once. A request that
 // ends without a hand-off (cancelled, failed) leaves its room here until the destinations deadline: destinations
 // that arrive for it are answered with a withdrawal, so the decode side frees its reservation at once.
+// The decode side's cancel (disagg kCancel for the room's transfer) cancels the request here too: in the
+// scheduler while its prompt runs, released at once while parked, stopped between two puts during its transfer
+// (the puts posted are flushed, then the decode side is told: completion status cancelled). A cancel for a room
+// not submitted yet refuses its submit until the destinations deadline.
 #pragma once
 
 #include <chrono>
@@ -43,7 +47,8 @@ struct PrefillCounts {
   // failed, by reason: no destinations in time (a room that then gets destinations is answered with a withdrawal),
   // the decode side's lease expired during the transfer, any other transfer failure
   uint64_t no_destinations = 0, lease_expired = 0, transfer_failed = 0;
-  uint64_t cancelled = 0;                             // released parked by a client's cancel
+  uint64_t cancelled = 0;        // parked or in transfer, released by a cancel (the client's or the decode side's)
+  uint64_t cancel_messages = 0;  // cancels received from decode instances
   uint64_t withdrawn = 0;                             // decode reservations answered with a withdrawal
   size_t in_flight = 0;  // parked, not yet released
   Histogram seconds;     // parked → state handed over (completion sent), successful hand-offs
@@ -71,10 +76,12 @@ class PrefillHandoff final : public HandoffSide {
   PrefillHandoff(Scheduler& s, const PrefillHandoffOptions& o) : HandoffSide(o.worker), sched_(s), opts_(o) {}
   // On the side's thread: parked requests wait for their destinations (any order, each with its deadline).
   void idle() override;
-  Status transfer(Job& job, uint64_t decode, disagg::Destinations dst, uint64_t& bytes);
-  void finish(const Job& job, Outcome outcome, const Status& st, uint64_t bytes);
+  // `cancelled`: the decode side cancelled it during the transfer (stopped, flushed, told).
+  Status transfer(Job& job, uint64_t decode, disagg::Destinations dst, uint64_t& bytes, bool& cancelled);
+  void finish(Job& job, Outcome outcome, const Status& st, uint64_t bytes);
   void release_cancelled();          // side's thread: cancelled parked jobs
   void withdraw_later(uint64_t room);  // side's thread
+  void take_cancels();                 // side's thread: the decode sides' cancel messages
 
   Scheduler& sched_;
   PrefillHandoffOptions opts_;
@@ -82,6 +89,9 @@ class PrefillHandoff final : public HandoffSide {
   std::vector<std::shared_ptr<Job>> pending_;  // side's thread only
   std::vector<Ended> ended_;                   // side's thread only
   std::unordered_map<uint64_t, std::shared_ptr<Job>> jobs_;  // request id → job, until its final event (mu_)
+  std::unordered_map<uint64_t, std::shared_ptr<Job>> rooms_;  // room → job, until its final event (mu_)
+  // Rooms the decode side cancelled before their request came here, until then (mu_).
+  std::unordered_map<uint64_t, disagg::Clock::time_point> cancelled_rooms_;
   std::mutex mu_;
   PrefillCounts counts_;
 };

@@ -1,7 +1,9 @@
 """Client cancellation through `sglang-router --pd-disaggregation` reaches both workers: a client that closes its
 connection while the prompt is still running on the prefill instance, or while the decode instance streams,
 leaves no page, no KDA slot and no hand-off in flight on either worker, well before the hand-off deadline
-(set to 10 minutes here, so only the cancellation can explain a prompt release)."""
+(set to 10 minutes here, so only the cancellation can explain a prompt release). A hang-up that reaches only the
+decode worker (its two legs sent the way the router sends them, then only the decode connection closed) releases
+the prefill's request too, through the decode's cancel message."""
 import http.client
 import json
 import time
@@ -68,9 +70,9 @@ def test_disconnect_while_the_prompt_runs_frees_both_sides(pd):
     assert time.time() - t0 < 20  # the hand-off deadline is 600 s
     d = decode.metrics()
     assert d["kestrel_pd_handoffs_in_flight"] == 0 and d["kestrel_pd_quarantined_handoffs"] == 0, d
-    # The decode reservation was withdrawn by the prefill (its request ended first) or, had the prefill already
-    # parked, the parked request was cancelled there and withdrawn the same way.
-    assert d["kestrel_pd_handoffs_withdrawn_total"] >= 1, d
+    # The decode called the hand-off off (its own client's cancel), and its reservation came back without
+    # quarantine: withdrawn by the prefill, or stopped by it, or never advertised.
+    assert d["kestrel_pd_handoffs_cancelled_total"] >= 1, d
     # The workers are still paired: the next request goes through.
     status, body = chat(router.base, "Hi")
     assert status == 200, body
@@ -91,3 +93,87 @@ def test_disconnect_mid_stream_frees_both_sides(pd):
         m, ok = nothing_held(s)
         assert ok, (s.base, m)
     assert decode.metrics()["kestrel_requests_cancelled_total"] >= 1
+
+
+@pytest.fixture(scope="module", params=["tcp", "shm"])
+def pd_one_slot(request):
+    """A prefill and a decode worker without a router; the decode decodes one sequence at a time (one KDA slot),
+    so a second request waits for admission there while its prefill leg has already parked."""
+    env = {"UCX_TLS": request.param}
+    prefill = Server(GRID + ["--role", "prefill", "--handoff-timeout-ms", DEADLINE_MS], env=env)
+    decode = Server(GRID + ["--role", "decode", "--handoff-timeout-ms", DEADLINE_MS, "--max-running", "1"], env=env)
+    yield prefill, decode
+    for s in (prefill, decode):
+        s.stop()
+
+
+def open_leg(worker, prefill, room, prompt, max_tokens):
+    """One leg of a request the way sglang-router sends it: the same body to both workers, with the prefill's
+    bootstrap address and the room that pairs them."""
+    conn = http.client.HTTPConnection("127.0.0.1", worker.port, timeout=60)
+    body = {"model": "kimi-k3", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "bootstrap_host": "127.0.0.1", "bootstrap_port": prefill.port,
+            "bootstrap_room": room}
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    return conn
+
+
+def wait_until(predicate, what, timeout=30):
+    deadline = time.time() + timeout
+    while not predicate():
+        if time.time() > deadline:
+            pytest.fail(what)
+        time.sleep(0.02)
+
+
+def test_hang_up_reaching_only_the_decode_releases_the_prefill(pd_one_slot):
+    prefill, decode = pd_one_slot
+    p0, d0 = prefill.metrics(), decode.metrics()
+    # The decode's one slot is taken by a reservation whose prefill leg never comes (room 901): it would wait for
+    # its state until the 600 s deadline.
+    holder = open_leg(decode, prefill, 901, "Hi", 8)
+    wait_until(lambda: decode.metrics()["kestrel_state_slots_used"] == 1, "room 901 never reserved")
+    # Room 902: the prefill leg runs to its first token and parks, waiting for destinations; the decode leg waits
+    # for admission behind room 901 (nothing advertised yet).
+    p_leg = open_leg(prefill, prefill, 902, LONG, 16)
+    d_leg = open_leg(decode, prefill, 902, LONG, 16)
+    wait_until(lambda: prefill.metrics()["kestrel_pd_handoffs_in_flight"] == 1, "room 902 never parked")
+    wait_until(lambda: decode.metrics()["kestrel_requests_waiting"] == 1, "room 902 never queued on the decode")
+    d_leg.close()  # the client hangs up on the decode worker only; the prefill leg stays connected
+    t0 = time.time()
+    resp = p_leg.getresponse()
+    assert resp.status == 200
+    resp.read()  # the prefill's stream ends (its request cancelled), well within the connection's 60 s timeout
+    m, ok = nothing_held(prefill)
+    assert ok, m
+    # One scrape reads the hand-off counts and the pools at slightly different times: poll the count too.
+    wait_until(lambda: prefill.metrics()["kestrel_pd_handoffs_in_flight"] == 0, "prefill hand-off still in flight", 20)
+    m = prefill.metrics()
+    print(f"prefill released {time.time() - t0:.2f} s after the hang-up")
+    assert time.time() - t0 < 20, "released at the deadline, not by the cancel"  # the deadline is 600 s
+    assert m["kestrel_pd_cancel_messages_total"] - p0["kestrel_pd_cancel_messages_total"] == 1, m
+    assert m["kestrel_pd_handoffs_cancelled_total"] - p0["kestrel_pd_handoffs_cancelled_total"] == 1, m
+    assert m["kestrel_pd_handoffs_completed_total"] == p0["kestrel_pd_handoffs_completed_total"], m
+    # Room 901's client hangs up too: its reservation was advertised, so the decode keeps it until the prefill
+    # answers the cancel (it never had the room: a withdrawal), then frees it at once, not quarantined.
+    holder.close()
+    t0 = time.time()
+    d, ok = nothing_held(decode)
+    assert ok, d
+    wait_until(lambda: decode.metrics()["kestrel_pd_handoffs_in_flight"] == 0, "decode hand-off still in flight", 20)
+    d = decode.metrics()
+    assert time.time() - t0 < 20
+    assert d["kestrel_pd_quarantined_handoffs"] == 0, d
+    assert d["kestrel_pd_handoffs_cancelled_total"] - d0["kestrel_pd_handoffs_cancelled_total"] == 2, d
+    assert d["kestrel_pd_handoffs_withdrawn_total"] - d0["kestrel_pd_handoffs_withdrawn_total"] == 1, d
+    assert d["kestrel_pd_handoffs_completed_total"] == d0["kestrel_pd_handoffs_completed_total"], d
+    # The pair still works: both legs of room 903, the decode's stream read to its end.
+    p_leg = open_leg(prefill, prefill, 903, "Hi", 4)
+    d_leg = open_leg(decode, prefill, 903, "Hi", 4)
+    r = d_leg.getresponse()
+    assert r.status == 200
+    assert b"[DONE]" in r.read()
+    p_leg.getresponse().read()
+    for s in (prefill, decode):
+        m, ok = nothing_held(s)
+        assert ok, (s.base, m)

@@ -116,6 +116,21 @@ TEST(DisaggMessages, CompletionAndHeartbeatRoundTrip) {
   EXPECT_TRUE(body.empty());
 }
 
+TEST(DisaggMessages, CancelRoundTrip) {
+  for (CancelReason r : {CancelReason::kClient, CancelReason::kEnded}) {
+    std::vector<std::byte> m = encode_cancel(8, 0x8000000000000031ull, r);
+    std::span<const std::byte> body;
+    Result<MessageHeader> h = decode_header(m, &body);
+    ASSERT_TRUE(h) << h.error().message();
+    EXPECT_EQ(h->kind, MessageKind::kCancel);
+    EXPECT_EQ(h->sender, 8u);
+    EXPECT_EQ(h->transfer_id, 0x8000000000000031ull);
+    Result<CancelReason> back = decode_cancel(body);
+    ASSERT_TRUE(back) << back.error().message();
+    EXPECT_EQ(*back, r);
+  }
+}
+
 TEST(DisaggMessages, SegmentRoundTrip) {
   Segment s{7, 0xfffffffff0000000ull, 0x0fffffff, 0x0123456789abcdefull};
   std::vector<std::byte> m = encode_segment(4, 99, s);
@@ -154,7 +169,8 @@ TEST(DisaggMessages, EveryTruncationIsRejected) {
   std::vector<std::byte> d = encode_destinations(1, 2, sample());
   std::vector<std::byte> c = encode_completion(1, 2, {0, 1, 2, 3, 4});
   std::vector<std::byte> s = encode_segment(1, 2, {0, 0, 4096, 5});
-  for (const auto* m : {&d, &c, &s}) {
+  std::vector<std::byte> x = encode_cancel(1, 2, CancelReason::kEnded);
+  for (const auto* m : {&d, &c, &s, &x}) {
     for (size_t n = 0; n < m->size(); ++n) {
       std::span<const std::byte> cut(m->data(), n), body;
       Result<MessageHeader> h = decode_header(cut, &body);
@@ -164,6 +180,7 @@ TEST(DisaggMessages, EveryTruncationIsRejected) {
       }
       bool ok = h->kind == MessageKind::kDestinations ? decode_destinations(body).has_value()
                 : h->kind == MessageKind::kSegment     ? decode_segment(body).has_value()
+                : h->kind == MessageKind::kCancel      ? decode_cancel(body).has_value()
                                                        : decode_completion(body).has_value();
       EXPECT_FALSE(ok) << "accepted " << n << " of " << m->size() << " bytes";
     }
@@ -181,9 +198,10 @@ TEST(DisaggMessages, BadFieldsAreRejected) {
   EXPECT_FALSE(decode_header(flipped(0, std::byte{0}), &body));   // magic
   EXPECT_FALSE(decode_header(flipped(4, std::byte{1}), &body));   // version 1 (its checksum was FNV-1a)
   EXPECT_FALSE(decode_header(flipped(4, std::byte{2}), &body));   // version 2 (one checksum, no segments)
-  EXPECT_FALSE(decode_header(flipped(4, std::byte{4}), &body));   // a later version
+  EXPECT_FALSE(decode_header(flipped(4, std::byte{3}), &body));   // version 3 (no cancel, no status 3)
+  EXPECT_FALSE(decode_header(flipped(4, std::byte{5}), &body));   // a later version
   EXPECT_FALSE(decode_header(flipped(6, std::byte{0}), &body));   // kind 0
-  EXPECT_FALSE(decode_header(flipped(6, std::byte{5}), &body));   // kind past the last
+  EXPECT_FALSE(decode_header(flipped(6, std::byte{6}), &body));   // kind past the last
   std::vector<std::byte> trailing = m;
   trailing.push_back(std::byte{0});
   ASSERT_TRUE(decode_header(trailing, &body));
@@ -193,6 +211,16 @@ TEST(DisaggMessages, BadFieldsAreRejected) {
     ASSERT_TRUE(decode_header(seg, &body));
     EXPECT_FALSE(decode_segment(body));
   }
+  for (uint32_t reason : {0u, 3u}) {  // cancel reasons: none, unknown
+    std::vector<std::byte> cancel = encode_cancel(1, 2, CancelReason::kClient);
+    cancel[cancel.size() - 4] = static_cast<std::byte>(reason);
+    ASSERT_TRUE(decode_header(cancel, &body));
+    EXPECT_FALSE(decode_cancel(body)) << reason;
+  }
+  std::vector<std::byte> cancel = encode_cancel(1, 2, CancelReason::kClient);
+  cancel.push_back(std::byte{0});
+  ASSERT_TRUE(decode_header(cancel, &body));
+  EXPECT_FALSE(decode_cancel(body));  // trailing byte
   std::vector<std::byte> seg = encode_segment(1, 2, {0, 0, 1, 1});
   seg.push_back(std::byte{0});
   ASSERT_TRUE(decode_header(seg, &body));

@@ -14,6 +14,9 @@
 //     the decode (tcp; registered pools over shared memory), while over shared memory into pools UCX allocated the
 //     puts need nothing from the frozen decode, which decodes exactly once it runs again; a decode reservation
 //     made after the prefill's destinations deadline is withdrawn at once.
+//   - Cancels: a cancel on either side releases both at once with 10-minute deadlines; a decode-side cancel
+//     reaches the prefill as a cancel message (before the first put, mid-transfer, while the prompt runs, before
+//     the prefill's request came), the prefill stops, and the decode's memory returns on its confirmation.
 // The decode scheduler's pools are allocated as a decode server allocates them (DecodeArenas) unless a test says
 // otherwise.
 #include <gtest/gtest.h>
@@ -326,18 +329,26 @@ TEST_P(HandoffFault, CancelWhileHandedOff) {
   DecodeHandoffOptions d;
   d.transfer_timeout = std::chrono::minutes(10);
   open_pair(p, d);
-  // Decode side reserved, cancelled before its prefill even starts; the transfer still completes (the memory is
-  // the peer's to write until then), the decode request ends cancelled with nothing decoded.
-  Client pc, dc;
+  // Decode side reserved and advertised, cancelled before its prefill request even came: the prefill remembers
+  // the room and answers its destinations with a withdrawal (the decode's memory returns at once, not
+  // quarantined), and refuses the request when it comes.
+  Client dc;
   auto did = decode_->submit(dc.make(prompt(30, 4), 6), 31, prefill_->instance());
   ASSERT_TRUE(did);
   for (int i = 0; i < 500 && decode_->counts().registry.in_flight == 0; ++i) std::this_thread::sleep_for(5ms);
   decode_sched_->cancel(*did);
-  ASSERT_TRUE(prefill_->submit(pc.make(prompt(30, 4), 6), 31));
-  const Collected dres = dc.wait();
+  decode_->cancel(*did);
+  const Collected dres = dc.wait(60s);
   EXPECT_EQ(dres.finish, FinishReason::kCancelled);
   EXPECT_TRUE(dres.tokens.empty());
-  EXPECT_EQ(pc.wait().finish, FinishReason::kLength);
+  Client pc;
+  auto refused = prefill_->submit(pc.make(prompt(30, 4), 6), 31);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message().find("cancelled room 31"), std::string::npos) << refused.error().message();
+  EXPECT_EQ(decode_->counts().withdrawn, 1u);
+  EXPECT_EQ(decode_->counts().cancelled, 1u);
+  EXPECT_EQ(prefill_->counts().cancel_messages, 1u);
+  expect_no_leaks();
   // Prefill side parked (first token out), cancelled: released at once, not at its deadline.
   Client lone;
   auto pid = prefill_->submit(lone.make(prompt(30, 5), 6), 32);
@@ -355,8 +366,8 @@ TEST_P(HandoffFault, CancelWhileHandedOff) {
   const Collected lres = late.wait();
   EXPECT_EQ(lres.finish, FinishReason::kError);
   EXPECT_NE(lres.error.find("ended the request before its hand-off"), std::string::npos) << lres.error;
-  EXPECT_EQ(decode_->counts().withdrawn, 1u);
-  EXPECT_EQ(prefill_->counts().withdrawn, 1u);
+  EXPECT_EQ(decode_->counts().withdrawn, 2u);
+  EXPECT_EQ(prefill_->counts().withdrawn, 2u);
   EXPECT_TRUE(decode_->connected(prefill_->instance()));
   expect_no_leaks();
   // Cancelled on the prefill side while its prompt still runs (before parking): the decode reservation made for
@@ -373,11 +384,112 @@ TEST_P(HandoffFault, CancelWhileHandedOff) {
     EXPECT_EQ(ed.finish, FinishReason::kError);
   }
   EXPECT_TRUE(ed.tokens.empty());
-  EXPECT_EQ(decode_->counts().withdrawn, 2u);
+  EXPECT_EQ(decode_->counts().withdrawn, 3u);
   EXPECT_EQ(decode_->counts().quarantined, 0u);
   // And a normal hand-off still works on the same connection.
   const Collected again = handed_off(prompt(20, 7), 4, 34);
   EXPECT_EQ(again.finish, FinishReason::kLength);
+  expect_no_leaks();
+}
+
+// The prefill's fault policy for the decode-cancel tests: put `index` of every transfer announces itself and is
+// held back for a while, so the decode side's cancel arrives before it is posted.
+class HoldPut : public kestrel::disagg::testing::ScriptedFaults {
+ public:
+  HoldPut(size_t index, std::chrono::milliseconds delay) : index_(index) {
+    puts = {{index, {kestrel::disagg::PutFault::Kind::kDelay, 0, delay}}};
+  }
+  kestrel::disagg::PutFault on_put(uint64_t id, size_t index, size_t length) override {
+    if (index == index_) reached = true;
+    return ScriptedFaults::on_put(id, index, length);
+  }
+  std::atomic<bool> reached{false};
+
+ private:
+  size_t index_;
+};
+
+// A cancel on the decode side alone (its client hung up; the prefill's client did not) while the transfer is
+// under way: the prefill stops before its next put (put `held` of the transfer: 0 = before the first put),
+// flushes what it put, ends its request cancelled and frees its pages; the decode side frees its reservation
+// when the prefill confirms (not quarantined, shared memory included), and both return to zero. The deadlines
+// are 10 minutes away, so only the cancel message can explain any of it: without it the prefill completes the
+// transfer (kLength) and the decode side admits, then cancels.
+class HandoffCancel : public HandoffFault {
+ protected:
+  void cancel_during_transfer(size_t held) {
+    auto& hold = static_cast<HoldPut&>(*owned_faults_.emplace_back(std::make_unique<HoldPut>(held, 1500ms)));
+    PrefillHandoffOptions p;
+    p.destinations_timeout = p.transfer_timeout = std::chrono::minutes(10);
+    p.lease = std::chrono::minutes(10);
+    p.worker.faults = &hold;
+    DecodeHandoffOptions d;
+    d.transfer_timeout = std::chrono::minutes(10);
+    open_pair(p, d);
+    const std::vector<int32_t> ids = prompt(40, 3);
+    Client pc, dc;
+    auto did = decode_->submit(dc.make(ids, 6), 61, prefill_->instance());
+    ASSERT_TRUE(did);
+    ASSERT_TRUE(prefill_->submit(pc.make(ids, 6), 61));
+    for (int i = 0; i < 6000 && !hold.reached; ++i) std::this_thread::sleep_for(5ms);
+    ASSERT_TRUE(hold.reached) << "the transfer never started";
+    decode_sched_->cancel(*did);
+    decode_->cancel(*did);
+    const Collected dres = dc.wait(60s), pres = pc.wait(60s);
+    EXPECT_EQ(dres.finish, FinishReason::kCancelled) << dres.error;
+    EXPECT_TRUE(dres.tokens.empty()) << "a token was emitted from a cancelled hand-off";
+    EXPECT_EQ(pres.finish, FinishReason::kCancelled) << pres.error;
+    EXPECT_EQ(pres.tokens.size(), 1u);
+    EXPECT_EQ(hold.puts_seen, held + 1) << "the prefill went on putting after the cancel";
+    const PrefillCounts pcnt = prefill_->counts();
+    EXPECT_EQ(pcnt.cancel_messages, 1u);
+    EXPECT_EQ(pcnt.cancelled, 1u);
+    EXPECT_EQ(pcnt.handed_off, 0u);
+    EXPECT_EQ(pcnt.failed, 0u);
+    const DecodeCounts dcnt = decode_->counts();
+    EXPECT_EQ(dcnt.cancelled, 1u);
+    EXPECT_EQ(dcnt.cancel_confirmed, 1u);
+    EXPECT_EQ(dcnt.failed, 0u);
+    EXPECT_EQ(dcnt.received, 0u);
+    expect_no_leaks();
+    // The connection stays: a normal hand-off follows on it and equals the colocated run.
+    EXPECT_TRUE(decode_->connected(prefill_->instance()));
+    const std::vector<int32_t> next = prompt(20, 7);
+    const Collected want = colocated(next, 4);
+    const Collected again = handed_off(next, 4, 62);
+    EXPECT_EQ(again.finish, FinishReason::kLength) << again.error;
+    EXPECT_TRUE(bit_equal(again, want));
+    expect_no_leaks();
+  }
+};
+
+TEST_P(HandoffCancel, DecodeCancelBeforeTheFirstPut) { cancel_during_transfer(0); }
+
+TEST_P(HandoffCancel, DecodeCancelMidTransfer) { cancel_during_transfer(2); }
+
+// The decode side cancels while the prefill still computes the prompt (nothing advertised has been read yet):
+// the prefill's request ends cancelled in its scheduler and the destinations are answered with a withdrawal.
+TEST_P(HandoffCancel, DecodeCancelWhileThePromptRuns) {
+  PrefillHandoffOptions p;
+  p.destinations_timeout = p.transfer_timeout = std::chrono::minutes(10);
+  DecodeHandoffOptions d;
+  d.transfer_timeout = std::chrono::minutes(10);
+  open_pair(p, d);
+  Client pc, dc;
+  auto did = decode_->submit(dc.make(prompt(300, 9), 6), 71, prefill_->instance());
+  ASSERT_TRUE(did);
+  for (int i = 0; i < 500 && decode_->counts().registry.in_flight == 0; ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(prefill_->submit(pc.make(prompt(300, 9), 6), 71));
+  decode_sched_->cancel(*did);
+  decode_->cancel(*did);
+  const Collected dres = dc.wait(60s), pres = pc.wait(60s);
+  EXPECT_EQ(dres.finish, FinishReason::kCancelled) << dres.error;
+  EXPECT_TRUE(dres.tokens.empty());
+  EXPECT_EQ(pres.finish, FinishReason::kCancelled) << pres.error;
+  EXPECT_EQ(prefill_->counts().cancel_messages, 1u);
+  EXPECT_EQ(prefill_->counts().handed_off, 0u);
+  EXPECT_EQ(decode_->counts().cancelled, 1u);
+  EXPECT_EQ(decode_->counts().quarantined, 0u);
   expect_no_leaks();
 }
 
@@ -529,6 +641,7 @@ std::string name(const ::testing::TestParamInfo<const char*>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Models, Handoff, ::testing::Values("k3-tiny", "k3-tiny-dsa", "deepseek-v3-tiny"), name);
 INSTANTIATE_TEST_SUITE_P(Models, HandoffFault, ::testing::Values("k3-tiny"), name);
+INSTANTIATE_TEST_SUITE_P(Models, HandoffCancel, ::testing::Values("k3-tiny"), name);
 
 }  // namespace
 }  // namespace kestrel::pd

@@ -89,7 +89,7 @@ class DisaggPair : public ::testing::Test {
   Outcome run(milliseconds decode_deadline = milliseconds(3000), milliseconds silence = milliseconds(2000),
               std::optional<std::vector<std::span<const std::byte>>> prefill_sources = std::nullopt) {
     Outcome o;
-    std::atomic<bool> stop{false};
+    std::atomic<bool> stop{false}, prefill_done{false};
     std::thread side([&] {
       uint64_t sender = 0;
       Result<Destinations> dst = wait_destinations(*prefill, kTransfer, Deadline::after(milliseconds(2000)), &sender);
@@ -102,6 +102,7 @@ class DisaggPair : public ::testing::Test {
         o.prefill = out.run(Deadline::after(milliseconds(2000)));
         EXPECT_EQ(out.state(), o.prefill.is_ok() ? TransferState::kCompleted : TransferState::kFailed);
       }
+      prefill_done = true;
       while (!stop) {
         if (!prefill->progress()) std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
@@ -111,6 +112,12 @@ class DisaggPair : public ::testing::Test {
     if (o.decode.is_ok()) {
       o.decode = in.wait(Deadline::after(decode_deadline), silence);
       EXPECT_EQ(in.state(), o.decode.is_ok() ? TransferState::kCompleted : TransferState::kFailed);
+    }
+    // The decode side keeps progressing until the prefill's run ends, as a decode server's thread does: over tcp
+    // the prefill's flush needs the target's progress, also after the decode gave the transfer up (a checksum
+    // mismatch in an early segment ends the decode's wait while later segments are still being flushed).
+    while (!prefill_done) {
+      if (!decode->progress()) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     stop = true;
     side.join();

@@ -4,7 +4,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "kernels/cpu/blas_gemm.h"
 #include "kernels/cpu/flash_attention.h"
@@ -224,17 +227,29 @@ void VisionTower::block_forward(const Block& blk, std::span<const VisionImage> i
   clock.lap(&VisionStageTimes::residual);
 }
 
+std::unique_ptr<VisionTower::BlockBuffers> VisionTower::take_buffers() const {
+  std::lock_guard<std::mutex> lock(kept_mu_);
+  return kept_ ? std::move(kept_) : std::make_unique<BlockBuffers>();
+}
+
+void VisionTower::keep_buffers(std::unique_ptr<BlockBuffers> buf) const {
+  if (buf->bytes() > kMaxKeptBufferBytes) return;
+  std::lock_guard<std::mutex> lock(kept_mu_);
+  if (!kept_ || kept_->bytes() < buf->bytes()) kept_ = std::move(buf);
+}
+
 Status VisionTower::encode(std::span<const VisionImage> images, std::vector<float>& x, const StopFn& stop,
                            VisionStageTimes* times) const {
   std::vector<int64_t> rope_pos;  // (row, column) of every patch in its image
   for (const VisionImage& im : images)
     for (int64_t y = 0; y < im.grid_thw[1]; ++y)
       for (int64_t c = 0; c < im.grid_thw[2]; ++c) rope_pos.push_back(y), rope_pos.push_back(c);
-  BlockBuffers buf;
+  std::unique_ptr<BlockBuffers> buf = take_buffers();
   for (const Block& blk : blocks_) {
     if (stop && stop()) return unavailable("image encoding stopped");
-    block_forward(blk, images, rope_pos, x, buf, times);
+    block_forward(blk, images, rope_pos, x, *buf, times);
   }
+  keep_buffers(std::move(buf));
   StageClock clock(times);
   const int64_t T = static_cast<int64_t>(rope_pos.size() / 2);
   kernels::rms_norm(x.data(), final_norm_.data(), T, v_.hidden, kEncoderNormEps, x.data());

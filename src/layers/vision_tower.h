@@ -10,6 +10,8 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -90,7 +92,18 @@ class VisionTower {
   struct BlockBuffers {
     kernels::HugePageBuffer h, qkv, attn, proj, mid;
     kernels::HugePageBuffer kv;  // one image's keys and values packed per head (kernels::pack_keys_values)
+    size_t bytes() const {
+      return (h.capacity() + qkv.capacity() + attn.capacity() + proj.capacity() + mid.capacity() + kv.capacity()) *
+             sizeof(float);
+    }
   };
+  // Block buffers kept from one encoding for the next (their pages already faulted in: a fresh 250 MiB set costs
+  // its page faults and the kernel's zeroing of every page on first touch, again for every image), when they total
+  // at most kMaxKeptBufferBytes (an image of up to ~2,000 tokens at K3's widths); an encoding running while the set
+  // is taken allocates its own.
+  static constexpr size_t kMaxKeptBufferBytes = size_t{512} << 20;
+  std::unique_ptr<BlockBuffers> take_buffers() const;
+  void keep_buffers(std::unique_ptr<BlockBuffers> buf) const;
   // Position grid interpolated to h x w (or the grid itself when it is h x w): [h·w, hidden].
   void position_grid(int64_t h, int64_t w, std::vector<float>& out) const;
   void block_forward(const Block& blk, std::span<const VisionImage> images, const std::vector<int64_t>& rope_pos,
@@ -105,6 +118,8 @@ class VisionTower {
   std::vector<float> final_norm_;
   // RoPE: cos/sin of position p times frequency i, [kMaxGridSide, head_dim / 4].
   std::vector<float> rope_cos_, rope_sin_;
+  mutable std::mutex kept_mu_;
+  mutable std::unique_ptr<BlockBuffers> kept_;  // guarded by kept_mu_
 };
 
 }  // namespace kestrel

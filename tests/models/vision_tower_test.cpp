@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/test_util.h"
@@ -244,6 +245,31 @@ TEST_P(VisionTowerTest, SameBitsOnOneTwoAndThreeThreads) {
   EXPECT_EQ(big[0], big[2]) << "1 vs 3 threads";
   EXPECT_EQ(batch[0], batch[1]) << "golden batch, 1 vs 2 threads";
   EXPECT_EQ(batch[0], batch[2]) << "golden batch, 1 vs 3 threads";
+}
+
+// The block buffers kept from one encoding for the next (VisionTower::take_buffers / keep_buffers) change no bits:
+// the golden batch on fresh buffers, then a larger image (the buffers grow), then each again on the kept, stale
+// buffers; and two encodings at once (one takes the kept set, the other allocates its own) give the same bits too.
+TEST_P(VisionTowerTest, KeptBuffersChangeNoBits) {
+  const int64_t per_patch = 3 * int64_t{vcfg_.patch_size} * vcfg_.patch_size;
+  const std::vector<float> pa = testing::hashed_pixels(14, 32 * 32 * per_patch);
+  const VisionImage a{pa.data(), {1, 32, 32}};
+  const std::span<const VisionImage> big(&a, 1);
+  auto small_fresh = tower_.forward(images_);
+  auto big_first = tower_.forward(big);
+  auto small_kept = tower_.forward(images_);
+  auto big_kept = tower_.forward(big);
+  ASSERT_TRUE(small_fresh && big_first && small_kept && big_kept);
+  EXPECT_EQ(*small_fresh, *small_kept);
+  EXPECT_EQ(*big_first, *big_kept);
+  Result<std::vector<float>> r0 = std::vector<float>{}, r1 = std::vector<float>{};
+  std::thread t0([&] { r0 = tower_.forward(big); });
+  std::thread t1([&] { r1 = tower_.forward(images_); });
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(r0 && r1);
+  EXPECT_EQ(*r0, *big_first);
+  EXPECT_EQ(*r1, *small_fresh);
 }
 
 // The stage profile (VisionStageTimes) changes nothing and times every tower stage.

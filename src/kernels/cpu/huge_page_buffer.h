@@ -28,6 +28,7 @@ class HugePageBuffer {
     capacity_ = bytes / sizeof(float);
   }
   float* data() const { return data_.get(); }
+  size_t capacity() const { return capacity_; }  // floats
 
  private:
   struct Free {

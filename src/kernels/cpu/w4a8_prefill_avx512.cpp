@@ -23,9 +23,6 @@
 #include "kernels/cpu/w4a8_avx512_lanes.h"
 #include "kernels/cpu/w4a8_kernels.h"
 
-#ifndef KESTREL_ACTS_OUTER
-#define KESTREL_ACTS_OUTER 0
-#endif
 namespace kestrel::kernels {
 namespace {
 
@@ -39,9 +36,6 @@ constexpr int kR = 4, kU = 4;
 // Tokens per block: their activations and compensation stay cache-resident while every row group of
 // the stripe meets them.
 constexpr int64_t kTokBlock = 32;
-// Loop order inside a chunk: per token then per row (weights reloaded from L1 per token), or per row
-// then per token (the U tokens' activations held in registers).
-constexpr bool kActsOuter = KESTREL_ACTS_OUTER;
 
 template <Int8Weights K>
 KESTREL_AVX512 void unpack_stripe(const Int8GemmTask& t, int64_t r0, int64_t n, __m512i idx, uint8_t* dst) {
@@ -77,35 +71,21 @@ KESTREL_AVX512 void tile(const uint8_t* wt, const Int8GemmTask& t, const int32_t
 #pragma GCC unroll 8
     for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
   for (int64_t c = 0; c < nc; ++c, wt += R * kTileBytes) {
-    if constexpr (kActsOuter) {
+    __m512i xe[U], xo[U], n[U];
+#pragma GCC unroll 8
+    for (int u = 0; u < U; ++u) {
+      xe[u] = _mm512_loadu_si512(X + u * in + c * 128), xo[u] = _mm512_loadu_si512(X + u * in + c * 128 + 64);
+      n[u] = _mm512_loadu_si512(ncomp + u * (in / 8) + c * 16);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* p = wt + r * kTileBytes;
+      const __m512i lo = _mm512_load_si512(p), hi = _mm512_load_si512(p + 64);
+      const __m512 sc = _mm512_load_ps(p + 128);
 #pragma GCC unroll 8
       for (int u = 0; u < U; ++u) {
-        const __m512i xe = _mm512_loadu_si512(X + u * in + c * 128), xo = _mm512_loadu_si512(X + u * in + c * 128 + 64);
-        const __m512i n = _mm512_loadu_si512(ncomp + u * (in / 8) + c * 16);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const uint8_t* p = wt + r * kTileBytes;
-          const __m512i d = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(n, _mm512_load_si512(p), xe), _mm512_load_si512(p + 64), xo);
-          acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_load_ps(p + 128), acc[r][u]);
-        }
-      }
-    } else {
-      __m512i xe[U], xo[U], n[U];
-#pragma GCC unroll 8
-      for (int u = 0; u < U; ++u) {
-        xe[u] = _mm512_loadu_si512(X + u * in + c * 128), xo[u] = _mm512_loadu_si512(X + u * in + c * 128 + 64);
-        n[u] = _mm512_loadu_si512(ncomp + u * (in / 8) + c * 16);
-      }
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const uint8_t* p = wt + r * kTileBytes;
-        const __m512i lo = _mm512_load_si512(p), hi = _mm512_load_si512(p + 64);
-        const __m512 sc = _mm512_load_ps(p + 128);
-#pragma GCC unroll 8
-        for (int u = 0; u < U; ++u) {
-          const __m512i d = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(n[u], lo, xe[u]), hi, xo[u]);
-          acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[r][u]);
-        }
+        const __m512i d = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(n[u], lo, xe[u]), hi, xo[u]);
+        acc[r][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[r][u]);
       }
     }
   }

@@ -1,6 +1,8 @@
 // Int8-activation GEMV/GEMM microbenchmark (google-benchmark): W4A8 (int4, group 32) and MXFP4 × int8
-// at decode (T = 1, 8) and prefill (T = 128, 512) shapes, on every ISA path this CPU supports; GGUF
-// Q4_0 / Q8_0 × Q8_0 activations on the small-T kernel and the prefill GEMM form (BM_GgufInt8).
+// at decode (T = 1, 8) and prefill (T = 128, 512) shapes, on every ISA path this CPU supports (the
+// AVX-512 VNNI one takes its GEMM form from 16 tokens); the AVX-512 VNNI small-T kernel against its
+// prefill GEMM form on one thread (BM_Int8Form); GGUF Q4_0 / Q8_0 / MXFP4 × Q8_0 activations on the
+// small-T kernel and the prefill GEMM form (BM_GgufInt8).
 // Rates are per CPU second of the benchmark thread (google-benchmark's CPU time), so run it with
 // OMP_NUM_THREADS=1 on a shared machine: wall-clock rates of a 2-thread OpenMP call on an
 // oversubscribed box measure the scheduler's timeslices, not the kernel. Reported per run:
@@ -144,18 +146,55 @@ void shapes(benchmark::internal::Benchmark* b) {
         }
 }
 
-// GGUF Q4_0 / Q8_0 × Q8_0 activations (gguf_int8.h), one thread, quantization included. Args: format
-// (0 Q4_0, 1 Q8_0), path (0 small-T kernel gguf_int8_rows_avx512, 1 prefill GEMM gguf_int8_gemm_rows),
-// out, in, T.
+// W4A8 / MXFP4 × int8 on AVX-512 VNNI, one thread, quantization included. Args: format (0 W4A8
+// group 32, 1 MXFP4), form (0 small-T kernel, 1 prefill GEMM), out, in, T.
+void BM_Int8Form(benchmark::State& state) {
+  if (!isa_supported(Isa::kAvx512Vnni)) return state.SkipWithError("unsupported: no AVX-512 VNNI");
+  const auto f = state.range(0) == 0 ? WeightFormat::kW4A8 : WeightFormat::kMxfp4;
+  const bool gemm = state.range(1) == 1;
+  const int64_t out = state.range(2), in = state.range(3), T = state.range(4);
+  Weights m = make_weights(f, out, in);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> d(0, 1);
+  std::vector<float> x(static_cast<size_t>(T * in)), y(static_cast<size_t>(T * out));
+  for (auto& v : x) v = d(rng);
+  QuantizedActs a;
+  for (auto _ : state) {
+    quantize_activations(x.data(), T, in, a);
+    int8_matmul_quantized(m.w, a, y.data(), Isa::kAvx512Vnni, gemm ? Int8Form::kGemm : Int8Form::kSmallT);
+    benchmark::ClobberMemory();
+  }
+  const double ops = 2.0 * static_cast<double>(out * in * T), n = static_cast<double>(state.iterations());
+  state.counters["TOPS"] = benchmark::Counter(ops * n * 1e-12, benchmark::Counter::kIsRate);
+  if (vnni_peak_ops() > 0)
+    state.counters["vnni_peak"] = benchmark::Counter(ops * n / vnni_peak_ops(), benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(f == WeightFormat::kW4A8 ? "w4a8" : "mxfp4") + (gemm ? "/gemm" : "/small-T"));
+}
+
+void form_shapes(benchmark::internal::Benchmark* b) {
+  // (out, in): k3-bench projection, its expert, a 7168-wide projection.
+  const std::vector<std::pair<int64_t, int64_t>> mats = {{2048, 2048}, {1024, 1024}, {4096, 7168}};
+  for (int fmt : {0, 1})
+    for (auto [o, i] : mats)
+      for (int64_t T : {16, 32, 128, 512})
+        for (int form : {0, 1}) b->Args({fmt, form, o, i, T});
+}
+
+// GGUF Q4_0 / Q8_0 / MXFP4 × Q8_0 activations (gguf_int8.h), one thread, quantization included. Args:
+// format (0 Q4_0, 1 Q8_0, 2 MXFP4), path (0 small-T kernel gguf_int8_rows_avx512, 1 prefill GEMM
+// gguf_int8_gemm_rows), out, in, T.
 void BM_GgufInt8(benchmark::State& state) {
   if (!isa_supported(Isa::kAvx512Vnni)) return state.SkipWithError("unsupported: no AVX-512 VNNI");
-  const auto f = state.range(0) == 0 ? WeightFormat::kGgufQ4_0 : WeightFormat::kGgufQ8_0;
+  const auto f = state.range(0) == 0 ? WeightFormat::kGgufQ4_0 : state.range(0) == 1 ? WeightFormat::kGgufQ8_0 : WeightFormat::kGgufMxfp4;
   const bool gemm = state.range(1) == 1;
   const int64_t out = state.range(2), in = state.range(3), T = state.range(4), bb = gguf_block_bytes(f);
   std::mt19937 rng(1);
   std::vector<uint8_t> data(static_cast<size_t>(out * in / 32 * bb));
   for (auto& b : data) b = static_cast<uint8_t>(rng());
-  for (size_t b = 0; b < data.size(); b += static_cast<size_t>(bb)) data[b + 1] = static_cast<uint8_t>(0x1c + rng() % 4);  // fp16 ≈ 2^-8
+  for (size_t b = 0; b < data.size(); b += static_cast<size_t>(bb)) {
+    if (f == WeightFormat::kGgufMxfp4) data[b] = static_cast<uint8_t>(118 + rng() % 4);  // E8M0 ≈ 2^-9
+    else data[b + 1] = static_cast<uint8_t>(0x1c + rng() % 4);                          // fp16 ≈ 2^-8
+  }
   WeightMatrix w;
   w.format = f, w.out = out, w.in = in, w.data = data.data();
   std::normal_distribution<float> d(0, 1);
@@ -163,7 +202,8 @@ void BM_GgufInt8(benchmark::State& state) {
   for (auto& v : x) v = d(rng);
   Q8Acts a;
   for (auto _ : state) {
-    q8_acts_prepare(a, T, in, gemm && f == WeightFormat::kGgufQ4_0, gemm && f == WeightFormat::kGgufQ8_0);
+    q8_acts_prepare(a, T, in, gemm && f == WeightFormat::kGgufQ4_0, gemm && f == WeightFormat::kGgufQ8_0,
+                    gemm && f == WeightFormat::kGgufMxfp4);
     q8_acts_fill(x.data(), 0, T, a);
     if (gemm) gguf_int8_gemm_rows(w, a, y.data(), out, 0, out);
     else gguf_int8_rows_avx512(w, a, y.data(), out, 0, out);
@@ -173,13 +213,14 @@ void BM_GgufInt8(benchmark::State& state) {
   state.counters["TOPS"] = benchmark::Counter(ops * n * 1e-12, benchmark::Counter::kIsRate);
   if (vnni_peak_ops() > 0)
     state.counters["vnni_peak"] = benchmark::Counter(ops * n / vnni_peak_ops(), benchmark::Counter::kIsRate);
-  state.SetLabel(std::string(f == WeightFormat::kGgufQ4_0 ? "q4_0" : "q8_0") + (gemm ? "/gemm" : "/small-T"));
+  state.SetLabel(std::string(f == WeightFormat::kGgufQ4_0 ? "q4_0" : f == WeightFormat::kGgufQ8_0 ? "q8_0" : "mxfp4") +
+                 (gemm ? "/gemm" : "/small-T"));
 }
 
 void gguf_shapes(benchmark::internal::Benchmark* b) {
   // (out, in): k3-bench attention / FFN up / FFN down; kimi-linear-bench FFN up / down.
   const std::vector<std::pair<int64_t, int64_t>> mats = {{2048, 2048}, {8192, 2048}, {2048, 8192}, {9216, 2304}, {2304, 9216}};
-  for (int fmt : {0, 1})
+  for (int fmt : {0, 1, 2})
     for (auto [o, i] : mats)
       for (int64_t T : {8, 16, 32, 128, 512})
         for (int path : {0, 1}) b->Args({fmt, path, o, i, T});
@@ -189,5 +230,6 @@ void gguf_shapes(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_VnniPeak)->Iterations(1);
 BENCHMARK(BM_Int8Matmul)->Apply(shapes)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Int8Form)->Apply(form_shapes)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GgufInt8)->Apply(gguf_shapes)->Unit(benchmark::kMillisecond);
 BENCHMARK_MAIN();

@@ -11,8 +11,9 @@
 // Two barriers (after A, after B) instead of the grouped path's three regions (gate/up, activation, down)
 // with their quantization barriers and serial gather and combine. Items are dynamically scheduled, so
 // both cores stay busy whatever the token count per expert. Every product is the small-T int8 kernel
-// (gguf_int8_rows_at) or, for the shared experts at T ≥ kGgufGemmMinTokens, the GEMM form, both of which
-// give each token the bits matmul_many gives it: the result equals forward_grouped's bit for bit.
+// (gguf_int8_rows_at) or, for the shared experts at T ≥ kGgufGemmMinTokens and the routed experts that
+// receive that many tokens (prefill), the GEMM form (gguf_int8_gemm_rows / _at), all of which give each
+// token the bits matmul_many gives it: the result equals forward_grouped's bit for bit.
 #include <omp.h>
 
 #include <algorithm>
@@ -41,15 +42,30 @@ bool int8_mlp(const GatedMlp& m) {
          kernels::is_gguf_int8_format(m.down_weight().format);
 }
 
-// Whether the shared experts' product over T tokens takes the GEMM form, as matmul_many would.
+// Whether a product over T tokens takes the GEMM form (for the shared experts, as matmul_many would).
 bool gemm_form(const WeightMatrix& w, int64_t T) {
   return T >= kernels::kGgufGemmMinTokens && kernels::gguf_int8_gemm_format(w.format);
 }
 
-// Adds the GEMM layouts w's GEMM form over T tokens needs to (q4, q8).
-void gemm_layouts(const WeightMatrix& w, int64_t T, bool& q4, bool& q8) {
-  q4 = q4 || (gemm_form(w, T) && w.format == WeightFormat::kGgufQ4_0);
-  q8 = q8 || (gemm_form(w, T) && w.format == WeightFormat::kGgufQ8_0);
+// The GEMM layouts an input needs (Q8Acts::gemm_q4 / gemm_q8 / gemm_mx).
+struct Layouts {
+  bool q4 = false, q8 = false, mx = false;
+};
+
+// Adds the GEMM layout w's GEMM form over T tokens needs.
+void gemm_layouts(const WeightMatrix& w, int64_t T, Layouts& l) {
+  if (!gemm_form(w, T)) return;
+  l.q4 = l.q4 || w.format == WeightFormat::kGgufQ4_0;
+  l.q8 = l.q8 || w.format == WeightFormat::kGgufQ8_0;
+  l.mx = l.mx || w.format == WeightFormat::kGgufMxfp4;
+}
+
+void prepare(Q8Acts& a, int64_t T, int64_t in, const Layouts& l) { kernels::q8_acts_prepare(a, T, in, l.q4, l.q8, l.mx); }
+
+// A routed expert's rows [r0, r1) for its n tokens picked from a by index.
+void picked_rows(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  if (gemm_form(w, n)) return kernels::gguf_int8_gemm_rows_at(w, a, tok, n, y, ldy, r0, r1);
+  kernels::gguf_int8_rows_at(w, a, tok, n, y, ldy, r0, r1);
 }
 
 // y rows [r0, r1) of w over every token of a (the shared experts), in the form matmul_many picks.
@@ -102,18 +118,27 @@ void MoeBlock::forward_fused(const float* x, const float* in, int64_t T) {
     }
   }
   // Quantized inputs; the shared experts' products carry the GEMM layout where matmul_many would use it.
+  // The routed experts' inputs carry the layout of the experts' GEMM form when one of them gets that many tokens.
   const bool same_input = in == x;
-  bool x4 = false, x8 = false, h4 = false, h8 = false;
+  Layouts xl, hl, rx, rh;
   if (has_shared_) {
-    gemm_layouts(shared_.gate_weight(), T, x4, x8);
-    gemm_layouts(shared_.up_weight(), T, x4, x8);
-    gemm_layouts(shared_.down_weight(), T, h4, h8);
+    gemm_layouts(shared_.gate_weight(), T, xl);
+    gemm_layouts(shared_.up_weight(), T, xl);
+    gemm_layouts(shared_.down_weight(), T, hl);
   }
-  kernels::q8_acts_prepare(fx_, T, in_, same_input && x4, same_input && x8);
-  if (has_shared_ && !same_input) kernels::q8_acts_prepare(fxs_, T, hid, x4, x8);
+  for (const FusedExpert& fe : fused_experts_) {
+    const GatedMlp& ex = experts_[static_cast<size_t>(fe.e)];
+    gemm_layouts(ex.gate_weight(), fe.n, rx);
+    gemm_layouts(ex.up_weight(), fe.n, rx);
+    gemm_layouts(ex.down_weight(), fe.n, rh);
+  }
+  Layouts fxl = rx;
+  if (same_input) fxl.q4 = fxl.q4 || xl.q4, fxl.q8 = fxl.q8 || xl.q8, fxl.mx = fxl.mx || xl.mx;
+  prepare(fx_, T, in_, fxl);
+  if (has_shared_ && !same_input) prepare(fxs_, T, hid, xl);
   const Q8Acts& xs = same_input ? fx_ : fxs_;
-  kernels::q8_acts_prepare(fh_, rows, inter);
-  if (has_shared_) kernels::q8_acts_prepare(fsh_, T, sh_inter, h4, h8);
+  prepare(fh_, rows, inter, rh);
+  if (has_shared_) prepare(fsh_, T, sh_inter, hl);
   g_.resize(static_cast<size_t>(rows * inter));
   u_.resize(static_cast<size_t>(rows * inter));
   eout_.resize(static_cast<size_t>(rows * in_));
@@ -154,8 +179,8 @@ void MoeBlock::forward_fused(const float* x, const float* in, int64_t T) {
     const int32_t* tok = fused_tok_.data() + fe.off;
     float* g = g_.data() + fe.off * inter;
     float* u = u_.data() + fe.off * inter;
-    kernels::gguf_int8_rows_at(ex.gate_weight(), fx_, tok, fe.n, g, inter, r0, r1);
-    kernels::gguf_int8_rows_at(ex.up_weight(), fx_, tok, fe.n, u, inter, r0, r1);
+    picked_rows(ex.gate_weight(), fx_, tok, fe.n, g, inter, r0, r1);
+    picked_rows(ex.up_weight(), fx_, tok, fe.n, u, inter, r0, r1);
     for (int64_t i = 0; i < fe.n; ++i) {
       ex.activate(g + i * inter + r0, u + i * inter + r0, r1 - r0);
       kernels::q8_acts_fill_chunks(g + i * inter, fe.off + i, c0, c1, fh_);
@@ -166,8 +191,8 @@ void MoeBlock::forward_fused(const float* x, const float* in, int64_t T) {
     if (has_shared_ && d0 < hid) all_tokens_rows(shared_.down_weight(), fsh_, shared_out_.data(), hid, d0, std::min(hid, d0 + kDownStripe));
     if (d0 >= in_) return;
     for (const FusedExpert& fe : fused_experts_)
-      kernels::gguf_int8_rows_at(experts_[static_cast<size_t>(fe.e)].down_weight(), fh_, fused_row_.data() + fe.off, fe.n,
-                                 eout_.data() + fe.off * in_, in_, d0, d1);
+      picked_rows(experts_[static_cast<size_t>(fe.e)].down_weight(), fh_, fused_row_.data() + fe.off, fe.n, eout_.data() + fe.off * in_,
+                  in_, d0, d1);
     // Weighted sum per token, experts in ascending order (forward_grouped's operations, stripe by stripe).
     for (int64_t t = 0; t < T; ++t) std::fill(acc_.data() + t * in_ + d0, acc_.data() + t * in_ + d1, 0.0f);
     for (int64_t r = 0; r < rows; ++r)

@@ -351,8 +351,9 @@ INSTANTIATE_TEST_SUITE_P(Micro, GgufDeepseek2Int8TokenByToken,
                          ::testing::Values("deepseek_v3_micro_q8_0", "deepseek_v3_micro_q4_0"));
 
 // The MoE experts in one parallel region (layers/moe_fused.cpp) against the grouped matmul_many path, int8
-// mode, bit for bit: prefill chunks of 24 tokens (the shared experts in the GEMM form, several tokens per
-// expert) and one token at a time. The files cover Q4_0 and Q8_0 experts with shared experts, LatentMoE
+// mode, bit for bit: prefill chunks of 64 tokens (routed experts with 16 or more tokens in the GEMM form too),
+// of 24 tokens (the shared experts in the GEMM form, several tokens per expert) and one token at a time.
+// The files cover Q4_0 and Q8_0 experts with shared experts, LatentMoE
 // (the routed input is the latent, the shared experts' the hidden state: two quantized inputs) and
 // deepseek2's plain MoE.
 class GgufMoeFused : public ::testing::TestWithParam<const char*> {};
@@ -364,7 +365,7 @@ TEST_P(GgufMoeFused, SameBitsAsGroupedExperts) {
   struct Restore {
     ~Restore() { set_moe_fused(true); }
   } restore;
-  for (const int64_t chunk : {24, 1}) {
+  for (const int64_t chunk : {64, 24, 1}) {  // 64: routed experts with ≥ 16 tokens take the GEMM form
     SCOPED_TRACE(chunk);
     set_moe_fused(false);
     const auto grouped = run(data(std::string(GetParam()) + ".gguf"), g.prompt, true, chunk);

@@ -17,15 +17,17 @@ EnvSwitch g_enabled("KESTREL_GGUF_INT8", /*default_on=*/true);
 
 }  // namespace
 
-void q8_acts_prepare(Q8Acts& a, int64_t T, int64_t in, bool gemm_q4, bool gemm_q8) {
+void q8_acts_prepare(Q8Acts& a, int64_t T, int64_t in, bool gemm_q4, bool gemm_q8, bool gemm_mx) {
   KCHECK(in % 32 == 0, "quantize_q8_0_acts: in must be a multiple of 32");
   a.T = T, a.in = in, a.nb = in / 32, a.nc = (a.nb + 3) / 4;
-  a.gemm_q4 = gemm_q4, a.gemm_q8 = gemm_q8;
+  a.gemm_q4 = gemm_q4, a.gemm_q8 = gemm_q8, a.gemm_mx = gemm_mx;
   const size_t n = static_cast<size_t>(T * a.nc * 128);
   if (a.q.size() < n) a.q.resize(n), a.qg.resize(n);
   if (a.comp.size() < n / 8) a.comp.resize(n / 8);
   if (a.d.size() < n / 32) a.d.resize(n / 32);
-  if (gemm_q4 && a.n4.size() < n / 8) a.n4.resize(n / 8), a.dx4.resize(n / 8);
+  if (gemm_q4 && a.n4.size() < n / 8) a.n4.resize(n / 8);
+  if (gemm_mx && a.n12.size() < n / 8) a.n12.resize(n / 8);
+  if ((gemm_q4 || gemm_mx) && a.dx4.size() < n / 8) a.dx4.resize(n / 8);
   if (gemm_q8 && a.n8.size() < n / 4) a.n8.resize(n / 4), a.dx8.resize(n / 4);
 }
 
@@ -64,10 +66,17 @@ void q8_acts_fill_chunks(const float* xr, int64_t t, int64_t c0, int64_t c1, Q8A
     std::memcpy(qg + c * 128 + 64 + k * 16, qb + 16, 16);
     for (int i = 0; i < 4; ++i) comp[c * 16 + k * 4 + i] = i == 0 ? s : 0;
   }
+  if (a.gemm_q4 || a.gemm_mx) {
+    float* dx4 = a.dx4.data() + t * (P / 8);
+    for (int64_t l = 16 * c0; l < 16 * c1; ++l) dx4[l] = d[(l / 16) * 4 + (l % 16) / 4];
+  }
   if (a.gemm_q4) {
     int32_t* n4 = a.n4.data() + t * (P / 8);
-    float* dx4 = a.dx4.data() + t * (P / 8);
-    for (int64_t l = 16 * c0; l < 16 * c1; ++l) n4[l] = -8 * comp[l], dx4[l] = d[(l / 16) * 4 + (l % 16) / 4];
+    for (int64_t l = 16 * c0; l < 16 * c1; ++l) n4[l] = -8 * comp[l];
+  }
+  if (a.gemm_mx) {
+    int32_t* n12 = a.n12.data() + t * (P / 8);
+    for (int64_t l = 16 * c0; l < 16 * c1; ++l) n12[l] = -12 * comp[l];
   }
   if (a.gemm_q8) {
     int32_t* n8 = a.n8.data() + t * (P / 4);

@@ -27,24 +27,25 @@ namespace kestrel::kernels {
 //   comp [T, nc·16]   int32 lane i of chunk c: Σ q over block 4c + i/4 when i % 4 == 0, else 0
 //                     (the u8-offset compensation, multiplied by −8 (Q4_0) or −12 (MXFP4));
 //   d    [T, nc·4]    fp32 value of each block's fp16 scale (0 for padding).
-// With gemm_q4 / gemm_q8 (the prefill GEMM's inputs, gguf_int8_gemm_rows), derived once per token:
+// With gemm_q4 / gemm_mx / gemm_q8 (the prefill GEMM's inputs, gguf_int8_gemm_rows), derived once per token:
 //   n4, dx4 [T, nc·16]  lane 4k+i of chunk c: −8·comp, and d of block 4c + k (Q4_0 lanes);
+//   n12     [T, nc·16]  −12·comp (MXFP4 lanes; with dx4);
 //   n8, dx8 [T, nc·32]  half h, lane l: −128·Σ of q over elements 64h + 4l .. +3 of the chunk, and
 //                       d of block 4c + 2h + l/8 (Q8_0 lanes).
 // Buffers only grow (steady-state decode allocates nothing) and start on a cache line, so the
 // per-token rows of q, qg, comp, n4/dx4 and n8/dx8 (multiples of 64 bytes) are line-aligned zmm loads. Requires in % 32 == 0.
 struct Q8Acts {
   int64_t T = 0, in = 0, nb = 0, nc = 0;
-  bool gemm_q4 = false, gemm_q8 = false;
+  bool gemm_q4 = false, gemm_q8 = false, gemm_mx = false;
   AlignedVector<int8_t> q, qg;
-  AlignedVector<int32_t> comp, n4, n8;
+  AlignedVector<int32_t> comp, n4, n8, n12;
   AlignedVector<float> d, dx4, dx8;
 };
 
 void quantize_q8_0_acts(const float* x, int64_t T, int64_t in, Q8Acts& out);
 // The same in two steps, so tokens can be quantized in parallel: prepare sizes the buffers (serial),
 // fill quantizes tokens [t0, t1) of x [T, in] (disjoint ranges may run concurrently).
-void q8_acts_prepare(Q8Acts& a, int64_t T, int64_t in, bool gemm_q4 = false, bool gemm_q8 = false);
+void q8_acts_prepare(Q8Acts& a, int64_t T, int64_t in, bool gemm_q4 = false, bool gemm_q8 = false, bool gemm_mx = false);
 void q8_acts_fill(const float* x, int64_t t0, int64_t t1, Q8Acts& a);
 // Chunks [c0, c1) (128 elements each) of token t, x_row = its whole input row: a block's quantization
 // reads only its own 32 elements, so threads that produce different 128-aligned stripes of one row can
@@ -70,11 +71,17 @@ bool gguf_int8_vbmi_applies(const WeightMatrix& w);
 // Routed MoE experts read their tokens from one quantization of the layer input this way.
 void gguf_int8_rows_at(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy, int64_t r0,
                        int64_t r1, bool vbmi = true);
-// Prefill (convert-then-GEMM) form for Q4_0 / Q8_0, gguf_int8_gemm_avx512.cpp: the same bits as
-// gguf_int8_rows_avx512 for every token (same lane integers, products and fma order); needs `a`
-// prepared with gemm_q4 (Q4_0) / gemm_q8 (Q8_0). matmul takes it from kGgufGemmMinTokens tokens.
+// Prefill (convert-then-GEMM) form for Q4_0 / Q8_0 / MXFP4, gguf_int8_gemm_avx512.cpp: the same bits
+// as gguf_int8_rows_avx512 for every token (same lane integers, products and fma order); needs `a`
+// prepared with gemm_q4 (Q4_0) / gemm_q8 (Q8_0) / gemm_mx (MXFP4). matmul takes it from
+// kGgufGemmMinTokens tokens; the _at form (tokens picked by index, as gguf_int8_rows_at) serves the
+// routed MoE experts that receive that many tokens.
 bool gguf_int8_gemm_format(WeightFormat f);
+// Whether `a` carries the GEMM layout w's format needs.
+bool gguf_int8_gemm_prepared(const WeightMatrix& w, const Q8Acts& a);
 void gguf_int8_gemm_rows(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+void gguf_int8_gemm_rows_at(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
+                            int64_t r0, int64_t r1);
 inline constexpr int64_t kGgufGemmMinTokens = 16;
 // Scalar reference: the same integer block sums, blocks summed in order in fp32.
 void gguf_int8_rows_scalar(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);

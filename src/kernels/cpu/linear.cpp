@@ -476,15 +476,17 @@ struct QuantInputs {
   size_t n_q8 = 0, n_tok = 0, n_bf = 0;
 
   void clear() { inputs.clear(), task_input.clear(), n_q8 = n_tok = n_bf = 0; }
-  // `w`: the product's weights (a Q4_0 / Q8_0 prefill product adds its GEMM layout to a Q8 input).
+  // `w`: the product's weights (a Q4_0 / Q8_0 / MXFP4 prefill product adds its GEMM layout to a Q8 input).
   int32_t add(const float* x, int64_t T, int64_t in, ActKind kind, const WeightMatrix& w) {
     const bool gemm = kind == ActKind::kQ8Blocks && T >= kGgufGemmMinTokens && gguf_int8_gemm_format(w.format);
     const bool q4 = gemm && w.format == WeightFormat::kGgufQ4_0, q8f = gemm && w.format == WeightFormat::kGgufQ8_0;
+    const bool mx = gemm && w.format == WeightFormat::kGgufMxfp4;
     for (size_t i = 0; i < inputs.size(); ++i)
       if (inputs[i].x == x && inputs[i].T == T && inputs[i].in == in && inputs[i].kind == kind) {
         if (kind == ActKind::kQ8Blocks) {
           Q8Acts& a = q8[inputs[i].slot];
-          if ((q4 && !a.gemm_q4) || (q8f && !a.gemm_q8)) q8_acts_prepare(a, T, in, a.gemm_q4 || q4, a.gemm_q8 || q8f);
+          if ((q4 && !a.gemm_q4) || (q8f && !a.gemm_q8) || (mx && !a.gemm_mx))
+            q8_acts_prepare(a, T, in, a.gemm_q4 || q4, a.gemm_q8 || q8f, a.gemm_mx || mx);
         }
         return static_cast<int32_t>(i);
       }
@@ -492,7 +494,7 @@ struct QuantInputs {
     if (kind == ActKind::kQ8Blocks) {
       if (q8.size() <= n_q8) q8.emplace_back();
       slot = n_q8++;
-      q8_acts_prepare(q8[slot], T, in, q4, q8f);
+      q8_acts_prepare(q8[slot], T, in, q4, q8f, mx);
     } else if (kind == ActKind::kBf16) {
       if (bf.size() <= n_bf) bf.emplace_back();
       slot = n_bf++;

@@ -8,7 +8,7 @@
 namespace kestrel::kernels {
 
 enum ScratchSlot { kScratchLinear = 0, kScratchKdaP, kScratchKdaDecay, kScratchMla, kScratchGgufGemm, kScratchKvRow,
-                   kScratchBlasWeights, kScratchBlasPadX, kScratchBlasPadY, kScratchVisionScores,
+                   kScratchBlasWeights, kScratchBlasPadX, kScratchBlasPadY, kScratchVisionScores, kScratchInt8Gemm,
                    kScratchSlots };
 
 inline float* thread_scratch(ScratchSlot slot, size_t n) {

@@ -42,9 +42,26 @@ RowsFn rows_fn(Isa isa) {
   return int8_rows_scalar;
 }
 
-void run_rows(const Int8GemmTask& t, RowsFn fn) {
-  const int64_t blocks = (t.out + kRowBlock - 1) / kRowBlock;
-  parallel_for(0, blocks, 1, true, [&](int64_t b) { fn(t, b * kRowBlock, std::min(t.out, (b + 1) * kRowBlock)); });
+// The AVX-512 VNNI GEMM form when `form` asks for it (kAuto: from kInt8GemmMinTokens tokens, in % 128 == 0).
+bool use_gemm(const Int8GemmTask& t, Isa isa, Int8Form form) {
+  if (isa != Isa::kAvx512Vnni || form == Int8Form::kSmallT) return false;
+  if (form == Int8Form::kGemm) {
+    KCHECK(t.in % 128 == 0, "int8_matmul: the GEMM form needs in % 128 == 0");
+    return true;
+  }
+  return t.acts->T >= kInt8GemmMinTokens && t.in % 128 == 0;
+}
+
+constexpr int64_t kGemmRowBlock = 64;  // rows per work item of the GEMM form (one unpacked stripe)
+
+void run_rows(const Int8GemmTask& t, RowsFn fn, int64_t rb = kRowBlock) {
+  const int64_t blocks = (t.out + rb - 1) / rb;
+  parallel_for(0, blocks, 1, true, [&](int64_t b) { fn(t, b * rb, std::min(t.out, (b + 1) * rb)); });
+}
+
+void run_rows(const Int8GemmTask& t, Isa isa, Int8Form form = Int8Form::kAuto) {
+  if (use_gemm(t, isa, form)) return run_rows(t, int8_gemm_rows_avx512, kGemmRowBlock);
+  run_rows(t, rows_fn(isa));
 }
 
 EnvSwitch g_mxfp4_int8("KESTREL_MXFP4_INT8", /*default_on=*/false);
@@ -52,13 +69,14 @@ EnvSwitch g_weight_only("KESTREL_W4A8_WEIGHT_ONLY", /*default_on=*/false);
 
 }  // namespace
 
-void int8_matmul_quantized(const WeightMatrix& w, const QuantizedActs& a, float* y, Isa isa) {
+void int8_matmul_quantized(const WeightMatrix& w, const QuantizedActs& a, float* y, Isa isa, Int8Form form) {
   KCHECK(isa_supported(isa), "int8_matmul: ISA not supported on this CPU");
-  run_rows(make_task(w, a, y), rows_fn(isa));
+  run_rows(make_task(w, a, y), isa, form);
 }
 
-void int8_matmul_rows(const WeightMatrix& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+void int8_matmul_rows(const WeightMatrix& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1, Int8Form form) {
   const Int8GemmTask t = make_task(w, a, y, ldy);
+  if (use_gemm(t, active_isa(), form)) return int8_gemm_rows_avx512(t, r0, r1);
   const RowsFn fn = rows_fn(active_isa());
   for (int64_t r = r0; r < r1; r += kRowBlock) fn(t, r, std::min(r1, r + kRowBlock));  // AMX: ≤ 16 rows per call
 }
@@ -71,7 +89,7 @@ void int8_matmul(const WeightMatrix& w, const float* x, int64_t T, float* y, Isa
   if (T == 0) return;
   thread_local QuantizedActs acts;
   quantize_activations(x, T, w.in, acts);
-  run_rows(make_task(w, acts, y, ldy), rows_fn(isa));
+  run_rows(make_task(w, acts, y, ldy), isa);
 }
 
 void int8_matmul(const WeightMatrix& w, const float* x, int64_t T, float* y, int64_t ldy) {

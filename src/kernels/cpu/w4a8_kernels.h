@@ -33,6 +33,9 @@ inline constexpr int8_t kMxfp4Twice[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -
 void int8_rows_scalar(const Int8GemmTask& t, int64_t r0, int64_t r1);
 void int8_rows_avx2(const Int8GemmTask& t, int64_t r0, int64_t r1);
 void int8_rows_avx512(const Int8GemmTask& t, int64_t r0, int64_t r1);
+// Its prefill (convert-then-GEMM) form, w4a8_prefill_avx512.cpp: the same bits for every token;
+// requires in % 128 == 0.
+void int8_gemm_rows_avx512(const Int8GemmTask& t, int64_t r0, int64_t r1);
 // AMX tiles; r1 - r0 ≤ 16.
 void int8_rows_amx(const Int8GemmTask& t, int64_t r0, int64_t r1);
 // The same AMX kernel with the tile unit emulated in C++ (tests only: checks the AMX data layout

@@ -225,7 +225,8 @@ float lane_model(const WeightMatrix& w, const Q8Acts& a, int64_t r, int64_t t) {
 }
 
 // The small-T kernel at the token counts batched MoE decode gives an expert (1-8, and a few more):
-// T = 1..11 covers every tail of 1-3 tokens after 0, 1 and 2 register blocks of 4; each token's
+// T = 1..11 covers every tail of 1-3 tokens (one register block of 1, 2 or 3 tokens on the VBMI loader,
+// one-token passes on the generic one) after 0, 1 and 2 register blocks of 4; each token's
 // outputs must be its bits alone with either chunk loader, rows cut at odd places, and the lane
 // model's (the scalar statement of the arithmetic).
 TEST_P(GgufInt8Kernel, TailTokensInOneBlockKeepEachTokensBits) {

@@ -1,4 +1,9 @@
 // lane_dot.h: the scalar definition and its AVX-512 form.
+// GCC 12 false positive in its AVX-512 headers (GCC PR105593), as in w4a8_avx512.cpp.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include "kernels/cpu/lane_dot.h"
 
 #include <immintrin.h>
@@ -6,7 +11,7 @@
 #include <algorithm>
 #include <cmath>
 
-#define KESTREL_AVX512 __attribute__((target("avx512f,fma")))
+#define KESTREL_AVX512 __attribute__((target("avx512f,avx512dq,fma")))
 
 namespace kestrel::kernels {
 namespace {
@@ -23,6 +28,18 @@ inline __mmask16 lanes(int64_t n, int64_t w) {
   return static_cast<__mmask16>((1u << k) - 1u);
 }
 
+}  // namespace
+
+// The lane_sum tree in vector steps: (l, l + 8), (l, l + 4), (0, 2) and (1, 3), then the two.
+KESTREL_AVX512 float lane_sum_avx512(__m512 v) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  const __m128 p = _mm_add_ps(q, _mm_movehl_ps(q, q));  // lanes 0, 1: q0 + q2, q1 + q3
+  return _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 1)));
+}
+
+namespace {
+
 KESTREL_AVX512 void lane_dot4_avx512(const float* x, const float* const* rows, int64_t n, float* out) {
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   int64_t w = 0;
@@ -36,11 +53,7 @@ KESTREL_AVX512 void lane_dot4_avx512(const float* x, const float* const* rows, i
     for (int r = 0; r < 4; ++r)
       acc[r] = _mm512_mask3_fmadd_ps(xv, _mm512_maskz_loadu_ps(mk, rows[r] + 16 * w), acc[r], mk);
   }
-  alignas(64) float l16[16];
-  for (int r = 0; r < 4; ++r) {
-    _mm512_store_ps(l16, acc[r]);
-    out[r] = lane_sum(l16);
-  }
+  for (int r = 0; r < 4; ++r) out[r] = lane_sum_avx512(acc[r]);
 }
 
 bool has_avx512() {

@@ -4,6 +4,8 @@
 // only on the two vectors, not on which or how many other products run beside it.
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstdint>
 
 namespace kestrel::kernels {
@@ -12,5 +14,8 @@ namespace kestrel::kernels {
 float lane_dot(const float* a, const float* b, int64_t n);
 // out[r] = lane_dot(x, rows[r], n) for r < 4, the four sharing each load of x (AVX-512 when the CPU has it).
 void lane_dot4(const float* x, const float* const* rows, int64_t n, float* out);
+
+// The lane sum of a 16-lane accumulator, in the order above (for AVX-512 kernels that accumulate as lane_dot).
+__attribute__((target("avx512f,avx512dq,fma"))) float lane_sum_avx512(__m512 v);
 
 }  // namespace kestrel::kernels

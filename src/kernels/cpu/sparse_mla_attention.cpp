@@ -57,45 +57,87 @@ inline __mmask16 lanes(int64_t n, int64_t w) {
   return static_cast<__mmask16>((1u << k) - 1u);
 }
 
-KESTREL_AVX512 void tile_step_avx512(const float* q, const float* const* rows, int64_t n, const SparseMlaArgs& a,
-                                     float& m, float& l, float* o) {
-  alignas(64) float s[kSparseKeyTile + 3];
+// Scores of U heads against rows[0, 4) of the tile (rows past n repeat the last one): U × 4 accumulators,
+// each (head, row) accumulating as lane_dot, every q and row load shared.
+template <int U>
+KESTREL_AVX512 void scores_avx512(const float* const* q, const float* const* rows, int64_t Dk, float (*s)[kSparseKeyTile + 3],
+                                  int64_t j) {
+  __m512 acc[U][4];
+  for (int u = 0; u < U; ++u)
+    for (int r = 0; r < 4; ++r) acc[u][r] = _mm512_setzero_ps();
+  int64_t w = 0;
+  for (; 16 * w + 16 <= Dk; ++w) {
+    __m512 rv[4];
+    for (int r = 0; r < 4; ++r) rv[r] = _mm512_loadu_ps(rows[r] + 16 * w);
+    for (int u = 0; u < U; ++u) {
+      const __m512 qv = _mm512_loadu_ps(q[u] + 16 * w);
+      for (int r = 0; r < 4; ++r) acc[u][r] = _mm512_fmadd_ps(qv, rv[r], acc[u][r]);
+    }
+  }
+  if (16 * w < Dk) {  // tail: lanes past Dk keep their accumulator untouched, as in lane_dot
+    const __mmask16 mk = lanes(Dk, w);
+    __m512 rv[4];
+    for (int r = 0; r < 4; ++r) rv[r] = _mm512_maskz_loadu_ps(mk, rows[r] + 16 * w);
+    for (int u = 0; u < U; ++u) {
+      const __m512 qv = _mm512_maskz_loadu_ps(mk, q[u] + 16 * w);
+      for (int r = 0; r < 4; ++r) acc[u][r] = _mm512_mask3_fmadd_ps(qv, rv[r], acc[u][r], mk);
+    }
+  }
+  for (int u = 0; u < U; ++u)
+    for (int r = 0; r < 4; ++r) s[u][j + r] = lane_sum_avx512(acc[u][r]);
+}
+
+// One tile step of U heads at once (the steps of tile_step_reference, per head, sharing every row load).
+template <int U>
+KESTREL_AVX512 void tile_step_avx512(const float* const* q, const float* const* rows, int64_t n, const SparseMlaArgs& a,
+                                     float* m, float* l, float* const* o) {
+  alignas(64) float s[U][kSparseKeyTile + 3];
   for (int64_t j = 0; j < n; j += 4) {
     const float* rr[4];
     for (int64_t r = 0; r < 4; ++r) rr[r] = rows[std::min(j + r, n - 1)];
-    lane_dot4(q, rr, a.Dk, s + j);
+    scores_avx512<U>(q, rr, a.Dk, s, j);
   }
-  float mb = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) {
-    s[j] *= a.scale;
-    mb = std::max(mb, s[j]);
-  }
-  float r = 1.0f;
-  const bool rescale = mb > m;
-  if (rescale) {
-    r = prefill_exp(m - mb);
-    l *= r;
-    m = mb;
-  }
-  for (int64_t j = 0; j < n; ++j) {
-    s[j] = prefill_exp(s[j] - m);
-    l += s[j];
-  }
-  const __m512 rv = _mm512_set1_ps(r);
-  for (int64_t c = 0; c < a.Dv; c += 64) {
-    __mmask16 mk[4];
-    __m512 acc[4];
-    for (int w = 0; w < 4; ++w) {
-      mk[w] = lanes(a.Dv - c, w);
-      acc[w] = _mm512_maskz_loadu_ps(mk[w], o + c + 16 * w);
-      if (rescale) acc[w] = _mm512_mul_ps(acc[w], rv);
+  __m512 rv[U];
+  bool rescale[U];
+  for (int u = 0; u < U; ++u) {
+    float mb = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+      s[u][j] *= a.scale;
+      mb = std::max(mb, s[u][j]);
+    }
+    float r = 1.0f;
+    rescale[u] = mb > m[u];
+    if (rescale[u]) {
+      r = prefill_exp(m[u] - mb);
+      l[u] *= r;
+      m[u] = mb;
     }
     for (int64_t j = 0; j < n; ++j) {
-      const __m512 p = _mm512_set1_ps(s[j]);
-      const float* v = rows[j] + c;
-      for (int w = 0; w < 4; ++w) acc[w] = _mm512_fmadd_ps(p, _mm512_maskz_loadu_ps(mk[w], v + 16 * w), acc[w]);
+      s[u][j] = prefill_exp(s[u][j] - m[u]);
+      l[u] += s[u][j];
     }
-    for (int w = 0; w < 4; ++w) _mm512_mask_storeu_ps(o + c + 16 * w, mk[w], acc[w]);
+    rv[u] = _mm512_set1_ps(r);
+  }
+  constexpr int W = U == 1 ? 4 : 2;  // 16-lane chunks of the output per pass: U · W accumulators
+  for (int64_t c = 0; c < a.Dv; c += 16 * W) {
+    __mmask16 mk[W];
+    __m512 acc[U][W];
+    for (int w = 0; w < W; ++w) mk[w] = lanes(a.Dv - c, w);
+    for (int u = 0; u < U; ++u)
+      for (int w = 0; w < W; ++w) {
+        acc[u][w] = _mm512_maskz_loadu_ps(mk[w], o[u] + c + 16 * w);
+        if (rescale[u]) acc[u][w] = _mm512_mul_ps(acc[u][w], rv[u]);
+      }
+    for (int64_t j = 0; j < n; ++j) {
+      __m512 v[W];
+      for (int w = 0; w < W; ++w) v[w] = _mm512_maskz_loadu_ps(mk[w], rows[j] + c + 16 * w);
+      for (int u = 0; u < U; ++u) {
+        const __m512 p = _mm512_set1_ps(s[u][j]);
+        for (int w = 0; w < W; ++w) acc[u][w] = _mm512_fmadd_ps(p, v[w], acc[u][w]);
+      }
+    }
+    for (int u = 0; u < U; ++u)
+      for (int w = 0; w < W; ++w) _mm512_mask_storeu_ps(o[u] + c + 16 * w, mk[w], acc[u][w]);
   }
 }
 
@@ -128,11 +170,22 @@ void sparse_heads(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh, boo
       ++n;
     }
     if (n == 0) break;
-    for (int64_t g = 0; g < nh; ++g) {
-      const float* q = a.q + (t * a.H + h0 + g) * a.Dk;
-      float* o = a.out + (t * a.H + h0 + g) * a.Dv;
-      if (avx512) tile_step_avx512(q, rows, n, a, m[g], l[g], o);
-      else tile_step_reference(q, rows, n, a, m[g], l[g], o);
+    int64_t g = 0;
+    const float* q[4];
+    float* o[4];
+    auto at = [&](int64_t k) {
+      q[k - g] = a.q + (t * a.H + h0 + k) * a.Dk;
+      o[k - g] = a.out + (t * a.H + h0 + k) * a.Dv;
+    };
+    if (avx512)
+      for (; g + 4 <= nh; g += 4) {  // four heads per pass over the tile's rows
+        for (int64_t k = g; k < g + 4; ++k) at(k);
+        tile_step_avx512<4>(q, rows, n, a, m + g, l + g, o);
+      }
+    for (; g < nh; ++g) {
+      at(g);
+      if (avx512) tile_step_avx512<1>(q, rows, n, a, m + g, l + g, o);
+      else tile_step_reference(q[0], rows, n, a, m[g], l[g], o[0]);
     }
   }
   for (int64_t g = 0; g < nh; ++g) {

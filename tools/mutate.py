@@ -199,6 +199,13 @@ MUTATIONS["prefill_attention_values_unfused"] = (
     "        for (int w = 0; w < 4; ++w) acc[u][w] = _mm512_add_ps(_mm512_mul_ps(b, vv[w]), acc[u][w]);",
     "PrefillAttention",
     "the AVX-512 prefill attention rounds p·v before adding it (two roundings where its definition fuses)")
+NEEDS_CPU_FLAG["sparse_mla_tile_rescale_dropped"] = "avx512f"
+MUTATIONS["sparse_mla_tile_rescale_dropped"] = (
+    "src/kernels/cpu/sparse_mla_attention.cpp",
+    "        if (rescale[u]) acc[u][w] = _mm512_mul_ps(acc[u][w], rv[u]);",
+    "        if (false && rescale[u]) acc[u][w] = _mm512_mul_ps(acc[u][w], rv[u]);",
+    "SparseMla",
+    "the AVX-512 sparse MLA tile keeps the output accumulated under an older, smaller running max")
 MUTATIONS["expanded_mla_reuse_unchecked"] = (
     "src/layers/mla_layer.cpp",
     "  while (reuse < known && std::memcmp(",

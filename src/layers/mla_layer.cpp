@@ -7,6 +7,7 @@
 #include "base/check.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/dsa_indexer.h"
+#include "kernels/cpu/lane_dot.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gguf_int8.h"
 #include "kernels/cpu/linear_gguf.h"
@@ -308,12 +309,12 @@ void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> seg
       for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t) {
         const float* ol = olat_.data() + (t * nh_ + h) * lora_;
         float* o = attn_.data() + (t * nh_ + h) * dv_;
-        for (int64_t e = 0; e < dv_; ++e) {
-          const float* wr = wblk + e * lora_;
-          float s = 0;
-          for (int64_t cidx = 0; cidx < lora_; ++cidx) s += wr[cidx] * ol[cidx];
-          o[e] = s;
+        int64_t e = 0;
+        for (; e + 4 <= dv_; e += 4) {  // four rows of W_UV per pass over the latent output (lane_dot.h)
+          const float* wr[4] = {wblk + e * lora_, wblk + (e + 1) * lora_, wblk + (e + 2) * lora_, wblk + (e + 3) * lora_};
+          kernels::lane_dot4(ol, wr, lora_, o + e);
         }
+        for (; e < dv_; ++e) o[e] = kernels::lane_dot(ol, wblk + e * lora_, lora_);
       }
   });
 }

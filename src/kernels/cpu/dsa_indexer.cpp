@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "base/check.h"
-#include "kernels/cpu/online_softmax.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/scratch.h"
 #include "tensor/dtype.h"
@@ -262,59 +261,6 @@ void indexer_topk(const IndexerTopkArgs& a) {
     for (int64_t j = 0; j < keep; ++j) o[j] = all[static_cast<size_t>(j)].pos;
     std::sort(o, o + keep);
     for (int64_t j = keep; j < K; ++j) o[j] = -1;
-  });
-}
-
-namespace {
-
-constexpr int64_t kMaxHeadGroup = 8;
-
-// Heads [h0, h0 + nh) of query t: each selected row is read (in place when fp32, else decoded once for the
-// group), then every head runs the one-head online-softmax step on it, so the grouping changes no bit.
-void sparse_heads(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh) {
-  const int32_t* idx = a.idx + t * a.topk;
-  const int64_t row_bytes = a.row.bytes(), row_n = std::max(a.Dk, a.Dv);
-  float* buf = a.row.dtype != KvCacheDtype::kF32 ? thread_scratch(kScratchKvRow, static_cast<size_t>(row_n)) : nullptr;
-  float m[kMaxHeadGroup], l[kMaxHeadGroup];
-  for (int64_t g = 0; g < nh; ++g) {
-    m[g] = -INFINITY, l[g] = 0.0f;
-    float* o = a.out + (t * a.H + h0 + g) * a.Dv;
-    std::fill(o, o + a.Dv, 0.0f);
-  }
-  for (int64_t i = 0; i < a.topk; ++i) {
-    const int32_t j = idx[i];
-    if (j < 0) continue;
-    const float* row = kv_row_floats(a.row, a.pages[j / a.page_tokens] + (j % a.page_tokens) * row_bytes, row_n, buf);
-    for (int64_t g = 0; g < nh; ++g) {
-      const float* q = a.q + (t * a.H + h0 + g) * a.Dk;
-      float* o = a.out + (t * a.H + h0 + g) * a.Dv;
-      float s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t d = 0; d < a.Dk; ++d) s += q[d] * row[d];
-      online_softmax_step(s * a.scale, m[g], l[g], o, row, a.Dv);
-    }
-  }
-  for (int64_t g = 0; g < nh; ++g) {
-    const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
-    float* o = a.out + (t * a.H + h0 + g) * a.Dv;
-    for (int64_t d = 0; d < a.Dv; ++d) o[d] *= inv;
-  }
-}
-
-}  // namespace
-
-// Online softmax over the gathered rows (running max and sum), like causal_attention. Work items are
-// (query, group of heads): one head when rows are fp32, else as many (up to 8) as still leave two items per
-// thread, so a decoded row serves the whole group.
-void sparse_mla_attention(const SparseMlaArgs& a) {
-  if (a.H <= 0) return;
-  const int64_t G = a.row.dtype == KvCacheDtype::kF32
-                        ? 1
-                        : std::clamp<int64_t>(a.T * a.H / (2 * omp_get_max_threads()), 1, std::min(kMaxHeadGroup, a.H));
-  const int64_t groups = (a.H + G - 1) / G;
-  parallel_for(0, a.T * groups, 1, true, [&](int64_t i) {
-    const int64_t t = i / groups, h0 = (i % groups) * G;
-    sparse_heads(a, t, h0, std::min(G, a.H - h0));
   });
 }
 

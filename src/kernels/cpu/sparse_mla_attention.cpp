@@ -1,0 +1,216 @@
+// Sparse MLA over gathered latent rows (dsa_indexer.h: sparse_mla_attention), in key tiles: the selected rows
+// of a query are taken kSparseKeyTile at a time (decoded once per tile for the whole group of heads when
+// the cache is not fp32), every head scores the tile four rows per pass over its query (lane_dot.h), takes one
+// online-softmax step for the tile (one rescale, one exp per key) and accumulates the tile's values into its
+// output once per tile. The scalar definition below and the AVX-512 form compute the same bits; a head's
+// result does not depend on the head grouping, the thread count or the other queries.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/dsa_indexer.h"
+#include "kernels/cpu/kv_row.h"
+#include "kernels/cpu/lane_dot.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/prefill_attention.h"
+#include "kernels/cpu/scratch.h"
+
+#define KESTREL_AVX512 __attribute__((target("avx512f,avx512dq,fma")))
+
+namespace kestrel::kernels {
+namespace {
+
+constexpr int64_t kMaxHeadGroup = 16;
+
+// One tile step of one head: scores s (scaled), running max m and sum l, output o over Dv.
+void tile_step_reference(const float* q, const float* const* rows, int64_t n, const SparseMlaArgs& a, float& m,
+                         float& l, float* o) {
+  float s[kSparseKeyTile];
+  float mb = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = lane_dot(q, rows[j], a.Dk) * a.scale;
+    mb = std::max(mb, s[j]);
+  }
+  if (mb > m) {
+    const float r = prefill_exp(m - mb);
+    l *= r;
+    for (int64_t d = 0; d < a.Dv; ++d) o[d] *= r;
+    m = mb;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = prefill_exp(s[j] - m);
+    l += s[j];
+  }
+  for (int64_t d = 0; d < a.Dv; ++d)
+    for (int64_t j = 0; j < n; ++j) o[d] = std::fma(s[j], rows[j][d], o[d]);
+}
+
+// Lanes [16w, 16w + 16) of a row of n floats.
+inline __mmask16 lanes(int64_t n, int64_t w) {
+  const int64_t k = std::clamp<int64_t>(n - 16 * w, 0, 16);
+  return static_cast<__mmask16>((1u << k) - 1u);
+}
+
+// Scores of U heads against rows[0, 4) of the tile (rows past n repeat the last one): U × 4 accumulators,
+// each (head, row) accumulating as lane_dot, every q and row load shared.
+template <int U>
+KESTREL_AVX512 void scores_avx512(const float* const* q, const float* const* rows, int64_t Dk, float (*s)[kSparseKeyTile + 3],
+                                  int64_t j) {
+  __m512 acc[U][4];
+  for (int u = 0; u < U; ++u)
+    for (int r = 0; r < 4; ++r) acc[u][r] = _mm512_setzero_ps();
+  int64_t w = 0;
+  for (; 16 * w + 16 <= Dk; ++w) {
+    __m512 rv[4];
+    for (int r = 0; r < 4; ++r) rv[r] = _mm512_loadu_ps(rows[r] + 16 * w);
+    for (int u = 0; u < U; ++u) {
+      const __m512 qv = _mm512_loadu_ps(q[u] + 16 * w);
+      for (int r = 0; r < 4; ++r) acc[u][r] = _mm512_fmadd_ps(qv, rv[r], acc[u][r]);
+    }
+  }
+  if (16 * w < Dk) {  // tail: lanes past Dk keep their accumulator untouched, as in lane_dot
+    const __mmask16 mk = lanes(Dk, w);
+    __m512 rv[4];
+    for (int r = 0; r < 4; ++r) rv[r] = _mm512_maskz_loadu_ps(mk, rows[r] + 16 * w);
+    for (int u = 0; u < U; ++u) {
+      const __m512 qv = _mm512_maskz_loadu_ps(mk, q[u] + 16 * w);
+      for (int r = 0; r < 4; ++r) acc[u][r] = _mm512_mask3_fmadd_ps(qv, rv[r], acc[u][r], mk);
+    }
+  }
+  for (int u = 0; u < U; ++u)
+    for (int r = 0; r < 4; ++r) s[u][j + r] = lane_sum_avx512(acc[u][r]);
+}
+
+// One tile step of U heads at once (the steps of tile_step_reference, per head, sharing every row load).
+template <int U>
+KESTREL_AVX512 void tile_step_avx512(const float* const* q, const float* const* rows, int64_t n, const SparseMlaArgs& a,
+                                     float* m, float* l, float* const* o) {
+  alignas(64) float s[U][kSparseKeyTile + 3];
+  for (int64_t j = 0; j < n; j += 4) {
+    const float* rr[4];
+    for (int64_t r = 0; r < 4; ++r) rr[r] = rows[std::min(j + r, n - 1)];
+    scores_avx512<U>(q, rr, a.Dk, s, j);
+  }
+  __m512 rv[U];
+  bool rescale[U];
+  for (int u = 0; u < U; ++u) {
+    float mb = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+      s[u][j] *= a.scale;
+      mb = std::max(mb, s[u][j]);
+    }
+    float r = 1.0f;
+    rescale[u] = mb > m[u];
+    if (rescale[u]) {
+      r = prefill_exp(m[u] - mb);
+      l[u] *= r;
+      m[u] = mb;
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      s[u][j] = prefill_exp(s[u][j] - m[u]);
+      l[u] += s[u][j];
+    }
+    rv[u] = _mm512_set1_ps(r);
+  }
+  constexpr int W = U == 1 ? 4 : 2;  // 16-lane chunks of the output per pass: U · W accumulators
+  for (int64_t c = 0; c < a.Dv; c += 16 * W) {
+    __mmask16 mk[W];
+    __m512 acc[U][W];
+    for (int w = 0; w < W; ++w) mk[w] = lanes(a.Dv - c, w);
+    for (int u = 0; u < U; ++u)
+      for (int w = 0; w < W; ++w) {
+        acc[u][w] = _mm512_maskz_loadu_ps(mk[w], o[u] + c + 16 * w);
+        if (rescale[u]) acc[u][w] = _mm512_mul_ps(acc[u][w], rv[u]);
+      }
+    for (int64_t j = 0; j < n; ++j) {
+      __m512 v[W];
+      for (int w = 0; w < W; ++w) v[w] = _mm512_maskz_loadu_ps(mk[w], rows[j] + c + 16 * w);
+      for (int u = 0; u < U; ++u) {
+        const __m512 p = _mm512_set1_ps(s[u][j]);
+        for (int w = 0; w < W; ++w) acc[u][w] = _mm512_fmadd_ps(p, v[w], acc[u][w]);
+      }
+    }
+    for (int u = 0; u < U; ++u)
+      for (int w = 0; w < W; ++w) _mm512_mask_storeu_ps(o[u] + c + 16 * w, mk[w], acc[u][w]);
+  }
+}
+
+bool has_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  return yes;
+}
+
+// Heads [h0, h0 + nh) of query t.
+void sparse_heads(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh, bool avx512) {
+  const int32_t* idx = a.idx + t * a.topk;
+  const int64_t row_bytes = a.row.bytes(), row_n = std::max(a.Dk, a.Dv);
+  float* buf = a.row.dtype != KvCacheDtype::kF32
+                   ? thread_scratch(kScratchKvRow, static_cast<size_t>(kSparseKeyTile * row_n))
+                   : nullptr;
+  float m[kMaxHeadGroup], l[kMaxHeadGroup];
+  for (int64_t g = 0; g < nh; ++g) {
+    m[g] = -INFINITY, l[g] = 0.0f;
+    float* o = a.out + (t * a.H + h0 + g) * a.Dv;
+    std::fill(o, o + a.Dv, 0.0f);
+  }
+  const float* rows[kSparseKeyTile];
+  for (int64_t i = 0; i < a.topk;) {
+    int64_t n = 0;
+    for (; i < a.topk && n < kSparseKeyTile; ++i) {
+      const int32_t j = idx[i];
+      if (j < 0) continue;
+      const uint8_t* src = a.pages[j / a.page_tokens] + (j % a.page_tokens) * row_bytes;
+      rows[n] = kv_row_floats(a.row, src, row_n, buf ? buf + n * row_n : nullptr);
+      ++n;
+    }
+    if (n == 0) break;
+    int64_t g = 0;
+    const float* q[4];
+    float* o[4];
+    auto at = [&](int64_t k) {
+      q[k - g] = a.q + (t * a.H + h0 + k) * a.Dk;
+      o[k - g] = a.out + (t * a.H + h0 + k) * a.Dv;
+    };
+    if (avx512)
+      for (; g + 4 <= nh; g += 4) {  // four heads per pass over the tile's rows
+        for (int64_t k = g; k < g + 4; ++k) at(k);
+        tile_step_avx512<4>(q, rows, n, a, m + g, l + g, o);
+      }
+    for (; g < nh; ++g) {
+      at(g);
+      if (avx512) tile_step_avx512<1>(q, rows, n, a, m + g, l + g, o);
+      else tile_step_reference(q[0], rows, n, a, m[g], l[g], o[0]);
+    }
+  }
+  for (int64_t g = 0; g < nh; ++g) {
+    const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
+    float* o = a.out + (t * a.H + h0 + g) * a.Dv;
+    for (int64_t d = 0; d < a.Dv; ++d) o[d] *= inv;
+  }
+}
+
+void run(const SparseMlaArgs& a, bool avx512) {
+  if (a.H <= 0 || a.T <= 0) return;
+  // Work items are (query, group of heads): as many heads as still leave two items per thread, so a
+  // tile of decoded rows serves the whole group.
+  const int64_t G = std::clamp<int64_t>(a.T * a.H / (2 * omp_get_max_threads()), 1, std::min(kMaxHeadGroup, a.H));
+  const int64_t groups = (a.H + G - 1) / G;
+  parallel_for(0, a.T * groups, 1, true, [&](int64_t i) {
+    const int64_t t = i / groups, h0 = (i % groups) * G;
+    sparse_heads(a, t, h0, std::min(G, a.H - h0), avx512);
+  });
+}
+
+}  // namespace
+
+void sparse_mla_attention(const SparseMlaArgs& a) { run(a, has_avx512()); }
+
+void sparse_mla_attention_reference(const SparseMlaArgs& a) { run(a, false); }
+
+}  // namespace kestrel::kernels

@@ -364,6 +364,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
   }
   std::fprintf(stderr, "kestrel serve: %s received, draining (up to %llds)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", drain);
   (*sched)->drain(std::chrono::seconds(drain));
+  // A decode instance tells its prefills of the hand-offs it gives up, before its connections close.
+  if (pd_service) pd_service->abandon();
   http.stop();
   if (cl != nullptr)
     if (const std::string why = (*sched)->failure(); !why.empty()) fail(unavailable(why));

@@ -78,6 +78,10 @@ void PdService::cancel(uint64_t id) {
   if (decode_) decode_->cancel(id);
 }
 
+void PdService::abandon() {
+  if (decode_) decode_->abandon();
+}
+
 Result<uint64_t> PdService::prefill_at(const std::string& host, int port) {
   const std::string key = host + ":" + std::to_string(port);
   std::lock_guard<std::mutex> one(handshake_mu_);

@@ -8,7 +8,7 @@
 // connects to the prefill's address. Bounded: the client gives up after `timeout`.
 // A prefill instance whose transports include tcp answers with "port" too, the port of its UCX listener: it does
 // not connect to the decode's address then, the decode instance connects to that port on the bootstrap host
-// (a UCX client-server connection; docs/disaggregation.md, "Link down").
+// (a UCX client-server connection; docs/disaggregation.md, "Link down over tcp").
 #pragma once
 
 #include <chrono>

@@ -307,7 +307,7 @@ class DropInFirstTransfer : public kestrel::disagg::testing::ScriptedFaults {
 };
 
 // Over tcp a decode server connects to the prefill's UCX listener (client-server: UCX wires the tcp lanes
-// endpoint to endpoint, docs/disaggregation.md "Link down"); the prefill learns the decode's instance from the
+// endpoint to endpoint, docs/disaggregation.md "Link down over tcp"); the prefill learns the decode's instance from the
 // connection request. A failed hand-off gives the connection up on both sides (forced closes of such endpoints);
 // the decode connects again, the prefill replaces its endpoint, and the next hand-off is exact. Over shared memory
 // the prefill side opens no listener (UCX's client-server connections need tcp).

@@ -5,6 +5,7 @@
 // rank) fails the requests in flight, /health reports it, and rank 0 exits 1. Every rank also beats on the cell's
 // liveness connections (dist/liveness.h): a rank gone or silent past --cell-liveness-ms makes /health answer 503
 // while its collectives still wait, and one silent past --cell-deadline-ms ends the cell.
+#include <arpa/inet.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -262,6 +263,12 @@ int cmd_serve(const std::vector<std::string>& argv) {
     po.prefill.destinations_timeout = po.prefill.transfer_timeout = po.decode.transfer_timeout =
         std::chrono::milliseconds(*handoff_ms);
     po.decode.arenas = decode_arenas;
+    // The prefill's UCX listener (used over tcp) binds where the HTTP server does; a host name: every interface.
+    {
+      in_addr probe{};
+      const std::string host = a->str("host");
+      po.prefill.listen_host = inet_pton(AF_INET, host.c_str(), &probe) == 1 ? host : "0.0.0.0";
+    }
     auto ps = pd::PdService::create(**sched, po);
     if (!ps) return fail(ps.error());
     pd_service = std::move(*ps);
@@ -357,6 +364,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
   }
   std::fprintf(stderr, "kestrel serve: %s received, draining (up to %llds)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", drain);
   (*sched)->drain(std::chrono::seconds(drain));
+  // A decode instance tells its prefills of the hand-offs it gives up, before its connections close.
+  if (pd_service) pd_service->abandon();
   http.stop();
   if (cl != nullptr)
     if (const std::string why = (*sched)->failure(); !why.empty()) fail(unavailable(why));

@@ -82,7 +82,7 @@ Result<std::unique_ptr<Endpoint>> Endpoint::connect_sockaddr(Worker& worker, con
   freeaddrinfo(found);
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
-  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER | UCP_EP_PARAMS_FLAGS_SEND_CLIENT_ID;
   params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&storage);
   params.sockaddr.addrlen = len;
   std::string what = "ucp_ep_create(" + host + ":" + service + ")";
@@ -90,10 +90,16 @@ Result<std::unique_ptr<Endpoint>> Endpoint::connect_sockaddr(Worker& worker, con
 }
 
 Result<std::unique_ptr<Endpoint>> Endpoint::accept(Worker& worker, ucp_conn_request_h request) {
+  ucp_conn_request_attr_t attr{};
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ID;
+  const bool have_id = ucp_conn_request_query(request, &attr) == UCS_OK;
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
   params.conn_request = request;
-  return create(worker, params, "ucp_ep_create(connection request)");
+  auto ep = create(worker, params, "ucp_ep_create(connection request)");
+  // The client's instance id (Worker: its UCX client id); 0 when it did not send one (instance ids are never 0).
+  if (ep && have_id && attr.client_id != 0) (*ep)->set_peer(attr.client_id);
+  return ep;
 }
 
 Endpoint::~Endpoint() {

@@ -34,7 +34,8 @@ class Endpoint {
  public:
   static Result<std::unique_ptr<Endpoint>> connect_address(Worker& worker, std::span<const std::byte> address);
   static Result<std::unique_ptr<Endpoint>> connect_sockaddr(Worker& worker, const std::string& host, uint16_t port);
-  // For Listener: the server side of an incoming connection.
+  // For Listener: the server side of an incoming connection. Its peer() is the client worker's instance id
+  // (sent with the request: connect_sockaddr asks UCX to send the worker's client id, which Worker sets to it).
   static Result<std::unique_ptr<Endpoint>> accept(Worker& worker, ucp_conn_request_h request);
   ~Endpoint();  // closes if still open (bounded by one second); destroy endpoints before their worker
   Endpoint(const Endpoint&) = delete;

@@ -26,6 +26,8 @@ class Listener {
   Listener& operator=(const Listener&) = delete;
 
   uint16_t port() const { return port_; }
+  // A connection request has arrived (during the worker's progress) and waits for accept().
+  bool pending() const { return !pending_.empty(); }
   // The next incoming connection as an Endpoint, waiting until the deadline (kUnavailable when none came).
   Result<std::unique_ptr<Endpoint>> accept(Deadline deadline);
 

@@ -152,6 +152,20 @@ Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRang
       if (ep.failed()) return abort_with(ep.failure());
     }
     if (i == ranges.size()) break;
+    // The open segment (index `segment`) and the posted ones whose flush has not been reported: at most window.
+    if (segments.window > 0 && segment - next_flushed >= segments.window) {
+      bool expired = false;
+      Status waited = worker.wait(
+          [&] {
+            reap_flushes();
+            return segment - next_flushed < segments.window || ep.failed() || (expired = lease_expired()) ||
+                   (segments.stop && segments.stop());
+          },
+          deadline, "waiting for a segment's flush");
+      if (!waited.is_ok()) return abort_with(waited);
+      if (expired) return abort_with(lease_status());
+      if (ep.failed()) return abort_with(ep.failure());
+    }
     const PutRange& r = ranges[i];
     if (r.rkey == nullptr || r.rkey->handle() == nullptr) {
       return abort_with(invalid_argument("disagg: put without rkey"));

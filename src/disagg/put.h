@@ -47,10 +47,16 @@ Status put_and_flush(Endpoint& ep, uint64_t transfer_id, std::span<const PutRang
 // stop() (optional) is asked before each put: once it returns true no further put is posted and no further
 // segment is reported; the puts already posted are flushed (remote completion) and the call returns Ok, so the
 // peer may reuse the memory once told. A failure while flushing fails the call as usual.
+//
+// window (optional, 0: no bound): at most this many segments are posted and not yet flushed; the puts of the next
+// one wait (progressing the worker: heartbeats out, messages in, lease and stop checked) for the oldest flush.
+// Over one tcp connection whatever this side sends after its puts (its heartbeats, the segment announcements)
+// waits behind every put posted before it, so without a bound a slow link delays them by the whole transfer.
 struct Segments {
   std::vector<size_t> ends;
   std::function<Status(size_t)> posted, flushed;
   std::function<bool()> stop;
+  size_t window = 0;
 };
 
 // put_and_flush in segments: the same contract, faults (`index` counts puts within the call) and lease.

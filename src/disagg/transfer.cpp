@@ -309,6 +309,7 @@ Status OutgoingTransfer::run(Deadline deadline, std::chrono::milliseconds lease)
     const Segment s{static_cast<uint32_t>(k), offset, std::min<uint64_t>(segment_bytes_, total - offset), sums[k]};
     return ep_.send(encode_segment(ep_.worker().instance(), id_, s), MessageKind::kSegment, deadline);
   };
+  segments.window = std::max<size_t>(2, kMaxBytesAhead / segment_bytes_);
   // The receiver's cancel, looked for before every put (the worker reads messages between puts).
   std::optional<CancelReason> cancelled;
   segments.stop = [&] {

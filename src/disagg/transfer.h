@@ -60,6 +60,10 @@ struct DestinationRange {
 // 4 MiB measured; over shared memory with direct puts the receiver's verification of a segment is the slower half
 // of the pipeline and smaller segments overlap it better).
 inline constexpr size_t kDefaultSegmentBytes = size_t{512} << 10;
+// At most this many bytes of segments posted and not yet flushed (at least two segments, so that one is put
+// while the previous one is verified): whatever the sender sends after its puts (heartbeats, segment
+// announcements) waits behind at most that much on a tcp connection (disagg/put.h, Segments::window).
+inline constexpr size_t kMaxBytesAhead = size_t{2} << 20;
 
 class IncomingTransfer {
  public:

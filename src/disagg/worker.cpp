@@ -49,8 +49,11 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerOptions& options) {
   }
 
   ucp_worker_params_t wp{};
-  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_CLIENT_ID;
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  // Sent with every client-server connection request of this worker (Endpoint::connect_sockaddr), so that the
+  // listening side knows the connecting instance before any message (Endpoint::accept).
+  wp.client_id = w->options_.instance;
   ucs_status_t st = ucp_worker_create(w->context_->handle(), &wp, &w->worker_);
   if (st != UCS_OK) return ucx_error(st, "ucp_worker_create");
 

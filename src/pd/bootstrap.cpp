@@ -35,8 +35,9 @@ bool unhex(const std::string& s, std::vector<std::byte>& out) {
 }  // namespace
 
 std::string encode_hello(const Hello& h) {
-  return json{{"fingerprint", h.fingerprint}, {"instance", std::to_string(h.instance)}, {"address", hex(h.address)}}
-      .dump();
+  json j{{"fingerprint", h.fingerprint}, {"instance", std::to_string(h.instance)}, {"address", hex(h.address)}};
+  if (h.port != 0) j["port"] = h.port;
+  return j.dump();
 }
 
 Result<Hello> decode_hello(const std::string& body) {
@@ -52,6 +53,11 @@ Result<Hello> decode_hello(const std::string& body) {
   h.instance = std::stoull(inst);
   if (!unhex(j["address"].get<std::string>(), h.address) || h.address.empty())
     return invalid_argument("handshake: bad worker address");
+  if (j.contains("port")) {
+    if (!j["port"].is_number_unsigned() || j["port"].get<uint64_t>() == 0 || j["port"].get<uint64_t>() > 65535)
+      return invalid_argument("handshake: bad listener port");
+    h.port = static_cast<uint16_t>(j["port"].get<uint64_t>());
+  }
   return h;
 }
 

@@ -6,6 +6,9 @@
 // or 409 {"error": {...}} when the fingerprints differ (another model, kernels mode or cache layout: a hand-off
 // between them would decode garbage), 400 for a malformed body, 503 when it cannot connect. The decode then
 // connects to the prefill's address. Bounded: the client gives up after `timeout`.
+// A prefill instance whose transports include tcp answers with "port" too, the port of its UCX listener: it does
+// not connect to the decode's address then, the decode instance connects to that port on the bootstrap host
+// (a UCX client-server connection; docs/disaggregation.md, "Link down over tcp").
 #pragma once
 
 #include <chrono>
@@ -23,6 +26,7 @@ struct Hello {
   std::string fingerprint;
   uint64_t instance = 0;
   std::vector<std::byte> address;
+  uint16_t port = 0;  // the prefill's UCX listener (0: none, connect by address)
 };
 
 std::string encode_hello(const Hello& h);

@@ -1,5 +1,6 @@
 #include "pd/decode_handoff.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "disagg/transfer.h"
@@ -89,14 +90,15 @@ Result<uint64_t> DecodeHandoff::submit(GenerationRequest req, uint64_t room, uin
         std::lock_guard<std::mutex> lk(mu_);
         e->ended = true;
         if (e->id != 0) requests_.erase(e->id);
-        unreserved = !e->located;
+        unreserved = !e->located && !e->called_off;
+        e->called_off = e->called_off || unreserved;
       }
       // Ended before its reservation (cancelled or failed while waiting for admission): the prefill holds the
       // request for nothing.
       if (unreserved) {
         const auto reason = ev.finish == FinishReason::kCancelled ? disagg::CancelReason::kClient
                                                                   : disagg::CancelReason::kEnded;
-        post([this, e, reason] { call_off(*e, reason); });
+        post([this, e, reason] { call_off(*e, reason, opts_.transfer_timeout); });
       }
     }
     if (user) user(ev);
@@ -135,10 +137,46 @@ void DecodeHandoff::cancel(uint64_t id) {
   });
 }
 
-void DecodeHandoff::call_off(const Entry& e, disagg::CancelReason reason) {
+void DecodeHandoff::abandon(std::chrono::milliseconds bound) {
+  // Requests still waiting for admission: a reservation that comes now is never advertised (start_transfer).
+  std::vector<std::shared_ptr<Entry>> waiting;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& [id, e] : requests_) {
+      e->cancelled = true;
+      if (!e->located && !e->ended) waiting.push_back(e);
+    }
+  }
+  // On the side's thread, after the tasks already posted (an advertisement in the queue runs first). Every
+  // advertised transfer still pending is called off, whether or not its request has ended in the scheduler (a
+  // stopping scheduler ends reserved requests, but the prefill still holds the room); then the requests that
+  // never got a reservation, unless their end called them off already.
+  call<bool>([this, waiting, bound] {
+    for (Pending& p : pending_) {
+      if (p.transfer->cancel_sent()) continue;
+      const auto until = std::min(p.until, disagg::Clock::now() + bound);
+      if (p.transfer->cancel(disagg::CancelReason::kEnded, disagg::Deadline(until)).is_ok()) {
+        std::lock_guard<std::mutex> lk(mu_);
+        counts_.cancelled++;
+      }
+    }
+    for (const auto& e : waiting) {
+      bool send = false;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        send = !e->located && !e->called_off;
+        e->called_off = true;
+      }
+      if (send) call_off(*e, disagg::CancelReason::kEnded, bound);
+    }
+    return true;
+  });
+}
+
+void DecodeHandoff::call_off(const Entry& e, disagg::CancelReason reason, std::chrono::milliseconds bound) {
   disagg::Endpoint* ep = endpoint(e.prefill);
   if (ep == nullptr || ep->failed()) return;  // no connection: the prefill's own deadlines release it
-  if (disagg::send_cancel(*ep, transfer_id(e.room), reason, disagg::Deadline::after(opts_.transfer_timeout)).is_ok()) {
+  if (disagg::send_cancel(*ep, transfer_id(e.room), reason, disagg::Deadline::after(bound)).is_ok()) {
     std::lock_guard<std::mutex> lk(mu_);
     counts_.cancelled++;
   }
@@ -167,7 +205,7 @@ void DecodeHandoff::start_transfer(const Entry& e, const CacheLocation& loc) {
   }
   if (cancelled) {
     // Cancelled before anything was advertised: no peer can write into the reservation, it returns now.
-    call_off(e, disagg::CancelReason::kClient);
+    call_off(e, disagg::CancelReason::kClient, opts_.transfer_timeout);
     {
       std::lock_guard<std::mutex> lk(mu_);
       counts_.in_flight--;

@@ -72,6 +72,11 @@ class DecodeHandoff final : public HandoffSide {
   Result<uint64_t> submit(GenerationRequest req, uint64_t room, uint64_t prefill);
   // A client's cancel of a request submitted here (call after Scheduler::cancel).
   void cancel(uint64_t id);
+  // A draining server, once its scheduler has stopped (Scheduler::drain): every hand-off still under way (an
+  // advertised transfer not ended, a request that never got its reservation) is called off with kCancel (reason:
+  // ended), so that its prefill releases the request now, not at its own deadlines or at this side's silence;
+  // each message waits at most `bound` for the transport.
+  void abandon(std::chrono::milliseconds bound = std::chrono::milliseconds(1000));
   DecodeCounts counts();
   // Whether the endpoint to this prefill instance is open (false after a failure gave it up).
   bool connected(uint64_t prefill);
@@ -88,6 +93,7 @@ class DecodeHandoff final : public HandoffSide {
     bool located = false;   // reserved: its hand-off starts (or started) on the side's thread
     bool cancelled = false;  // cancel() came
     bool ended = false;
+    bool called_off = false;  // kCancel sent for a request never reserved (on_event or abandon)
   };
   DecodeHandoff(Scheduler& s, const DecodeHandoffOptions& o) : HandoffSide(worker_options(o)), sched_(s), opts_(o) {}
   static disagg::WorkerOptions worker_options(const DecodeHandoffOptions& o);
@@ -102,7 +108,7 @@ class DecodeHandoff final : public HandoffSide {
   // On the side's thread: start() advertises a reservation; idle() polls every transfer (any order).
   void start_transfer(const Entry& e, const CacheLocation& loc);
   // Side's thread: kCancel to the request's prefill (in transfer: through its IncomingTransfer).
-  void call_off(const Entry& e, disagg::CancelReason reason);
+  void call_off(const Entry& e, disagg::CancelReason reason, std::chrono::milliseconds bound);
   void end(const CacheLocation& loc, disagg::Endpoint* ep, Status st, uint64_t bytes,
            disagg::Clock::time_point since = {});
   // The prefill withdrew (it never put) or confirmed a cancel (it stopped): the memory is free at once.

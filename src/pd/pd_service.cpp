@@ -78,6 +78,10 @@ void PdService::cancel(uint64_t id) {
   if (decode_) decode_->cancel(id);
 }
 
+void PdService::abandon() {
+  if (decode_) decode_->abandon();
+}
+
 Result<uint64_t> PdService::prefill_at(const std::string& host, int port) {
   const std::string key = host + ":" + std::to_string(port);
   std::lock_guard<std::mutex> one(handshake_mu_);
@@ -92,7 +96,9 @@ Result<uint64_t> PdService::prefill_at(const std::string& host, int port) {
   if (theirs->fingerprint != fingerprint_)
     return invalid_argument("prefill " + key + " serves another model or cache layout (fingerprint " +
                             theirs->fingerprint + ", this decode instance: " + fingerprint_ + ")");
-  Status st = decode_->connect(theirs->address, theirs->instance);
+  // A prefill with a UCX listener (tcp) is connected to there, at the bootstrap host; else by worker address.
+  Status st = theirs->port != 0 ? decode_->connect_sockaddr(host, theirs->port, theirs->instance)
+                                : decode_->connect(theirs->address, theirs->instance);
   if (!st.is_ok()) return unavailable("connecting to prefill " + key + ": " + st.message());
   std::fprintf(stderr, "kestrel serve: decode: connected to prefill %s (instance %llu)\n", key.c_str(),
                static_cast<unsigned long long>(theirs->instance));
@@ -118,12 +124,19 @@ void PdService::handshake(const server::HttpRequest& req, const std::shared_ptr<
         409, "fingerprint mismatch: this prefill instance serves " + fingerprint_ + ", the decode instance " +
                  theirs->fingerprint, "invalid_request_error", "fingerprint_mismatch"));
   }
-  Status st = prefill_->connect(theirs->address, theirs->instance);
-  if (!st.is_ok()) return ex->respond(server::json_error_response(503, "connecting back: " + st.message(), "server_error"));
-  std::fprintf(stderr, "kestrel serve: prefill: decode instance %llu connected\n",
-               static_cast<unsigned long long>(theirs->instance));
+  // With a listener the decode instance connects to it (its connection request names its instance); otherwise
+  // this side connects to the decode's worker address before answering.
+  const uint16_t port = prefill_->listener_port();
+  if (port == 0) {
+    Status st = prefill_->connect(theirs->address, theirs->instance);
+    if (!st.is_ok())
+      return ex->respond(server::json_error_response(503, "connecting back: " + st.message(), "server_error"));
+  }
+  std::fprintf(stderr, "kestrel serve: prefill: decode instance %llu %s\n",
+               static_cast<unsigned long long>(theirs->instance),
+               port == 0 ? "connected" : "connects to the hand-off listener");
   server::HttpResponse r;
-  r.body = encode_hello({fingerprint_, prefill_->instance(), prefill_->address()});
+  r.body = encode_hello({fingerprint_, prefill_->instance(), prefill_->address(), port});
   ex->respond(std::move(r));
 }
 

@@ -42,6 +42,9 @@ class PdService final : public EngineService {
 
   Result<uint64_t> submit(GenerationRequest req) override;
   void cancel(uint64_t id) override;
+  // After Scheduler::drain (a server stopping): the hand-offs its scheduler left unfinished are called off, so the
+  // other side releases them now (decode: kCancel to each prefill still holding one of its requests).
+  void abandon();
   ServiceStats stats() const override { return sched_.stats(); }
   bool ready() const override { return sched_.ready(); }
   int max_context() const override { return sched_.max_context(); }

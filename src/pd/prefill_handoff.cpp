@@ -32,7 +32,13 @@ Result<std::unique_ptr<PrefillHandoff>> PrefillHandoff::create(Scheduler& schedu
   const size_t largest = static_cast<size_t>(std::max({pools.mla_block_bytes(), pools.index_block_bytes(),
                                                        pools.slot_bytes(), static_cast<int64_t>(kRecordBytes)}));
   if (!options.zeroed_parts.empty()) p->zeros_.assign(largest, std::byte{0});
-  Status s = p->start([] { return Status(); });
+  PrefillHandoff* self = p.get();
+  Status s = p->start([self, &options] {
+    // Over tcp decode instances connect to this listener (UCX client-server), not to the worker address: see
+    // PrefillHandoffOptions::listen_host.
+    if (options.listen_host.empty() || self->worker().peer_failure() != disagg::PeerFailure::kUcx) return Status();
+    return self->listen(options.listen_host);
+  });
   if (!s.is_ok()) return s;
   return p;
 }

@@ -37,6 +37,11 @@ struct PrefillHandoffOptions {
   // Lease on the parked pages during the transfer: the decode side renews it by every message (heartbeats every
   // 100 ms); one silent for longer (frozen, gone) loses it, and the pages are freed (disagg/put.h).
   std::chrono::milliseconds lease{2000};
+  // When set and the transports include tcp (disagg::PeerFailure::kUcx): decode instances connect to a UCX
+  // listener on this IPv4 address (a free port, HandoffSide::listener_port) instead of this side connecting to
+  // theirs by worker address. UCX then wires the tcp lanes endpoint to endpoint, whose teardown after a forced
+  // close is safe while the link is down (docs/disaggregation.md, "Link down over tcp").
+  std::string listen_host;
   // Tests only: these parts are sent as zeros (sizes and checksum stay consistent) to prove they matter.
   std::vector<Part> zeroed_parts;
 };

@@ -1,6 +1,8 @@
 #include "pd/side.h"
 
 #include <chrono>
+#include <cstdio>
+#include <optional>
 
 namespace kestrel::pd {
 
@@ -60,6 +62,7 @@ void HandoffSide::loop() {
       tasks.swap(tasks_);
     }
     const bool busy = worker_->progress();
+    accept_connections();
     for (auto& t : tasks) t();
     idle();
     if (!busy && tasks.empty()) worker_->idle(std::chrono::microseconds(200));
@@ -68,7 +71,44 @@ void HandoffSide::loop() {
   // Endpoints close (bounded) before the worker goes.
   for (auto& [peer, ep] : endpoints_) (void)ep->close(disagg::Deadline::after(std::chrono::milliseconds(1000)));
   endpoints_.clear();
+  listener_.reset();
   worker_.reset();
+}
+
+Status HandoffSide::listen(const std::string& host) {
+  auto l = disagg::Listener::create(*worker_, host, 0);
+  if (!l) return l.error();
+  listener_ = std::move(*l);
+  listener_port_ = listener_->port();
+  return Status();
+}
+
+void HandoffSide::accept_connections() {
+  while (listener_ != nullptr && listener_->pending()) {
+    auto ep = listener_->accept(disagg::Deadline::after(std::chrono::milliseconds(0)));
+    if (!ep) {
+      std::fprintf(stderr, "kestrel: hand-off: accepting a connection failed: %s\n", ep.error().message().c_str());
+      continue;
+    }
+    std::optional<uint64_t> peer = (*ep)->peer();
+    if (!peer) {  // not a Kestrel instance (no client id): nothing could be paired with it
+      (void)(*ep)->close(disagg::Deadline::after(std::chrono::milliseconds(100)));
+      continue;
+    }
+    if (auto old = endpoints_.find(*peer); old != endpoints_.end()) retire(std::move(old->second));
+    endpoints_[*peer] = std::move(*ep);
+  }
+}
+
+Status HandoffSide::connect_sockaddr(const std::string& host, uint16_t port, uint64_t peer_instance) {
+  return call<Status>([this, host, port, peer_instance]() -> Status {
+    auto ep = disagg::Endpoint::connect_sockaddr(*worker_, host, port);
+    if (!ep) return ep.error();
+    (*ep)->set_peer(peer_instance);
+    if (auto old = endpoints_.find(peer_instance); old != endpoints_.end()) retire(std::move(old->second));
+    endpoints_[peer_instance] = std::move(*ep);
+    return Status();
+  });
 }
 
 Status HandoffSide::connect(std::span<const std::byte> peer_address, uint64_t peer_instance) {

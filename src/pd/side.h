@@ -3,6 +3,7 @@
 // instances, keyed by the peer's instance id.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -15,6 +16,7 @@
 
 #include "base/result.h"
 #include "disagg/endpoint.h"
+#include "disagg/listener.h"
 #include "disagg/worker.h"
 
 namespace kestrel::pd {
@@ -30,6 +32,11 @@ class HandoffSide {
   const std::vector<std::byte>& address() const { return address_; }
   // Opens the endpoint to a peer from its address and instance id (waits for the side's thread).
   Status connect(std::span<const std::byte> peer_address, uint64_t peer_instance);
+  // Opens the endpoint to a peer's listener (listen(), on a side whose transports include tcp) as a UCX
+  // client-server connection; the listening side learns this side's instance id from the connection request.
+  Status connect_sockaddr(const std::string& host, uint16_t port, uint64_t peer_instance);
+  // The port of this side's listener; 0 when it has none.
+  uint16_t listener_port() const { return listener_port_; }
   // The UCX transports of the endpoint to a peer (empty when not connected).
   std::vector<std::string> transports(uint64_t peer_instance);
 
@@ -37,6 +44,9 @@ class HandoffSide {
   explicit HandoffSide(const disagg::WorkerOptions& options);
   // Creates the worker on the side's thread, then runs `setup` there; call once from the derived create().
   Status start(std::function<Status()> setup);
+  // From `setup`: accept UCX client-server connections on `host` (an IPv4 address, "0.0.0.0" for any) at a free
+  // port. Each one becomes the endpoint to the instance that connected, replacing an earlier one (retire()).
+  Status listen(const std::string& host);
   // Runs on the side's thread, in order.
   void post(std::function<void()> task);
   template <typename T>
@@ -62,11 +72,14 @@ class HandoffSide {
 
  private:
   void loop();
+  void accept_connections();
 
   disagg::WorkerOptions options_;
   std::unique_ptr<disagg::Worker> worker_;
   uint64_t instance_ = 0;
   std::vector<std::byte> address_;
+  std::unique_ptr<disagg::Listener> listener_;
+  std::atomic<uint16_t> listener_port_{0};
   std::mutex mu_;
   std::deque<std::function<void()>> tasks_;
   bool stopping_ = false;

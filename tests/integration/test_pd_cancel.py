@@ -3,9 +3,11 @@ connection while the prompt is still running on the prefill instance, or while t
 leaves no page, no KDA slot and no hand-off in flight on either worker, well before the hand-off deadline
 (set to 10 minutes here, so only the cancellation can explain a prompt release). A hang-up that reaches only the
 decode worker (its two legs sent the way the router sends them, then only the decode connection closed) releases
-the prefill's request too, through the decode's cancel message."""
+the prefill's request too, through the decode's cancel message. A decode worker stopped by SIGTERM calls off the
+hand-offs it abandons the same way, so the prefill does not run, park and then fail them."""
 import http.client
 import json
+import signal
 import time
 
 import pytest
@@ -177,3 +179,44 @@ def test_hang_up_reaching_only_the_decode_releases_the_prefill(pd_one_slot):
     for s in (prefill, decode):
         m, ok = nothing_held(s)
         assert ok, (s.base, m)
+
+
+def failed_total(m):
+    return sum(v for k, v in m.items() if k.startswith("kestrel_pd_handoffs_failed_total"))
+
+
+@pytest.mark.parametrize("tls", ["tcp", "shm"])
+def test_sigterm_decode_calls_off_its_handoffs(tls):
+    """SIGTERM to a decode worker (no drain time) while its reservation for room 911 is advertised and the prefill
+    still computes that room's long prompt: the decode's cancel reaches the prefill, which cancels the request;
+    without it the prefill would finish the prompt, park it and fail the transfer to a decode that is gone."""
+    env = {"UCX_TLS": tls}
+    # Chunks of 8 tokens: the prompt (about 1,400 tokens) takes about 2 s on the test machine, the decode's
+    # reservation is advertised within a fraction of that.
+    prefill = Server(GRID + ["--role", "prefill", "--handoff-timeout-ms", DEADLINE_MS, "--prefill-chunk", "8"],
+                     env=env)
+    decode = Server(GRID + ["--role", "decode", "--handoff-timeout-ms", DEADLINE_MS, "--drain-seconds", "0"], env=env)
+    try:
+        p0 = prefill.metrics()
+        p_leg = open_leg(prefill, prefill, 911, LONG, 16)
+        d_leg = open_leg(decode, prefill, 911, LONG, 16)
+        wait_until(lambda: decode.metrics()["kestrel_pd_handoffs_started_total"] == 1, "room 911 never advertised")
+        m = prefill.metrics()
+        assert m["kestrel_state_slots_used"] == 1 and m["kestrel_pd_handoffs_in_flight"] == 0, \
+            ("the prefill's prompt must still run when the decode stops", m)
+        assert decode.stop(signal.SIGTERM, timeout=30) == 0, open(decode.log.name).read()
+        d_leg.close()
+        resp = p_leg.getresponse()
+        assert resp.status == 200
+        resp.read()  # the prefill's request ended (cancelled), well within the connection's 60 s timeout
+        m, ok = nothing_held(prefill)
+        assert ok, m
+        wait_until(lambda: prefill.metrics()["kestrel_pd_handoffs_in_flight"] == 0, "prefill hand-off in flight", 20)
+        m = prefill.metrics()
+        assert m["kestrel_pd_cancel_messages_total"] - p0["kestrel_pd_cancel_messages_total"] == 1, m
+        assert m["kestrel_pd_handoffs_completed_total"] == p0["kestrel_pd_handoffs_completed_total"], m
+        assert failed_total(m) == failed_total(p0), ("the prefill ran the hand-off to a decode that was gone", m)
+    finally:
+        if decode.proc.poll() is None:
+            decode.stop()
+        prefill.stop()

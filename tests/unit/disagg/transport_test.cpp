@@ -4,6 +4,7 @@
 // transfer whose memory stays quarantined until its endpoint is closed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <atomic>
 #include <numeric>
@@ -351,6 +352,53 @@ TEST_F(DisaggPair, SegmentedTransferLandsAndVerifies) {
   EXPECT_EQ(faults.puts_seen, 7u);
   EXPECT_EQ(faults.messages_seen[static_cast<uint16_t>(MessageKind::kSegment)], 4u);
   EXPECT_EQ(registry.counts().completed, 1u);
+}
+
+// A window of two segments: the puts of segment k are posted only once segment k - 2's flush was reported, so
+// what the sender sends after its puts waits behind at most two segments (disagg/put.h, Segments::window). Eight
+// segments of 4 KiB each, one put each, the target progressing in its own thread.
+TEST_F(DisaggPair, SegmentWindowBoundsThePutsAhead) {
+  ASSERT_NO_FATAL_FAILURE(connect(false));
+  auto key = to_decode->unpack_rkey(region->packed_rkey());
+  ASSERT_TRUE(key) << key.error().message();
+  constexpr size_t kSegments = 8, kBytes = 4096;
+  std::vector<PutRange> puts;
+  Segments segments;
+  for (size_t k = 0; k < kSegments; ++k) {
+    puts.push_back({source.data() + k * kBytes, region->address(k * kBytes), kBytes, &*key});
+    segments.ends.push_back(k + 1);
+  }
+  std::vector<std::pair<char, size_t>> events;  // ('P', k): segment k posted; ('F', k): its flush reported
+  segments.posted = [&](size_t k) {
+    events.push_back({'P', k});
+    return Status::ok();
+  };
+  segments.flushed = [&](size_t k) {
+    events.push_back({'F', k});
+    return Status::ok();
+  };
+  segments.window = 2;
+  std::atomic<bool> stop{false};
+  std::thread target([&] {
+    while (!stop) {
+      if (!decode->progress()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  });
+  Status put = put_and_flush(*to_decode, kTransfer, puts, segments, Deadline::after(milliseconds(5000)));
+  stop = true;
+  target.join();
+  ASSERT_TRUE(put.is_ok()) << put.message();
+  EXPECT_EQ(std::memcmp(pool.data(), source.data(), kSegments * kBytes), 0);
+  auto at = [&](char what, size_t k) {
+    return std::find(events.begin(), events.end(), std::make_pair(what, k)) - events.begin();
+  };
+  ASSERT_EQ(events.size(), 2 * kSegments);
+  for (size_t k = 0; k < kSegments; ++k) {
+    EXPECT_LT(at('P', k), at('F', k)) << k;
+    if (k >= 2) {
+      EXPECT_LT(at('F', k - 2), at('P', k)) << "segment " << k << " posted before segment " << k - 2 << " was flushed";
+    }
+  }
 }
 
 // Put 4 is bytes [8192, 12288) of the stream: segment 2 of 4. The receiver fails on that segment's checksum.

@@ -17,6 +17,12 @@ TEST(Bootstrap, HelloRoundTrip) {
   EXPECT_EQ(back->fingerprint, h.fingerprint);
   EXPECT_EQ(back->instance, h.instance);
   EXPECT_EQ(back->address, h.address);
+  EXPECT_EQ(back->port, 0) << "no listener: no port";
+  EXPECT_EQ(encode_hello(h).find("port"), std::string::npos);
+  h.port = 65535;
+  back = decode_hello(encode_hello(h));
+  ASSERT_TRUE(back) << back.error().message();
+  EXPECT_EQ(back->port, 65535);
 }
 
 TEST(Bootstrap, MalformedHelloRefused) {
@@ -26,7 +32,11 @@ TEST(Bootstrap, MalformedHelloRefused) {
                            R"({"fingerprint":"f","instance":"123456789012345678901","address":"00"})",
                            R"({"fingerprint":"f","instance":"1","address":"0"})",
                            R"({"fingerprint":"f","instance":"1","address":"zz"})",
-                           R"({"fingerprint":"f","instance":"1","address":""})"}) {
+                           R"({"fingerprint":"f","instance":"1","address":""})",
+                           R"({"fingerprint":"f","instance":"1","address":"00","port":0})",
+                           R"({"fingerprint":"f","instance":"1","address":"00","port":65536})",
+                           R"({"fingerprint":"f","instance":"1","address":"00","port":-1})",
+                           R"({"fingerprint":"f","instance":"1","address":"00","port":"80"})"}) {
     EXPECT_FALSE(decode_hello(body)) << body;
   }
 }

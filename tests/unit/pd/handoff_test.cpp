@@ -69,7 +69,10 @@ class Handoff : public ::testing::TestWithParam<const char*> {
 
   // ucx_pools: the decode scheduler's pools allocated through UCX (DecodeArenas, as `kestrel serve --role decode`
   // does); otherwise heap pools, registered by the hand-off.
-  void open_pair(PrefillHandoffOptions po = {}, DecodeHandoffOptions dopt = {}, bool ucx_pools = true) {
+  // by_listener: the decode side connects to the prefill side's UCX listener (po.listen_host, over tcp) as a
+  // decode server does; otherwise each side connects to the other's worker address.
+  void open_pair(PrefillHandoffOptions po = {}, DecodeHandoffOptions dopt = {}, bool ucx_pools = true,
+                 bool by_listener = false) {
     auto ps = Scheduler::create(*prefill_engine_, config());
     ASSERT_TRUE(ps) << ps.error().message();
     prefill_sched_ = std::move(*ps);
@@ -89,6 +92,11 @@ class Handoff : public ::testing::TestWithParam<const char*> {
     auto d = DecodeHandoff::create(*decode_sched_, dopt);
     ASSERT_TRUE(d) << d.error().message();
     decode_ = std::move(*d);
+    if (by_listener) {
+      ASSERT_NE(prefill_->listener_port(), 0);
+      ASSERT_TRUE(decode_->connect_sockaddr(po.listen_host, prefill_->listener_port(), prefill_->instance()).is_ok());
+      return;
+    }
     ASSERT_TRUE(decode_->connect(prefill_->address(), prefill_->instance()).is_ok());
     ASSERT_TRUE(prefill_->connect(decode_->address(), decode_->instance()).is_ok());
   }
@@ -283,6 +291,49 @@ TEST_P(HandoffFault, DroppedPut) {
   faults_.puts = {{1, {kestrel::disagg::PutFault::Kind::kDrop}}};
   open_pair();
   expect_failed_cleanly(handed_off(prompt(40, 3), 6, 5), "checksum", &DecodeCounts::failed_corrupt);
+}
+
+// Drops the second put of the first transfer only (on_put runs on the prefill side's thread).
+class DropInFirstTransfer : public kestrel::disagg::testing::ScriptedFaults {
+ public:
+  kestrel::disagg::PutFault on_put(uint64_t id, size_t index, size_t) override {
+    if (first_ == 0) first_ = id;
+    if (id == first_ && index == 1) return {kestrel::disagg::PutFault::Kind::kDrop};
+    return ScriptedFaults::on_put(id, index, 0);
+  }
+
+ private:
+  uint64_t first_ = 0;
+};
+
+// Over tcp a decode server connects to the prefill's UCX listener (client-server: UCX wires the tcp lanes
+// endpoint to endpoint, docs/disaggregation.md "Link down over tcp"); the prefill learns the decode's instance from the
+// connection request. A failed hand-off gives the connection up on both sides (forced closes of such endpoints);
+// the decode connects again, the prefill replaces its endpoint, and the next hand-off is exact. Over shared memory
+// the prefill side opens no listener (UCX's client-server connections need tcp).
+TEST_P(HandoffFault, DecodeConnectsToThePrefillListenerOverTcp) {
+  PrefillHandoffOptions po;
+  po.listen_host = "127.0.0.1";
+  DropInFirstTransfer drop;
+  po.worker.faults = &drop;
+  if (kestrel::disagg::testing::expected_transports().count("tcp") == 0) {
+    open_pair(po);
+    EXPECT_EQ(prefill_->listener_port(), 0);
+    GTEST_SKIP() << "UCX client-server connections need tcp";
+  }
+  open_pair(po, {}, true, /*by_listener=*/true);
+  for (std::string t : decode_->transports(prefill_->instance())) EXPECT_EQ(t, "tcp");
+  expect_failed_cleanly(handed_off(prompt(40, 3), 6, 5), "checksum", &DecodeCounts::failed_corrupt);
+  EXPECT_FALSE(decode_->connected(prefill_->instance())) << "a failed hand-off gives the connection up";
+  ASSERT_TRUE(decode_->connect_sockaddr("127.0.0.1", prefill_->listener_port(), prefill_->instance()).is_ok());
+  const std::vector<int32_t> ids = prompt(40, 4);
+  const Collected want = colocated(ids, 6);
+  const Collected got = handed_off(ids, 6, 6);
+  EXPECT_EQ(got.finish, FinishReason::kLength) << got.error;
+  EXPECT_TRUE(bit_equal(got, want)) << "hand-off over the new connection changed the generation";
+  EXPECT_EQ(prefill_->transports(decode_->instance()), std::vector<std::string>{"tcp"})
+      << "the prefill side keys the accepted endpoint by the decode's instance";
+  expect_no_leaks();
 }
 
 TEST_P(HandoffFault, CorruptedByte) {

@@ -59,11 +59,34 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import llbench_models as lm  # noqa: E402
-import peers  # noqa: E402
+import peers  # noqa: E402  (standard library only)
+
+
+def _run_in_peers_venv():
+    """Re-executes this script under the peers' virtual environment (numpy, torch, transformers for the
+    converter) unless --llama-cpp-src names a tree of the caller's own or it already runs there; before any
+    import that needs them, so a bare python3 starts it. --help needs none of them."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--peers-dir", default=peers.default_dir())
+    pre.add_argument("--llama-cpp-src")
+    pre.add_argument("-h", "--help", action="store_true")
+    known, _ = pre.parse_known_args()
+    if known.llama_cpp_src or known.help:
+        return
+    venv_py = peers.venv_python(known.peers_dir)
+    if os.path.realpath(sys.prefix) != os.path.realpath(os.path.dirname(os.path.dirname(venv_py))):
+        os.execv(venv_py, [venv_py, os.path.abspath(__file__), *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    _run_in_peers_venv()
+
+try:
+    import numpy as np
+    import llbench_models as lm  # noqa: E402
+except ImportError:  # only --help gets here without them (see _run_in_peers_venv)
+    np = lm = None
 
 # Gate bounds. llama.cpp quantizes activations to Q8_0 before Q4_0/Q8_0/MXFP4 products (Kestrel's default
 # GGUF int8 mode does the same, bit for bit: tests/ops/gguf_int8_test) and rounds them to BF16/F16 elsewhere
@@ -286,9 +309,6 @@ def main():
         llama_src, llama_peer = args.llama_cpp_src, None
         import llama_cpp
     else:
-        venv_py = peers.venv_python(args.peers_dir)
-        if os.path.realpath(sys.prefix) != os.path.realpath(os.path.dirname(os.path.dirname(venv_py))):
-            os.execv(venv_py, [venv_py, os.path.abspath(__file__), *sys.argv[1:]])  # the converter needs torch
         llama_peer = peers.ensure("llama.cpp", args.peers_dir, args.jobs)
         llama_src = llama_peer["src"]
         llama_cpp = peers.import_llama_cpp(llama_peer)

@@ -7,8 +7,10 @@
 // (OpenMP workers and the scheduler thread too): all replaceable operator new forms (plain, array,
 // nothrow, align_val_t) and malloc, calloc, realloc, reallocarray, posix_memalign, aligned_alloc,
 // memalign, valloc, pvalloc, interposed here over glibc's __libc_* entry points.
+#include <execinfo.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -26,7 +28,42 @@
 
 namespace {
 std::atomic<long> g_allocs{0};
-inline void count_one() { g_allocs.fetch_add(1, std::memory_order_relaxed); }
+
+// While a window is measured, the call stacks of its first allocations are kept (fixed storage, no
+// allocation) so that a failure names where they came from.
+constexpr int kSites = 4, kFrames = 24;
+std::atomic<bool> g_record{false};
+std::atomic<int> g_sites{0};
+void* g_site_frames[kSites][kFrames];
+int g_site_depth[kSites];
+thread_local bool t_in_hook = false;
+
+inline void count_one() {
+  g_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (!g_record.load(std::memory_order_relaxed) || t_in_hook) return;
+  t_in_hook = true;
+  const int i = g_sites.fetch_add(1);
+  if (i < kSites) g_site_depth[i] = backtrace(g_site_frames[i], kFrames);
+  t_in_hook = false;
+}
+
+// Starts keeping call stacks (backtrace loads its unwinder on first use: done here, outside the window).
+void record_sites() {
+  void* warm[2];
+  backtrace(warm, 2);
+  g_sites = 0;
+  g_record = true;
+}
+
+// Stops keeping them; prints those kept to stderr (the test binary exports its symbols).
+void report_sites() {
+  g_record = false;
+  const int n = std::min(g_sites.load(), kSites);
+  for (int i = 0; i < n; ++i) {
+    std::fprintf(stderr, "-- allocation %d of %d in the window:\n", i + 1, g_sites.load());
+    backtrace_symbols_fd(g_site_frames[i], g_site_depth[i], 2);
+  }
+}
 }  // namespace
 
 // Under AddressSanitizer its own allocator must stay in charge: only operator new is counted there.
@@ -205,9 +242,12 @@ void expect_no_alloc_decoding(Engine& e) {
     ASSERT_TRUE(e.decode_into(s, tok, logits).is_ok());
   };
   for (int i = 0; i < 40; ++i) step();
+  record_sites();
   const long before = g_allocs.load();
   for (int i = 0; i < 64; ++i) step();
-  EXPECT_EQ(g_allocs.load() - before, 0) << "heap allocations during 64 decode steps";
+  const long n = g_allocs.load() - before;
+  report_sites();
+  EXPECT_EQ(n, 0) << "heap allocations during 64 decode steps (their call stacks are printed above)";
 }
 
 class DecodeAlloc : public ::testing::TestWithParam<const char*> {};
@@ -296,9 +336,12 @@ TEST_P(DecodeAllocBatched, NoAllocationPerBatchedStep) {
       next[static_cast<size_t>(i)] = Sampler::argmax({logits.data() + i * V, static_cast<size_t>(V)});
   };
   for (int i = 0; i < 30; ++i) step();
+  record_sites();
   const long before = g_allocs.load();
   for (int i = 0; i < 40; ++i) step();
-  EXPECT_EQ(g_allocs.load() - before, 0) << "heap allocations during 40 batched decode steps of " << kSeqs << " sequences";
+  const long n = g_allocs.load() - before;
+  report_sites();
+  EXPECT_EQ(n, 0) << "heap allocations during 40 batched decode steps of " << kSeqs << " sequences (call stacks above)";
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, DecodeAllocBatched,
@@ -337,13 +380,19 @@ TEST(DecodeAllocScheduler, NoAllocationPerSchedulerStep) {
         return;
       }
       const long n = events.fetch_add(1) + 1;
-      if (n == kStart) at_start = g_allocs.load();
+      if (n == kStart) {
+        record_sites();
+        at_start = g_allocs.load();
+      }
       if (n > kStart && n <= kEnd) {
         int m = min_batch.load();
         while (ev.step_sequences < m && !min_batch.compare_exchange_weak(m, ev.step_sequences)) {
         }
       }
-      if (n == kEnd) at_end = g_allocs.load();
+      if (n == kEnd) {
+        at_end = g_allocs.load();
+        g_record = false;
+      }
     };
     ASSERT_TRUE((*sched)->submit(std::move(r)));
   }
@@ -352,6 +401,7 @@ TEST(DecodeAllocScheduler, NoAllocationPerSchedulerStep) {
     ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(300), [&] { return finals.load() == 4; }));
   }
   ASSERT_GE(at_end.load(), 0);
+  report_sites();
   EXPECT_EQ(min_batch.load(), 4) << "the measured steps did not all decode the four requests together";
   EXPECT_EQ(at_end.load() - at_start.load(), 0) << "heap allocations during " << kEnd - kStart
                                                 << " tokens of batched scheduler decode";

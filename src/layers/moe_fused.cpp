@@ -44,7 +44,7 @@ bool int8_mlp(const GatedMlp& m) {
 
 // Whether a product over T tokens takes the GEMM form (for the shared experts, as matmul_many would).
 bool gemm_form(const WeightMatrix& w, int64_t T) {
-  return T >= kernels::kGgufGemmMinTokens && kernels::gguf_int8_gemm_format(w.format);
+  return kernels::gguf_int8_gemm_applies(w.format, T);
 }
 
 // The GEMM layouts an input needs (Q8Acts::gemm_q4 / gemm_q8 / gemm_mx).
@@ -64,14 +64,12 @@ void prepare(Q8Acts& a, int64_t T, int64_t in, const Layouts& l) { kernels::q8_a
 
 // A routed expert's rows [r0, r1) for its n tokens picked from a by index.
 void picked_rows(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  if (gemm_form(w, n)) return kernels::gguf_int8_gemm_rows_at(w, a, tok, n, y, ldy, r0, r1);
-  kernels::gguf_int8_rows_at(w, a, tok, n, y, ldy, r0, r1);
+  kernels::gguf_int8_product_at(w, a, tok, n, y, ldy, r0, r1);
 }
 
 // y rows [r0, r1) of w over every token of a (the shared experts), in the form matmul_many picks.
 void all_tokens_rows(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  if (gemm_form(w, a.T)) return kernels::gguf_int8_gemm_rows(w, a, y, ldy, r0, r1);
-  kernels::gguf_int8_rows_avx512(w, a, y, ldy, r0, r1);
+  kernels::gguf_int8_product(w, a, y, ldy, r0, r1);
 }
 }  // namespace
 

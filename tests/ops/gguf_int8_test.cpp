@@ -306,6 +306,61 @@ TEST_P(GgufInt8Kernel, PickedTokensKeepEachTokensBits) {
     }
 }
 
+// The AVX2 kernel (CPUs without AVX-512 VNNI) states the same arithmetic with vpmaddubsw/vpmaddwd on two
+// ymm halves: every token's outputs equal the lane model's bit for bit (hence the AVX-512 kernel's, which
+// the tests above hold to the same model), for 1..11 tokens together, tokens picked by index (any order,
+// repeats), rows cut at odd places; and matmul() takes it when the active ISA is AVX2.
+TEST_P(GgufInt8Kernel, Avx2KernelEqualsTheLaneModel) {
+  if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "AVX2 path: " << isa_unsupported_reason(Isa::kAvx2);
+  const auto [format, in] = GetParam();
+  const int64_t out = 23, Tmax = 11;
+  std::mt19937 rng(static_cast<unsigned>(in) * 17 + static_cast<unsigned>(format));
+  const std::vector<uint8_t> data = random_blocks(format, out, in, rng);
+  WeightMatrix w;
+  w.format = format, w.out = out, w.in = in, w.data = data.data();
+  std::uniform_real_distribution<float> dist(-2, 2);
+  std::vector<float> x(static_cast<size_t>(Tmax * in));
+  for (auto& v : x) v = dist(rng);
+  for (int j = 0; j < 32; ++j) x[static_cast<size_t>(2 * in + j)] = 0;  // token 2, block 0: all zero
+  Q8Acts all;
+  quantize_q8_0_acts(x.data(), Tmax, in, all);
+  for (int64_t T = 1; T <= Tmax; ++T) {
+    Q8Acts a;
+    quantize_q8_0_acts(x.data(), T, in, a);
+    std::vector<float> y(static_cast<size_t>(T * out), -1.0f);
+    gguf_int8_rows_avx2(w, a, y.data(), out, 0, 9);
+    gguf_int8_rows_avx2(w, a, y.data(), out, 9, 10);
+    gguf_int8_rows_avx2(w, a, y.data(), out, 10, out);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t r = 0; r < out; ++r)
+        ASSERT_EQ(y[static_cast<size_t>(t * out + r)], lane_model(w, a, r, t)) << "T " << T << " t " << t << " r " << r;
+  }
+  const std::vector<std::vector<int32_t>> picks = {{5}, {3, 3}, {10, 0, 7}, {9, 1, 4, 2}, {6, 5, 4, 3, 2, 1, 0, 10}};
+  for (const auto& tok : picks) {
+    const int64_t n = static_cast<int64_t>(tok.size());
+    std::vector<float> y(static_cast<size_t>(n * out), -1.0f);
+    gguf_int8_rows_at_avx2(w, all, tok.data(), n, y.data(), out, 0, 9);
+    gguf_int8_rows_at_avx2(w, all, tok.data(), n, y.data(), out, 9, out);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t r = 0; r < out; ++r)
+        ASSERT_EQ(y[static_cast<size_t>(i * out + r)], lane_model(w, all, r, tok[static_cast<size_t>(i)])) << "n " << n << " i " << i;
+  }
+  // matmul() in int8 mode with AVX2 active: this kernel, at any token count (no GEMM form on AVX2).
+  set_isa_override(Isa::kAvx2);
+  set_gguf_int8(true);
+  EXPECT_TRUE(gguf_int8_applies(w));
+  for (const int64_t T : {int64_t{1}, int64_t{4}, Tmax}) {
+    std::vector<float> ym(static_cast<size_t>(T * out));
+    matmul(w, x.data(), T, ym.data());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t r = 0; r < out; ++r)
+        ASSERT_EQ(ym[static_cast<size_t>(t * out + r)], lane_model(w, all, r, t)) << "matmul T " << T << " t " << t;
+  }
+  set_isa_override(Isa::kScalar);
+  EXPECT_FALSE(gguf_int8_applies(w)) << "a forced scalar ISA turns the int8 mode off";
+  set_isa_override(std::nullopt);
+}
+
 // q8_acts_fill_chunks: a row quantized stripe by stripe (128-element chunks, in any order, the last chunk
 // partial) gives every array of the whole-row quantization, GEMM layouts included, bit for bit.
 TEST(GgufInt8, ChunkStripesQuantizeAsWholeRows) {
@@ -509,12 +564,17 @@ TEST(GgufInt8, ModeFollowsSwitchAndIsa) {
   w.format = WeightFormat::kGgufQ4_0;
   set_gguf_int8(true);
   set_isa_override(Isa::kScalar);
-  EXPECT_FALSE(gguf_int8_applies(w)) << "no int8 mode without AVX-512 VNNI";
+  EXPECT_FALSE(gguf_int8_applies(w)) << "no int8 mode on the scalar ISA";
+  if (isa_supported(Isa::kAvx2)) {
+    set_isa_override(Isa::kAvx2);
+    EXPECT_TRUE(gguf_int8_applies(w)) << "the AVX2 kernel runs the int8 mode";
+    EXPECT_FALSE(gguf_int8_gemm_applies(w.format, 64)) << "the GEMM form is AVX-512 only";
+  }
   set_isa_override(std::nullopt);
   set_gguf_int8(false);
   EXPECT_FALSE(gguf_int8_applies(w));
   set_gguf_int8(true);
-  EXPECT_EQ(gguf_int8_applies(w), active_isa() == Isa::kAvx512Vnni || active_isa() == Isa::kAmx);
+  EXPECT_EQ(gguf_int8_applies(w), active_isa() != Isa::kScalar);
   w.format = WeightFormat::kBF16;
   EXPECT_FALSE(gguf_int8_applies(w));
 }

@@ -15,6 +15,22 @@ namespace {
 
 EnvSwitch g_enabled("KESTREL_GGUF_INT8", /*default_on=*/true);
 
+// The AVX-512 kernels run (AMX machines have AVX-512 VNNI too).
+bool wide_isa() {
+  const Isa isa = active_isa();
+  return isa == Isa::kAvx512Vnni || isa == Isa::kAmx;
+}
+
+// The AVX2 kernel's instructions are there (every AVX2 CPU so far has FMA and F16C; checked anyway).
+bool avx2_kernel_runs() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && [] {
+    unsigned a, b, c, d;
+    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+    return (c & (1u << 29)) != 0;  // CPUID.1:ECX.F16C
+  }();
+  return yes;
+}
+
 }  // namespace
 
 void q8_acts_prepare(Q8Acts& a, int64_t T, int64_t in, bool gemm_q4, bool gemm_q8, bool gemm_mx) {
@@ -99,9 +115,28 @@ void set_gguf_int8(bool on) { g_enabled.set(on); }
 
 bool gguf_int8_applies(const WeightMatrix& w) {
   if (!is_gguf_int8_format(w.format) || !gguf_int8_enabled()) return false;
-  // AMX machines have AVX-512 VNNI too; a forced scalar/AVX2 ISA turns the int8 mode off.
+  // AMX machines have AVX-512 VNNI too; a forced scalar ISA turns the int8 mode off.
   const Isa isa = active_isa();
-  return isa == Isa::kAvx512Vnni || isa == Isa::kAmx;
+  return isa == Isa::kAvx512Vnni || isa == Isa::kAmx || (isa == Isa::kAvx2 && avx2_kernel_runs());
+}
+
+bool gguf_int8_gemm_applies(WeightFormat f, int64_t T) {
+  return T >= kGgufGemmMinTokens && gguf_int8_gemm_format(f) && wide_isa();
+}
+
+void gguf_int8_product(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  if (gguf_int8_gemm_applies(w.format, a.T)) return gguf_int8_gemm_rows(w, a, y, ldy, r0, r1);
+  if (wide_isa()) return gguf_int8_rows_avx512(w, a, y, ldy, r0, r1);
+  KCHECK(avx2_kernel_runs(), "gguf_int8: no int8 kernel for this CPU (needs AVX-512 VNNI or AVX2 + FMA + F16C)");
+  gguf_int8_rows_avx2(w, a, y, ldy, r0, r1);
+}
+
+void gguf_int8_product_at(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
+                          int64_t r0, int64_t r1) {
+  if (gguf_int8_gemm_applies(w.format, n)) return gguf_int8_gemm_rows_at(w, a, tok, n, y, ldy, r0, r1);
+  if (wide_isa()) return gguf_int8_rows_at(w, a, tok, n, y, ldy, r0, r1);
+  KCHECK(avx2_kernel_runs(), "gguf_int8: no int8 kernel for this CPU (needs AVX-512 VNNI or AVX2 + FMA + F16C)");
+  gguf_int8_rows_at_avx2(w, a, tok, n, y, ldy, r0, r1);
 }
 
 void gguf_int8_rows_scalar(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {

@@ -7,8 +7,9 @@
 // This is the default for GGUF quantized weights (what llama.cpp computes on the same file);
 // set_gguf_int8(false) or KESTREL_GGUF_INT8=0 selects the exact path (rows decoded to fp32, fp32
 // activations), which the exactness goldens use.
-// Paths: AVX-512 VNNI (vpdpbusd) and a scalar reference; on CPUs without AVX-512 VNNI the int8 mode
-// is off (the fp32 path runs), since the scalar kernel is only a test reference.
+// Paths: AVX-512 VNNI (vpdpbusd), AVX2 (vpmaddubsw + vpmaddwd; the same bits per token) and a scalar
+// reference; on CPUs with neither the int8 mode is off (the fp32 path runs), since the scalar kernel is
+// only a test reference.
 #pragma once
 
 #include <cstdint>
@@ -54,7 +55,7 @@ void q8_acts_fill_chunks(const float* x_row, int64_t t, int64_t c0, int64_t c1, 
 
 // Formats this path handles.
 bool is_gguf_int8_format(WeightFormat f);
-// Whether matmul uses this path for `w` (format handled, mode on, AVX-512 VNNI available).
+// Whether matmul uses this path for `w` (format handled, mode on, AVX-512 VNNI or AVX2 + FMA + F16C active).
 bool gguf_int8_applies(const WeightMatrix& w);
 bool gguf_int8_enabled();
 void set_gguf_int8(bool on);
@@ -83,6 +84,20 @@ void gguf_int8_gemm_rows(const WeightMatrix& w, const Q8Acts& a, float* y, int64
 void gguf_int8_gemm_rows_at(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
                             int64_t r0, int64_t r1);
 inline constexpr int64_t kGgufGemmMinTokens = 16;
+// The small-T kernel in AVX2 (with FMA and F16C) for CPUs without AVX-512 VNNI, gguf_int8_avx2.cpp: the
+// same lanes, integers and float operations in the same order, so each token gets the bits
+// gguf_int8_rows_avx512 gives it.
+void gguf_int8_rows_avx2(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+void gguf_int8_rows_at_avx2(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
+                            int64_t r0, int64_t r1);
+// Whether a product over T tokens takes the GEMM form: from kGgufGemmMinTokens tokens, for its formats,
+// where the active ISA has AVX-512 VNNI (it is AVX-512 only; on AVX2 the small-T kernel runs at any T).
+bool gguf_int8_gemm_applies(WeightFormat f, int64_t T);
+// The product the active ISA runs for every token of `a` (or n tokens picked by index): the GEMM form
+// where gguf_int8_gemm_applies, else the small-T kernel (AVX-512 or AVX2). The same bits any way.
+void gguf_int8_product(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+void gguf_int8_product_at(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
+                          int64_t r0, int64_t r1);
 // Scalar reference: the same integer block sums, blocks summed in order in fp32.
 void gguf_int8_rows_scalar(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 

@@ -478,7 +478,7 @@ struct QuantInputs {
   void clear() { inputs.clear(), task_input.clear(), n_q8 = n_tok = n_bf = 0; }
   // `w`: the product's weights (a Q4_0 / Q8_0 / MXFP4 prefill product adds its GEMM layout to a Q8 input).
   int32_t add(const float* x, int64_t T, int64_t in, ActKind kind, const WeightMatrix& w) {
-    const bool gemm = kind == ActKind::kQ8Blocks && T >= kGgufGemmMinTokens && gguf_int8_gemm_format(w.format);
+    const bool gemm = kind == ActKind::kQ8Blocks && gguf_int8_gemm_applies(w.format, T);
     const bool q4 = gemm && w.format == WeightFormat::kGgufQ4_0, q8f = gemm && w.format == WeightFormat::kGgufQ8_0;
     const bool mx = gemm && w.format == WeightFormat::kGgufMxfp4;
     for (size_t i = 0; i < inputs.size(); ++i)
@@ -544,8 +544,7 @@ void run_chunk(const MatmulTask& t, const QuantInputs& in8, int32_t input, int64
   const QuantInputs::Input& q = in8.inputs[static_cast<size_t>(input)];
   if (q.kind == ActKind::kQ8Blocks) {
     const Q8Acts& a = in8.q8[q.slot];
-    if (a.T >= kGgufGemmMinTokens && gguf_int8_gemm_format(t.w->format)) return gguf_int8_gemm_rows(*t.w, a, t.y, ldy, r0, r1);
-    return gguf_int8_rows_avx512(*t.w, a, t.y, ldy, r0, r1);
+    return gguf_int8_product(*t.w, a, t.y, ldy, r0, r1);
   }
   if (q.kind == ActKind::kBf16) return bf16_dot_rows(*t.w, in8.bf[q.slot], t.y, ldy, r0, r1);
   int8_matmul_rows(*t.w, in8.tok[q.slot], t.y, ldy, r0, r1);

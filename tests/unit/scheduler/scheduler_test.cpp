@@ -305,12 +305,12 @@ TEST_F(SchedulerTest, RejectsBadRequests) {
 }
 
 // A GGUF file from llama.cpp's converter (K3 micro, Q4_0): the default mode, int8 products with Q8_0
-// activations where the CPU has AVX-512 VNNI, else the exact fp32 path (printed).
+// activations where the CPU has AVX-512 VNNI or AVX2, else the exact fp32 path (printed).
 TEST(SchedulerGguf, BatchedEqualsAloneBitwise) {
   auto e = Engine::load(std::string(KESTREL_TEST_DATA) + "/gguf/k3_micro_q4_0.gguf");
   ASSERT_TRUE(e) << e.error().message();
   std::printf("GGUF int8 mode: %s\n", kernels::gguf_int8_applies(kernels::WeightMatrix{kernels::WeightFormat::kGgufQ4_0})
-                                         ? "on (AVX-512 VNNI)" : "off (no AVX-512 VNNI: exact path)");
+                                         ? "on" : "off (neither AVX-512 VNNI nor AVX2: exact path)");
   SchedulerConfig c;
   c.cache.budget_bytes = 64ll << 20;
   auto s = Scheduler::create(**e, c);

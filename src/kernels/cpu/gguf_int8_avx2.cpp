@@ -1,0 +1,230 @@
+// AVX2 kernel for GGUF block weights × Q8_0 activations (gguf_int8.h), for CPUs without AVX-512 VNNI.
+// It computes what the AVX-512 small-T kernel (gguf_int8_avx512.cpp) computes, lane for lane, so a
+// token's outputs have the same bits on either CPU:
+//   - a 128-element chunk's 16 int32 lanes are two ymm halves: lanes 0-7 (blocks 0, 1) and 8-15
+//     (blocks 2, 3);
+//   - a lane's integer is the same sum: Q4_0 / MXFP4: its 4 low-nibble and 4 high-nibble products as
+//     u8 codes × int8 activations, plus the block's −8·Σx (−12·Σx) in lane 4k; Q8_0: its 4 products
+//     through |w| × (x with w's sign). vpmaddubsw forms pairs (no saturation: |pair| ≤ 2·128·127;
+//     Q4_0/MXFP4 low + high pairs ≤ 4·24·127 before vpmaddwd), vpmaddwd the lane's 4-product sum;
+//   - then per lane acc = fma(float(int32), d_w·d_x, acc) in chunk order, and _mm512_reduce_add_ps's
+//     pairing at the end (lanes i + i+8, then i + i+4, i + i+2, i + i+1).
+// Register block: R rows × U tokens share each weight unpack and each activation load.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/check.h"
+#include "kernels/cpu/gguf_int8.h"
+#include "kernels/cpu/linear_gguf.h"
+
+#define KESTREL_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace kestrel::kernels {
+namespace {
+
+enum class Kind { kQ4_0, kQ8_0, kMxfp4 };
+
+template <Kind K>
+constexpr int64_t kBlockBytes = K == Kind::kQ4_0 ? 18 : K == Kind::kQ8_0 ? 34 : 17;
+template <Kind K>
+constexpr int64_t kCodeOffset = K == Kind::kMxfp4 ? 1 : 2;
+
+// The fp32 scales of the n (≤ 4) blocks starting at `blk` (the rest 0).
+template <Kind K>
+KESTREL_AVX2 inline __m128 block_scales(const uint8_t* blk, int n) {
+  if constexpr (K == Kind::kMxfp4) {
+    alignas(16) float s[4] = {0, 0, 0, 0};
+    for (int k = 0; k < n; ++k) s[k] = gguf_e8m0_half(blk[k * 17]);
+    return _mm_load_ps(s);
+  } else {
+    uint64_t h = 0;
+    for (int k = 0; k < n; ++k) {
+      uint16_t v;
+      std::memcpy(&v, blk + k * kBlockBytes<K>, 2);
+      h |= static_cast<uint64_t>(v) << (16 * k);
+    }
+    return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(h)));
+  }
+}
+
+// Lanes 0-7 of a 4-float vector spread to its blocks' lanes: (0,0,0,0,1,1,1,1) and (2,2,2,2,3,3,3,3).
+KESTREL_AVX2 inline __m256 spread_lo(__m128 v) {
+  return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+}
+KESTREL_AVX2 inline __m256 spread_hi(__m128 v) {
+  return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3));
+}
+
+// The 16 code bytes of blocks k and k+1 of a chunk (each present or zero) → one ymm.
+template <Kind K>
+KESTREL_AVX2 inline __m256i code_pair(const uint8_t* blk, int present) {
+  constexpr int64_t B = kBlockBytes<K>, O = kCodeOffset<K>;
+  auto ld = [&](int k) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + k * B + O)); };
+  if (present >= 2) return _mm256_inserti128_si256(_mm256_castsi128_si256(ld(0)), ld(1), 1);
+  if (present == 1) return _mm256_zextsi128_si256(ld(0));
+  return _mm256_setzero_si256();
+}
+
+// _mm512_reduce_add_ps of the lanes (lo = 0-7, hi = 8-15), in GCC's pairing.
+KESTREL_AVX2 inline float reduce16(__m256 lo, __m256 hi) {
+  const __m256 t3 = _mm256_add_ps(hi, lo);
+  const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+  const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
+}
+
+// Token pointers for output tokens t0..t0+U−1: activation token tok[t0 + u], or t0 + u when tok is null.
+template <Kind K, int U>
+inline void token_ptrs(const Q8Acts& a, const int32_t* tok, int64_t t0, const int8_t* (&X)[U], const int32_t* (&C)[U],
+                       const float* (&D)[U]) {
+  const int64_t P = a.nc * 128;
+  for (int u = 0; u < U; ++u) {
+    const int64_t t = tok ? tok[t0 + u] : t0 + u;
+    X[u] = (K == Kind::kQ8_0 ? a.q.data() : a.qg.data()) + t * P;
+    C[u] = a.comp.data() + t * (P / 8);
+    D[u] = a.d.data() + t * (P / 32);
+  }
+}
+
+KESTREL_AVX2 inline __m256i ld256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// Q4_0 / MXFP4: R rows × U tokens over every chunk.
+template <Kind K, int R, int U>
+KESTREL_AVX2 void block_nib(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, float* y, int64_t ldy, int64_t r0, int64_t t0) {
+  constexpr int64_t B = kBlockBytes<K>;
+  const int64_t nb = a.nb, nc = a.nc;
+  const uint8_t* W[R];
+  for (int r = 0; r < R; ++r) W[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * nb * B;
+  const int8_t* X[U];
+  const int32_t* C[U];
+  const float* D[U];
+  token_ptrs<K, U>(a, tok, t0, X, C, D);
+  const __m256i nib = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const __m256i tbl = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  __m256 acc[R][U][2];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) acc[r][u][0] = acc[r][u][1] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < nc; ++c) {
+    const int n = static_cast<int>(std::min<int64_t>(4, nb - 4 * c));
+    __m128 dx[U];
+    for (int u = 0; u < U; ++u) dx[u] = _mm_loadu_ps(D[u] + 4 * c);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = W[r] + 4 * c * B;
+      const __m128 dw = block_scales<K>(blk, n);
+      for (int h = 0; h < 2; ++h) {  // lanes 8h .. 8h+7: blocks 2h, 2h+1
+        const __m256i codes = code_pair<K>(blk + 2 * h * B, std::max(0, n - 2 * h));
+        __m256i lo = _mm256_and_si256(codes, nib);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(codes, 4), nib);
+        if constexpr (K == Kind::kMxfp4) {  // code → 2·E2M1 + 12 ∈ [0, 24]
+          lo = _mm256_shuffle_epi8(tbl, lo);
+          hi = _mm256_shuffle_epi8(tbl, hi);
+        }
+        for (int u = 0; u < U; ++u) {
+          const __m256i xl = ld256(X[u] + c * 128 + 32 * h), xh = ld256(X[u] + c * 128 + 64 + 32 * h);
+          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
+          const __m256i cs = ld256(C[u] + c * 16 + 8 * h);
+          __m256i cm = _mm256_slli_epi32(cs, 3);                                                 // 8·Σx
+          if constexpr (K == Kind::kMxfp4) cm = _mm256_add_epi32(cm, _mm256_slli_epi32(cs, 2));  // 12·Σx
+          const __m256i p = _mm256_sub_epi32(_mm256_madd_epi16(pairs, ones), cm);
+          const __m128 sc = _mm_mul_ps(dw, dx[u]);
+          acc[r][u][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), h == 0 ? spread_lo(sc) : spread_hi(sc), acc[r][u][h]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) y[(t0 + u) * ldy + r0 + r] = reduce16(acc[r][u][0], acc[r][u][1]);
+}
+
+// Q8_0: blocks 0 and 2 of a chunk go to lanes 0-7, blocks 1 and 3 to lanes 8-15 (the AVX-512 kernel's
+// two block pairs), each as fma(float(p), d_w·d_x, acc) in block order.
+template <int R, int U>
+KESTREL_AVX2 void block_q8(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, float* y, int64_t ldy, int64_t r0, int64_t t0) {
+  constexpr int64_t B = 34;
+  const int64_t nb = a.nb, nc = a.nc;
+  const uint8_t* W[R];
+  for (int r = 0; r < R; ++r) W[r] = static_cast<const uint8_t*>(w.data) + (r0 + r) * nb * B;
+  const int8_t* X[U];
+  const int32_t* C[U];
+  const float* D[U];
+  token_ptrs<Kind::kQ8_0, U>(a, tok, t0, X, C, D);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R][U][2];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) acc[r][u][0] = acc[r][u][1] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < nc; ++c) {
+    const int n = static_cast<int>(std::min<int64_t>(4, nb - 4 * c));
+    __m128 dx[U];
+    for (int u = 0; u < U; ++u) dx[u] = _mm_loadu_ps(D[u] + 4 * c);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = W[r] + 4 * c * B;
+      const __m128 dw = block_scales<Kind::kQ8_0>(blk, n);
+      for (int k = 0; k < 4; ++k) {
+        const __m256i wq = k < n ? ld256(blk + k * B + 2) : _mm256_setzero_si256();
+        const __m256i aw = _mm256_abs_epi8(wq);
+        for (int u = 0; u < U; ++u) {
+          const __m256i xs = _mm256_sign_epi8(ld256(X[u] + c * 128 + 32 * k), wq);
+          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), ones);
+          const __m128 sc = _mm_mul_ps(dw, dx[u]);
+          const __m256 s = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(sc), _mm256_set1_epi32(k));
+          acc[r][u][k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r][u][k & 1]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) y[(t0 + u) * ldy + r0 + r] = reduce16(acc[r][u][0], acc[r][u][1]);
+}
+
+template <Kind K, int R, int U>
+KESTREL_AVX2 void block(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, float* y, int64_t ldy, int64_t r0, int64_t t0) {
+  if constexpr (K == Kind::kQ8_0) block_q8<R, U>(w, a, tok, y, ldy, r0, t0);
+  else block_nib<K, R, U>(w, a, tok, y, ldy, r0, t0);
+}
+
+// One token: 4 rows per pass (decode); several tokens: 2 rows × 3 tokens (ymm registers: 12 accumulators).
+template <Kind K>
+KESTREL_AVX2 void run(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  if (T == 1) {
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) block<K, 4, 1>(w, a, tok, y, ldy, r, 0);
+    for (; r < r1; ++r) block<K, 1, 1>(w, a, tok, y, ldy, r, 0);
+    return;
+  }
+  int64_t r = r0;
+  auto tokens = [&](auto rows) {
+    constexpr int Rn = decltype(rows)::value;
+    int64_t t = 0;
+    for (; t + 3 <= T; t += 3) block<K, Rn, 3>(w, a, tok, y, ldy, r, t);
+    if (T - t == 2) block<K, Rn, 2>(w, a, tok, y, ldy, r, t);
+    else if (T - t == 1) block<K, Rn, 1>(w, a, tok, y, ldy, r, t);
+  };
+  for (; r + 2 <= r1; r += 2) tokens(std::integral_constant<int, 2>{});
+  for (; r < r1; ++r) tokens(std::integral_constant<int, 1>{});
+}
+
+void dispatch(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  KCHECK(w.in == a.in, "gguf_int8: shape mismatch");
+  switch (w.format) {
+    case WeightFormat::kGgufQ4_0: return run<Kind::kQ4_0>(w, a, tok, T, y, ldy, r0, r1);
+    case WeightFormat::kGgufQ8_0: return run<Kind::kQ8_0>(w, a, tok, T, y, ldy, r0, r1);
+    case WeightFormat::kGgufMxfp4: return run<Kind::kMxfp4>(w, a, tok, T, y, ldy, r0, r1);
+    default: KCHECK(false, "gguf_int8_rows_avx2: not a GGUF block format");
+  }
+}
+
+}  // namespace
+
+void gguf_int8_rows_avx2(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  dispatch(w, a, nullptr, a.T, y, ldy, r0, r1);
+}
+
+void gguf_int8_rows_at_avx2(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
+                            int64_t r0, int64_t r1) {
+  for (int64_t i = 0; i < n; ++i) KCHECK(tok[i] >= 0 && tok[i] < a.T, "gguf_int8_rows_at: token index out of range");
+  dispatch(w, a, tok, n, y, ldy, r0, r1);
+}
+
+}  // namespace kestrel::kernels

@@ -14,6 +14,15 @@ namespace kestrel::kernels {
 
 namespace {
 
+constexpr int64_t kMaxHeadGroup = 8;  // heads per work item over decoded rows (head_group)
+
+// The per-thread buffer of one decoded row and a head group's running max and sum (attend_heads_decoded),
+// sized for the largest group so it does not grow with the batch (0: rows read in place).
+size_t decoded_row_floats(const AttentionArgs& a) {
+  if (!a.pages || a.row.dtype == KvCacheDtype::kF32) return 0;
+  return static_cast<size_t>(std::max(a.Dk, a.Dv) + 2 * kMaxHeadGroup);
+}
+
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 // One-op unaligned load (std::memcpy into a v16 goes through the stack in two halves with GCC 12).
 typedef float v16_alias __attribute__((vector_size(64), aligned(4), may_alias));
@@ -64,7 +73,7 @@ void attend_one(const AttentionArgs& a, int64_t t, int64_t h) {
 // result is the one a group of one gives).
 void attend_heads_decoded(const AttentionArgs& a, int64_t t, int64_t h0, int64_t nh) {
   const int64_t n = a.L - a.T + t + 1, row_bytes = a.row.bytes(), row_n = std::max(a.Dk, a.Dv);
-  float* row = thread_scratch(kScratchKvRow, static_cast<size_t>(row_n + 2 * nh));
+  float* row = thread_scratch(kScratchKvRow, decoded_row_floats(a));
   float* m = row + row_n;
   float* l = m + nh;
   for (int64_t g = 0; g < nh; ++g) {
@@ -87,12 +96,12 @@ void attend_heads_decoded(const AttentionArgs& a, int64_t t, int64_t h0, int64_t
   }
 }
 
-// Heads per work item: 1 when the rows are read in place; for decoded rows as many (up to 8) as still leave
-// two work items per thread among `items` (query, head) pairs, so a row is decoded once per group.
+// Heads per work item: 1 when the rows are read in place; for decoded rows as many (up to kMaxHeadGroup) as
+// still leave two work items per thread among `items` (query, head) pairs, so a row is decoded once per group.
 int64_t head_group(const AttentionArgs& a, int64_t items) {
   if (!a.pages || a.row.dtype == KvCacheDtype::kF32) return 1;
   const int64_t threads = omp_get_max_threads();
-  return std::clamp<int64_t>(items / (2 * threads), 1, std::min<int64_t>(8, a.H));
+  return std::clamp<int64_t>(items / (2 * threads), 1, std::min<int64_t>(kMaxHeadGroup, a.H));
 }
 
 // Work item i of one attention: query i / groups, heads of group i % groups.
@@ -125,7 +134,7 @@ void causal_attention_many(std::span<const AttentionArgs> args) {
   std::vector<int64_t>& groups = group_scratch(args.size());
   int64_t total = 0;
   for (size_t s = 0; s < args.size(); ++s) total += items_of(args[s], groups[s] = head_group(args[s], pairs));
-  parallel_for_dynamic(total, 4, [&](int64_t i) {
+  auto item = [&](int64_t i) {
     size_t s = 0;
     int64_t r = i;
     while (r >= items_of(args[s], groups[s])) {
@@ -133,7 +142,11 @@ void causal_attention_many(std::span<const AttentionArgs> args) {
       ++s;
     }
     attend_item(args[s], groups[s], r);
-  });
+  };
+  // Every thread sizes its row buffer for the widest call as it enters, whichever items it then gets.
+  size_t floats = 0;
+  for (const AttentionArgs& a : args) floats = std::max(floats, decoded_row_floats(a));
+  parallel_for_dynamic(total, 4, [&] { if (floats > 0) thread_scratch(kScratchKvRow, floats); }, item);
 }
 
 }  // namespace kestrel::kernels

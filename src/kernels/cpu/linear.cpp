@@ -407,12 +407,19 @@ void rows_times_tokens(const float* rows, int64_t in, const float* x, int64_t T,
   for (; t < T; ++t) block_dot<R, 1>(rows, in, x + t * in, in, in, y + t * ldy + r0, ldy);
 }
 
-// Prefill / batched shapes (T > 4): a block of 4 rows is decoded once into a per-thread buffer
+// Prefill / batched shapes (T > 4): a block of kDecodedRows rows is decoded once into a per-thread buffer
 // (L1/L2-resident; fp32 weights are used in place) and reused for every token.
+constexpr int64_t kDecodedRows = 4;
+
+// The floats of that buffer a product of `w` on the fp32 path may use (0: weights used in place).
+size_t decoded_rows_floats(const WeightMatrix& w) {
+  return w.format == WeightFormat::kF32 ? 0 : static_cast<size_t>(kDecodedRows * w.in);
+}
+
 void many_tokens_rows(const WeightMatrix& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  constexpr int64_t kRows = 4;
+  constexpr int64_t kRows = kDecodedRows;
   const int64_t in = w.in;
-  float* buf = w.format == WeightFormat::kF32 ? nullptr : thread_scratch(kScratchLinear, static_cast<size_t>(kRows * in));
+  float* buf = w.format == WeightFormat::kF32 ? nullptr : thread_scratch(kScratchLinear, decoded_rows_floats(w));
   for (int64_t r = r0; r < r1; r += kRows) {
     const int64_t n = std::min(r1, r + kRows) - r;
     const float* rows;
@@ -566,6 +573,12 @@ void matmul_many(std::span<const MatmulTask> tasks) {
     in8.task_input.push_back(kind == ActKind::kNone ? -1 : in8.add(t.x, t.T, t.w->in, kind, *t.w));
     total += row_cost(t, kind != ActKind::kNone) * static_cast<double>(t.w->out);
   }
+  // Row-decode buffer every thread may need below: sized by each thread as it enters the region, so which
+  // thread's first chunk of the widest product comes when (dynamic schedule) never decides whether a
+  // later step allocates.
+  size_t decode_floats = 0;
+  for (size_t i = 0; i < tasks.size(); ++i)
+    if (in8.task_input[i] < 0 && tasks[i].T > 0) decode_floats = std::max(decode_floats, decoded_rows_floats(*tasks[i].w));
   thread_local std::vector<QuantPiece> pieces;
   pieces.clear();
   for (size_t i = 0; i < in8.inputs.size(); ++i) {
@@ -602,6 +615,7 @@ void matmul_many(std::span<const MatmulTask> tasks) {
   const int64_t n = static_cast<int64_t>(chunks.size()), np = static_cast<int64_t>(pieces.size());
 #pragma omp parallel
   {
+    if (decode_floats > 0) thread_scratch(kScratchLinear, decode_floats);
     if (np > 0) {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t k = 0; k < np; ++k) quantize_piece(pc[k]);

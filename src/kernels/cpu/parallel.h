@@ -34,6 +34,23 @@ inline void parallel_for_dynamic(int64_t n, int64_t chunk, F&& body) {
   }
 }
 
+// The same, with enter() run once by every thread of the region before it takes work (also once inline when
+// the loop runs serially): per-thread set-up that must not depend on which items a thread happens to get.
+template <class E, class F>
+inline void parallel_for_dynamic(int64_t n, int64_t chunk, E&& enter, F&& body) {
+  if (n > 1 && omp_get_max_threads() > 1) {
+#pragma omp parallel
+    {
+      enter();
+#pragma omp for schedule(dynamic, chunk)
+      for (int64_t i = 0; i < n; ++i) body(i);
+    }
+  } else {
+    if (n > 0) enter();
+    for (int64_t i = 0; i < n; ++i) body(i);
+  }
+}
+
 // True when a parallel region is worth entering: more than one OpenMP thread. Regions that need per-thread
 // set-up test this and run their loop inline otherwise (a one-thread region costs a heap allocation).
 inline bool threads_available() { return omp_get_max_threads() > 1; }

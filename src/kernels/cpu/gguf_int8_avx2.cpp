@@ -31,21 +31,38 @@ constexpr int64_t kBlockBytes = K == Kind::kQ4_0 ? 18 : K == Kind::kQ8_0 ? 34 : 
 template <Kind K>
 constexpr int64_t kCodeOffset = K == Kind::kMxfp4 ? 1 : 2;
 
-// The fp32 scales of the n (≤ 4) blocks starting at `blk` (the rest 0).
+// The fp32 scales of the n (≤ 4) blocks starting at `blk` (the rest 0). Q4_0 / Q8_0: the four fp16 words
+// in one vcvtph2ps; MXFP4: 2^(e−128) from the E8M0 bytes as gguf_e8m0_half computes it (e < 2: subnormals).
 template <Kind K>
 KESTREL_AVX2 inline __m128 block_scales(const uint8_t* blk, int n) {
+  constexpr int64_t B = kBlockBytes<K>;
   if constexpr (K == Kind::kMxfp4) {
-    alignas(16) float s[4] = {0, 0, 0, 0};
-    for (int k = 0; k < n; ++k) s[k] = gguf_e8m0_half(blk[k * 17]);
-    return _mm_load_ps(s);
-  } else {
-    uint64_t h = 0;
-    for (int k = 0; k < n; ++k) {
-      uint16_t v;
-      std::memcpy(&v, blk + k * kBlockBytes<K>, 2);
-      h |= static_cast<uint64_t>(v) << (16 * k);
+    __m128i e;
+    if (n == 4) {
+      e = _mm_setr_epi32(blk[0], blk[B], blk[2 * B], blk[3 * B]);
+    } else {
+      alignas(16) int32_t v[4] = {0, 0, 0, 0};
+      for (int k = 0; k < n; ++k) v[k] = blk[k * B];
+      e = _mm_load_si128(reinterpret_cast<const __m128i*>(v));
     }
-    return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(h)));
+    const __m128i big = _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23);
+    const __m128i small = _mm_sllv_epi32(_mm_set1_epi32(0x00200000), e);
+    __m128 s = _mm_castsi128_ps(_mm_blendv_epi8(big, small, _mm_cmpgt_epi32(_mm_set1_epi32(2), e)));
+    if (n < 4) s = _mm_and_ps(s, _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_set1_epi32(n), _mm_setr_epi32(0, 1, 2, 3))));
+    return s;
+  } else {
+    auto word = [&](int k) -> uint64_t {
+      uint16_t h;
+      std::memcpy(&h, blk + k * B, 2);
+      return h;
+    };
+    uint64_t v = 0;
+    if (n == 4) {
+      v = word(0) | word(1) << 16 | word(2) << 32 | word(3) << 48;
+    } else {
+      for (int k = 0; k < n; ++k) v |= word(k) << (16 * k);
+    }
+    return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(v)));
   }
 }
 
@@ -90,7 +107,8 @@ inline void token_ptrs(const Q8Acts& a, const int32_t* tok, int64_t t0, const in
 
 KESTREL_AVX2 inline __m256i ld256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-// Q4_0 / MXFP4: R rows × U tokens over every chunk.
+// Q4_0 / MXFP4: R rows × U tokens over every chunk. Per chunk the tokens' side (their two int8 halves, the
+// accumulator start −c·Σx and d_x, by lanes) is read once for all R rows.
 template <Kind K, int R, int U>
 KESTREL_AVX2 void block_nib(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, float* y, int64_t ldy, int64_t r0, int64_t t0) {
   constexpr int64_t B = kBlockBytes<K>;
@@ -108,11 +126,25 @@ KESTREL_AVX2 void block_nib(const WeightMatrix& w, const Q8Acts& a, const int32_
     for (int u = 0; u < U; ++u) acc[r][u][0] = acc[r][u][1] = _mm256_setzero_ps();
   for (int64_t c = 0; c < nc; ++c) {
     const int n = static_cast<int>(std::min<int64_t>(4, nb - 4 * c));
+    __m256i ncomp[U][2];
     __m128 dx[U];
-    for (int u = 0; u < U; ++u) dx[u] = _mm_loadu_ps(D[u] + 4 * c);
+    for (int u = 0; u < U; ++u) {
+      dx[u] = _mm_loadu_ps(D[u] + 4 * c);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i cs = ld256(C[u] + c * 16 + 8 * h);
+        __m256i cm = _mm256_slli_epi32(cs, 3);                                                 // 8·Σx
+        if constexpr (K == Kind::kMxfp4) cm = _mm256_add_epi32(cm, _mm256_slli_epi32(cs, 2));  // 12·Σx
+        ncomp[u][h] = _mm256_sub_epi32(_mm256_setzero_si256(), cm);
+      }
+    }
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = W[r] + 4 * c * B;
       const __m128 dw = block_scales<K>(blk, n);
+      __m256 sc[U][2];  // d_w·d_x by lanes (the product, then spread: the same values lane by lane)
+      for (int u = 0; u < U; ++u) {
+        const __m128 s4 = _mm_mul_ps(dw, dx[u]);
+        sc[u][0] = spread_lo(s4), sc[u][1] = spread_hi(s4);
+      }
       for (int h = 0; h < 2; ++h) {  // lanes 8h .. 8h+7: blocks 2h, 2h+1
         const __m256i codes = code_pair<K>(blk + 2 * h * B, std::max(0, n - 2 * h));
         __m256i lo = _mm256_and_si256(codes, nib);
@@ -124,12 +156,8 @@ KESTREL_AVX2 void block_nib(const WeightMatrix& w, const Q8Acts& a, const int32_
         for (int u = 0; u < U; ++u) {
           const __m256i xl = ld256(X[u] + c * 128 + 32 * h), xh = ld256(X[u] + c * 128 + 64 + 32 * h);
           const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
-          const __m256i cs = ld256(C[u] + c * 16 + 8 * h);
-          __m256i cm = _mm256_slli_epi32(cs, 3);                                                 // 8·Σx
-          if constexpr (K == Kind::kMxfp4) cm = _mm256_add_epi32(cm, _mm256_slli_epi32(cs, 2));  // 12·Σx
-          const __m256i p = _mm256_sub_epi32(_mm256_madd_epi16(pairs, ones), cm);
-          const __m128 sc = _mm_mul_ps(dw, dx[u]);
-          acc[r][u][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), h == 0 ? spread_lo(sc) : spread_hi(sc), acc[r][u][h]);
+          const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(pairs, ones), ncomp[u][h]);
+          acc[r][u][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc[u][h], acc[r][u][h]);
         }
       }
     }

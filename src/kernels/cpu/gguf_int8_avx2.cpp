@@ -17,6 +17,7 @@
 
 #include "base/check.h"
 #include "kernels/cpu/gguf_int8.h"
+#include "kernels/cpu/gguf_int8_blocks.h"
 #include "kernels/cpu/linear_gguf.h"
 
 #define KESTREL_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -24,12 +25,10 @@
 namespace kestrel::kernels {
 namespace {
 
-enum class Kind { kQ4_0, kQ8_0, kMxfp4 };
-
-template <Kind K>
-constexpr int64_t kBlockBytes = K == Kind::kQ4_0 ? 18 : K == Kind::kQ8_0 ? 34 : 17;
-template <Kind K>
-constexpr int64_t kCodeOffset = K == Kind::kMxfp4 ? 1 : 2;
+using gguf_blocks::Kind;
+using gguf_blocks::kBlockBytes;
+using gguf_blocks::kCodeOffset;
+using gguf_blocks::token_ptrs;
 
 // The fp32 scales of the n (≤ 4) blocks starting at `blk` (the rest 0). Q4_0 / Q8_0: the four fp16 words
 // in one vcvtph2ps; MXFP4: 2^(e−128) from the E8M0 bytes as gguf_e8m0_half computes it (e < 2: subnormals).
@@ -90,19 +89,6 @@ KESTREL_AVX2 inline float reduce16(__m256 lo, __m256 hi) {
   const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
   const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
   return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
-}
-
-// Token pointers for output tokens t0..t0+U−1: activation token tok[t0 + u], or t0 + u when tok is null.
-template <Kind K, int U>
-inline void token_ptrs(const Q8Acts& a, const int32_t* tok, int64_t t0, const int8_t* (&X)[U], const int32_t* (&C)[U],
-                       const float* (&D)[U]) {
-  const int64_t P = a.nc * 128;
-  for (int u = 0; u < U; ++u) {
-    const int64_t t = tok ? tok[t0 + u] : t0 + u;
-    X[u] = (K == Kind::kQ8_0 ? a.q.data() : a.qg.data()) + t * P;
-    C[u] = a.comp.data() + t * (P / 8);
-    D[u] = a.d.data() + t * (P / 32);
-  }
 }
 
 KESTREL_AVX2 inline __m256i ld256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }

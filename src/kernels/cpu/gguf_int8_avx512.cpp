@@ -19,6 +19,7 @@
 
 #include "base/check.h"
 #include "kernels/cpu/gguf_int8.h"
+#include "kernels/cpu/gguf_int8_blocks.h"
 #include "kernels/cpu/linear_gguf.h"
 
 #define KESTREL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,fma,f16c")))
@@ -26,12 +27,10 @@
 namespace kestrel::kernels {
 namespace {
 
-enum class Kind { kQ4_0, kQ8_0, kMxfp4 };
-
-template <Kind K>
-constexpr int64_t kBlockBytes = K == Kind::kQ4_0 ? 18 : K == Kind::kQ8_0 ? 34 : 17;
-template <Kind K>
-constexpr int64_t kCodeOffset = K == Kind::kMxfp4 ? 1 : 2;
+using gguf_blocks::Kind;
+using gguf_blocks::kBlockBytes;
+using gguf_blocks::kCodeOffset;
+using gguf_blocks::token_ptrs;
 
 // fp32 scales of the n (≤ 4) blocks starting at `blk` (the rest 0), as 4 floats.
 template <Kind K>
@@ -129,20 +128,6 @@ KESTREL_AVX512 inline void q8_chunk_dot(__m512i w0, __m512i w1, __m512 dw, const
     const __m512 sc = _mm512_mul_ps(dw, dx[u]);  // lanes 0..3: block scale products
     acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(idx8lo, sc), acc[u]);
     acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(idx8hi, sc), acc[u]);
-  }
-}
-
-// Token pointers into the activations for output tokens t0..t0+U−1: activation token tok[t0 + u], or
-// t0 + u itself when tok is null.
-template <Kind K, int U>
-inline void token_ptrs(const Q8Acts& a, const int32_t* tok, int64_t t0, const int8_t* (&X)[U], const int32_t* (&C)[U],
-                       const float* (&D)[U]) {
-  const int64_t P = a.nc * 128;
-  for (int u = 0; u < U; ++u) {
-    const int64_t t = tok ? tok[t0 + u] : t0 + u;
-    X[u] = (K == Kind::kQ8_0 ? a.q.data() : a.qg.data()) + t * P;
-    C[u] = a.comp.data() + t * (P / 8);
-    D[u] = a.d.data() + t * (P / 32);
   }
 }
 

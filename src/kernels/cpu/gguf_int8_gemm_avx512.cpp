@@ -23,6 +23,7 @@
 
 #include "base/check.h"
 #include "kernels/cpu/gguf_int8.h"
+#include "kernels/cpu/gguf_int8_blocks.h"
 #include "kernels/cpu/linear_gguf.h"
 #include "kernels/cpu/scratch.h"
 
@@ -31,7 +32,8 @@
 namespace kestrel::kernels {
 namespace {
 
-enum class Kind { kQ4_0, kQ8_0, kMxfp4 };
+using gguf_blocks::Kind;
+using gguf_blocks::kBlockBytes;
 
 // Bytes of one unpacked (row, 128-element chunk): Q4_0 / MXFP4 lo | hi | 16 fp32 scales; Q8_0
 // codes+128 of blocks 0,1 | of blocks 2,3 | 16 scales (blocks 0,1) | 16 scales (blocks 2,3).
@@ -112,7 +114,7 @@ KESTREL_AVX512 void unpack_q8(const uint8_t* blk, int n, uint8_t* dst) {
 // (chunk c: its rows' tiles back to back), so the micro-kernel reads one stream.
 template <Kind K>
 KESTREL_AVX512 void unpack_stripe(const WeightMatrix& w, int64_t nb, int64_t nc, int64_t r0, int64_t n, uint8_t* dst) {
-  constexpr int64_t B = K == Kind::kQ8_0 ? 34 : K == Kind::kQ4_0 ? 18 : 17, TB = kTileBytes<K>;
+  constexpr int64_t B = kBlockBytes<K>, TB = kTileBytes<K>;
   int64_t r = 0;
   while (r < n) {
     const int64_t g = n - r >= kR ? kR : 1;

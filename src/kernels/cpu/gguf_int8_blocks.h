@@ -1,0 +1,34 @@
+// What the GGUF int8 kernels (gguf_int8_avx512.cpp, gguf_int8_avx2.cpp) share about the block layouts and
+// the activations of gguf_int8.h: the formats, their block sizes and code offsets, and where each token's
+// quantized row starts.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/gguf_int8.h"
+
+namespace kestrel::kernels::gguf_blocks {
+
+enum class Kind { kQ4_0, kQ8_0, kMxfp4 };
+
+// Bytes of one 32-element block, and where its codes start (after the fp16 / E8M0 scale).
+template <Kind K>
+constexpr int64_t kBlockBytes = K == Kind::kQ4_0 ? 18 : K == Kind::kQ8_0 ? 34 : 17;
+template <Kind K>
+constexpr int64_t kCodeOffset = K == Kind::kMxfp4 ? 1 : 2;
+
+// Token pointers into the activations for output tokens t0..t0+U−1: activation token tok[t0 + u], or
+// t0 + u itself when tok is null. Q8_0 weights read the natural order (q), Q4_0 / MXFP4 the nibble order (qg).
+template <Kind K, int U>
+inline void token_ptrs(const Q8Acts& a, const int32_t* tok, int64_t t0, const int8_t* (&X)[U], const int32_t* (&C)[U],
+                       const float* (&D)[U]) {
+  const int64_t P = a.nc * 128;
+  for (int u = 0; u < U; ++u) {
+    const int64_t t = tok ? tok[t0 + u] : t0 + u;
+    X[u] = (K == Kind::kQ8_0 ? a.q.data() : a.qg.data()) + t * P;
+    C[u] = a.comp.data() + t * (P / 8);
+    D[u] = a.d.data() + t * (P / 32);
+  }
+}
+
+}  // namespace kestrel::kernels::gguf_blocks

@@ -4,6 +4,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
+#include "kernels/cpu/avx512_mask.h"
 #include "kernels/cpu/lane_dot.h"
 
 #include <immintrin.h>
@@ -21,11 +22,6 @@ inline float lane_sum(const float* a) {
   for (int i = 0; i < 8; ++i) r8[i] = a[i] + a[i + 8];
   for (int i = 0; i < 4; ++i) r4[i] = r8[i] + r8[i + 4];
   return (r4[0] + r4[2]) + (r4[1] + r4[3]);
-}
-
-inline __mmask16 lanes(int64_t n, int64_t w) {
-  const int64_t k = std::clamp<int64_t>(n - 16 * w, 0, 16);
-  return static_cast<__mmask16>((1u << k) - 1u);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
+#include "kernels/cpu/avx512_mask.h"
 #include "kernels/cpu/prefill_attention.h"
 
 #include <immintrin.h>
@@ -75,12 +76,6 @@ KESTREL_AVX512 inline __m512 exp16(__m512 x) {
   for (int i = 6; i >= 0; --i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kTaylor[i]));
   const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_maskz_mul_ps(ok, p, _mm512_castsi512_ps(e));
-}
-
-// Lanes [16w, 16w + 16) of a row of n floats.
-inline __mmask16 lanes(int64_t n, int64_t w) {
-  const int64_t k = std::clamp<int64_t>(n - 16 * w, 0, 16);
-  return static_cast<__mmask16>((1u << k) - 1u);
 }
 
 KESTREL_AVX512 void scale_row(float* o, int64_t n, float r) {

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/avx512_mask.h"
 #include "kernels/cpu/dsa_indexer.h"
 #include "kernels/cpu/kv_row.h"
 #include "kernels/cpu/lane_dot.h"
@@ -49,12 +50,6 @@ void tile_step_reference(const float* q, const float* const* rows, int64_t n, co
   }
   for (int64_t d = 0; d < a.Dv; ++d)
     for (int64_t j = 0; j < n; ++j) o[d] = std::fma(s[j], rows[j][d], o[d]);
-}
-
-// Lanes [16w, 16w + 16) of a row of n floats.
-inline __mmask16 lanes(int64_t n, int64_t w) {
-  const int64_t k = std::clamp<int64_t>(n - 16 * w, 0, 16);
-  return static_cast<__mmask16>((1u << k) - 1u);
 }
 
 // Scores of U heads against rows[0, 4) of the tile (rows past n repeat the last one): U × 4 accumulators,

@@ -182,10 +182,11 @@ void attend_rows(const float* q, int64_t ldq, int64_t B, const float* packed, in
   std::fill(mx, mx + B, -INFINITY);
   std::fill(sum, sum + B, 0.0f);
   for (int64_t t0 = 0; t0 < n; t0 += kKeyTile) {
-    const int64_t nk = std::min(kKeyTile, n - t0), panels = key_panels(nk);
+    const int64_t nk = std::min(kKeyTile, n - t0);
     const float* keys = packed + t0 * hd;  // t0 is a whole number of panels
     const float* v = vals + t0 * hdp;
 #if defined(__AVX512F__)
+    const int64_t panels = key_panels(nk);
     for (int64_t p = 0; p < panels; ++p)  // a key panel stays in L1 across the row groups
       for (int64_t g = 0; g < groups; ++g)
         kScore[static_cast<size_t>(std::min(kQkRows, B - g * kQkRows) - 1)](

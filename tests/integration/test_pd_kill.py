@@ -52,7 +52,8 @@ def test_decode_killed_after_its_destinations_arrived(tls):
         p0 = prefill.metrics()
         p_leg = open_leg(prefill, prefill, 921, LONG, 16)
         d_leg = open_leg(decode, prefill, 921, LONG, 16)
-        wait_until(lambda: decode.metrics()["kestrel_pd_handoffs_started_total"] == 1, "room 921 never advertised")
+        # Advertised: the destinations were sent (over shared memory: they are in the prefill's receive queue).
+        wait_until(lambda: decode.metrics()["kestrel_pd_handoffs_advertised_total"] == 1, "room 921 never advertised")
         if tls == "shm":
             # The decode's pools are UCX-allocated System V segments (UCX's own FIFOs are 4 MiB). The prefill
             # unpacks their keys, i.e. maps them, when the destinations arrive, before its transfer begins.

@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 #include "disagg/ucx_status.h"
 
@@ -38,6 +40,38 @@ bool process_running(uint32_t pid) {
   std::getline(f, stat);
   size_t close = stat.rfind(')');
   return close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] != 'Z';
+}
+
+// A running process that is not on its way out either: not exiting (PF_EXITING in the flags of /proc/PID/stat,
+// set as soon as it starts to exit, before its memory is unmapped) and without a SIGKILL pending (SigPnd,
+// ShdPnd in /proc/PID/status: sent, not yet acted on). Unreadable fields count as alive.
+bool process_alive(uint32_t pid) {
+  if (!process_running(pid)) return false;
+  const std::string dir = "/proc/" + std::to_string(pid);
+  {
+    std::ifstream f(dir + "/stat");
+    std::string stat;
+    std::getline(f, stat);
+    const size_t close = stat.rfind(')');
+    if (close != std::string::npos) {
+      // After the command: state, ppid, pgrp, session, tty_nr, tpgid, flags.
+      std::istringstream fields(stat.substr(close + 1));
+      std::string skip;
+      unsigned long flags = 0;
+      for (int i = 0; i < 6; ++i) fields >> skip;
+      constexpr unsigned long kPfExiting = 0x4;
+      if (fields >> flags && (flags & kPfExiting) != 0) return false;
+    }
+  }
+  std::ifstream f(dir + "/status");
+  constexpr unsigned long long kSigKill = 1ull << (SIGKILL - 1);
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind("SigPnd:", 0) == 0 || line.rfind("ShdPnd:", 0) == 0) {
+      const unsigned long long pending = std::strtoull(line.c_str() + 7, nullptr, 16);
+      if ((pending & kSigKill) != 0) return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -197,6 +231,10 @@ Result<RemoteKey> Endpoint::unpack_rkey(std::span<const std::byte> packed) {
   if (closed_ || close_request_ != nullptr || failed()) {
     return unavailable("disagg: rkey unpack on a failed or closed endpoint");
   }
+  if (peer_gone()) {
+    return unavailable("disagg: the peer's process (instance " + std::to_string(*peer_) +
+                       ") has exited or is exiting: its remote key is not unpacked");
+  }
   ucp_rkey_h rkey = nullptr;
   ucs_status_t st = ucp_ep_rkey_unpack(ep_, packed.data(), &rkey);
   if (st != UCS_OK) return ucx_error(st, "ucp_ep_rkey_unpack");
@@ -204,13 +242,30 @@ Result<RemoteKey> Endpoint::unpack_rkey(std::span<const std::byte> packed) {
 }
 
 Result<const RemoteKey*> Endpoint::cached_rkey(std::span<const std::byte> packed) {
-  for (const auto& [bytes, key] : rkeys_) {
-    if (std::equal(bytes.begin(), bytes.end(), packed.begin(), packed.end())) return key.get();
+  for (const CachedKey& c : rkeys_) {
+    if (!std::equal(c.packed.begin(), c.packed.end(), packed.begin(), packed.end())) continue;
+    if (c.key == nullptr) return c.error;
+    return c.key.get();
+  }
+  if (closed_ || close_request_ != nullptr || failed()) {
+    return unavailable("disagg: rkey unpack on a failed or closed endpoint");
   }
   Result<RemoteKey> k = unpack_rkey(packed);
-  if (!k) return k.error();
-  rkeys_.emplace_back(std::vector<std::byte>(packed.begin(), packed.end()), std::make_unique<RemoteKey>(std::move(*k)));
-  return rkeys_.back().second.get();
+  CachedKey c{{packed.begin(), packed.end()}, nullptr, Status::ok()};
+  if (k) {
+    c.key = std::make_unique<RemoteKey>(std::move(*k));
+  } else {
+    c.error = k.error();
+  }
+  rkeys_.push_back(std::move(c));
+  if (rkeys_.back().key == nullptr) return rkeys_.back().error;
+  return rkeys_.back().key.get();
+}
+
+bool Endpoint::peer_gone() const {
+  if (worker_.peer_failure() == PeerFailure::kUcx || !peer_) return false;
+  std::optional<uint32_t> pid = worker_.pid_of(*peer_);
+  return pid && !process_alive(*pid);
 }
 
 Status Endpoint::close(Deadline deadline) {

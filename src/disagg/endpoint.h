@@ -61,11 +61,22 @@ class Endpoint {
   // Periodic liveness message (called by Worker::progress); at most one outstanding, skipped once failed.
   void send_heartbeat();
 
+  // kUnavailable without asking UCX when peer_gone(): unpacking the key of a shared-memory region maps the
+  // region into this process (posix/sysv), and in UCX 1.13 an unpack whose segment is gone (its owner exited)
+  // crashes in UCX's error path (ucp_ep_rkey_unpack releases the key it did not finish unpacking).
   Result<RemoteKey> unpack_rkey(std::span<const std::byte> packed);
-  // The key unpacked once per endpoint and kept until the endpoint is closed: a peer advertises the same regions (registered once)
-  // with every transfer, and unpacking the key of a UCX-allocated shared-memory region maps the region into this
-  // process (posix/sysv), so a fresh unpack per transfer would map it anew and fault in every page it writes.
+  // The key unpacked once per endpoint and kept until the endpoint is closed: a peer advertises the same regions
+  // (registered once) with every transfer, and a fresh unpack per transfer would map the region anew and fault in
+  // every page it writes. Once mapped here a region outlives its owner's process until the key is released, so a
+  // key unpacked while the peer ran stays usable (puts into it land in memory nobody reads). A key that failed
+  // to unpack is not tried again on this endpoint: its error is returned.
   Result<const RemoteKey*> cached_rkey(std::span<const std::byte> packed);
+
+  // True when this side can tell that the peer's process has exited or is being killed (kHeartbeat: a peer on
+  // the same host, the pid its messages carry: gone, a zombie, exiting, or with SIGKILL pending). False when it
+  // cannot tell: kUcx (the peer may be on another host; UCX's error handler reports its death), or no message
+  // from the peer yet.
+  bool peer_gone() const;
 
   // kUcx: a healthy endpoint is flushed (remote completion) within the deadline, then closed with
   // UCP_EP_CLOSE_FLAG_FORCE, which completes at once and cancels whatever is outstanding (also after a flush that
@@ -101,7 +112,12 @@ class Endpoint {
   void* close_request_ = nullptr;  // a close in progress (kHeartbeat mode)
   std::optional<uint64_t> peer_;
   std::vector<Send> sends_;  // outstanding sends (heartbeats included)
-  std::vector<std::pair<std::vector<std::byte>, std::unique_ptr<RemoteKey>>> rkeys_;  // packed → unpacked
+  struct CachedKey {
+    std::vector<std::byte> packed;
+    std::unique_ptr<RemoteKey> key;  // null: the unpack failed with `error`
+    Status error;
+  };
+  std::vector<CachedKey> rkeys_;
   size_t heartbeats_outstanding_ = 0;
 };
 

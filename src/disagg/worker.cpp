@@ -114,6 +114,7 @@ ucs_status_t Worker::on_message(void* arg, const void*, size_t, void* data, size
     self->inbox_.pop_front();
   }
   self->inbox_.push_back({*h, {body.begin(), body.end()}, Clock::now()});
+  if (self->arrival_hooks_.count(static_cast<uint16_t>(h->kind)) != 0) self->arrived_.push_back(self->inbox_.back());
   return UCS_OK;
 }
 
@@ -121,6 +122,15 @@ bool Worker::progress() {
   bool events = false;
   if (options_.faults == nullptr || !options_.faults->stall_progress()) events = ucp_worker_progress(worker_) != 0;
   if (events) last_event_ = Clock::now();
+  // Outside UCX's callback: a hook may call into UCX (rkey unpacking). A hook that progresses adds to a fresh list.
+  if (!arrived_.empty()) {
+    std::vector<Message> arrived = std::move(arrived_);
+    arrived_.clear();
+    for (const Message& m : arrived) {
+      auto hook = arrival_hooks_.find(static_cast<uint16_t>(m.header.kind));
+      if (hook != arrival_hooks_.end()) hook->second(m);
+    }
+  }
   send_due_heartbeats();
   // The inbox is in arrival order: expired messages are at its front.
   Clock::time_point oldest = Clock::now() - options_.message_ttl;
@@ -154,6 +164,14 @@ void Worker::idle(std::chrono::microseconds sleep) {
     std::this_thread::yield();
   } else {
     std::this_thread::sleep_for(sleep);
+  }
+}
+
+void Worker::on_arrival(MessageKind kind, std::function<void(const Message&)> hook) {
+  if (hook) {
+    arrival_hooks_[static_cast<uint16_t>(kind)] = std::move(hook);
+  } else {
+    arrival_hooks_.erase(static_cast<uint16_t>(kind));
   }
 }
 

@@ -89,6 +89,11 @@ class Worker {
   // Takes the oldest received message of this kind for this transfer (any transfer when transfer_id is 0) from
   // this sender (any sender when nullopt). Transfer ids are never 0.
   std::optional<Message> take(MessageKind kind, uint64_t transfer_id = 0, std::optional<uint64_t> sender = {});
+  // Runs `hook` on the side's thread for every message of `kind` as soon as progress() has received it (right
+  // after the round of UCX progress that read it, before any take() can return it), while the sender has only
+  // just sent it: for work that must not wait until the message is taken, such as unpacking a peer's remote keys
+  // while its process still exists (Endpoint::cached_rkey). One hook per kind; an empty one removes it.
+  void on_arrival(MessageKind kind, std::function<void(const Message&)> hook);
   // Discards the queued messages of a transfer (one that has ended: late or stale messages are never read), and
   // for message_ttl drops its segment announcements and completion on arrival (a sender's that come after the
   // receiving side gave up), counted as expired; reopen() ends that for a new transfer with the same id.
@@ -133,6 +138,8 @@ class Worker {
   size_t expired_ = 0;
   std::unordered_map<uint64_t, Clock::time_point> ended_;  // discarded transfers → when
   std::vector<Endpoint*> heartbeats_;
+  std::unordered_map<uint16_t, std::function<void(const Message&)>> arrival_hooks_;
+  std::vector<Message> arrived_;  // received in this round of progress, for arrival_hooks_
   std::vector<std::vector<std::byte>> orphans_;
   Clock::time_point next_heartbeat_{};
   Clock::time_point last_event_{};

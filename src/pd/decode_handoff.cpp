@@ -230,6 +230,10 @@ void DecodeHandoff::start_transfer(const Entry& e, const CacheLocation& loc) {
   const auto until = since + opts_.transfer_timeout;
   Status st = in->advertise(disagg::Deadline(until));
   if (!st.is_ok()) return end(loc, ep, st, bytes);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    counts_.advertised++;
+  }
   pending_.push_back({loc, ep, bytes, std::move(in), since, until});
 }
 

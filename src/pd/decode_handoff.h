@@ -46,7 +46,8 @@ struct DecodeHandoffOptions {
 };
 
 struct DecodeCounts {
-  uint64_t started = 0;  // reservations advertised to a prefill
+  uint64_t started = 0;     // reservations made for a prefill (their destinations go out next)
+  uint64_t advertised = 0;  // of those, the ones whose destinations were sent (locally complete)
   uint64_t received = 0, failed = 0, bytes = 0;
   // failed, by reason: checksum or size mismatch, deadline, the prefill gave up after its puts began, the peer
   // failed or fell silent (or no connection)

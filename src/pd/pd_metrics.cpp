@@ -58,6 +58,8 @@ std::string decode_metrics_text(const DecodeCounts& c) {
   role(o, "decode");
   common(o, c.started, c.received, c.withdrawn, c.in_flight, c.bytes, c.seconds,
          "Destinations sent until the completion was verified.");
+  metric(o, "kestrel_pd_handoffs_advertised_total", "counter",
+         "Reservations whose destinations were sent to the prefill instance.", double(c.advertised));
   failed(o, {{"corrupt", c.failed_corrupt}, {"deadline", c.failed_deadline}, {"sender", c.failed_sender},
              {"peer", c.failed_peer}});
   metric(o, "kestrel_pd_handoffs_cancelled_total", "counter",

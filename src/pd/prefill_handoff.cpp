@@ -34,6 +34,10 @@ Result<std::unique_ptr<PrefillHandoff>> PrefillHandoff::create(Scheduler& schedu
   if (!options.zeroed_parts.empty()) p->zeros_.assign(largest, std::byte{0});
   PrefillHandoff* self = p.get();
   Status s = p->start([self, &options] {
+    // A decode instance's keys are unpacked when its destinations arrive, not when the transfer begins (maybe
+    // after the prompt has run for seconds): see unpack_keys.
+    self->worker().on_arrival(disagg::MessageKind::kDestinations,
+                              [self](const disagg::Message& m) { self->unpack_keys(m); });
     // Over tcp decode instances connect to this listener (UCX client-server), not to the worker address: see
     // PrefillHandoffOptions::listen_host.
     if (options.listen_host.empty() || self->worker().peer_failure() != disagg::PeerFailure::kUcx) return Status();
@@ -230,12 +234,33 @@ void PrefillHandoff::idle() {
   }
 }
 
+// Unpacks (and caches on the endpoint: Endpoint::cached_rkey) the remote keys of destinations that have just
+// arrived, while their sender has only just sent them. Over shared memory the unpack maps the decode's region
+// into this process; once mapped it stays valid for as long as the key lives, whatever happens to the decode. An
+// unpack after the decode had exited would fail in UCX, and UCX 1.13 crashes on that failure; so the transfer
+// finds the key ready, or an unpack that failed (its error, not tried again). A decode that is already gone or
+// being killed is not unpacked at all (Endpoint::peer_gone).
+void PrefillHandoff::unpack_keys(const disagg::Message& m) {
+  disagg::Endpoint* ep = endpoint(m.header.sender);
+  if (ep == nullptr || ep->failed() || ep->closed()) return;  // the transfer fails without an unpack
+  auto dst = disagg::decode_destinations(m.body);
+  if (!dst) return;  // the transfer reports it
+  for (const auto& packed : dst->rkeys) (void)ep->cached_rkey(packed);
+}
+
 // Puts the request's state into the destinations, flushes, sends the completion (bounded by transfer_timeout).
 Status PrefillHandoff::transfer(Job& job, uint64_t decode, disagg::Destinations dst, uint64_t& bytes,
                                 bool& cancelled) {
   disagg::Endpoint* ep = endpoint(decode);
   if (ep == nullptr || ep->failed()) {
     return unavailable("hand-off: no open connection to decode instance " + std::to_string(decode));
+  }
+  if (ep->peer_gone()) {
+    // Nothing to put into: the connection is given up (the next handshake from that address opens a new one).
+    Status gone = unavailable("hand-off: decode instance " + std::to_string(decode) + " has exited");
+    ep->mark_failed(gone);
+    endpoints_.erase(decode);
+    return gone;
   }
   std::array<std::byte, kRecordBytes> record{};
   Status st = encode_first_token(job.first, record);

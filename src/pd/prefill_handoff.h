@@ -84,6 +84,7 @@ class PrefillHandoff final : public HandoffSide {
   // `cancelled`: the decode side cancelled it during the transfer (stopped, flushed, told).
   Status transfer(Job& job, uint64_t decode, disagg::Destinations dst, uint64_t& bytes, bool& cancelled);
   void finish(Job& job, Outcome outcome, const Status& st, uint64_t bytes);
+  void unpack_keys(const disagg::Message& m);  // side's thread: destinations as they arrive
   void release_cancelled();          // side's thread: cancelled parked jobs
   void withdraw_later(uint64_t room);  // side's thread
   void take_cancels();                 // side's thread: the decode sides' cancel messages

@@ -130,6 +130,11 @@ std::vector<std::string> HandoffSide::transports(uint64_t peer_instance) {
   });
 }
 
+std::optional<disagg::Clock::time_point> HandoffSide::last_heard(uint64_t peer_instance) {
+  return call<std::optional<disagg::Clock::time_point>>(
+      [this, peer_instance] { return worker_->last_heard(peer_instance); });
+}
+
 disagg::Endpoint* HandoffSide::endpoint(uint64_t peer) {
   auto it = endpoints_.find(peer);
   return it == endpoints_.end() ? nullptr : it->second.get();

@@ -10,6 +10,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -39,6 +40,8 @@ class HandoffSide {
   uint16_t listener_port() const { return listener_port_; }
   // The UCX transports of the endpoint to a peer (empty when not connected).
   std::vector<std::string> transports(uint64_t peer_instance);
+  // When a message (heartbeats included) from a peer last arrived; nullopt if none has.
+  std::optional<disagg::Clock::time_point> last_heard(uint64_t peer_instance);
 
  protected:
   explicit HandoffSide(const disagg::WorkerOptions& options);

@@ -6,12 +6,15 @@
 //   stop       prefill side; every transfer stops this process (SIGSTOP) before its second range is posted: the
 //              peer is frozen in the middle of the transfer, and goes on where it stopped after SIGCONT
 //   decode     decode side (the test is the prefill side and freezes this process on cue)
+//   decode-ucx decode side with its pools allocated through UCX, as `kestrel serve --role decode` allocates them
+//              (over shared memory: System V segments, which the prefill maps by unpacking their keys)
 // Prints "<instance> <pid> <address hex>" first. Commands:
 //   connect INSTANCE ADDRESS_HEX        → opens the endpoint to the other side; prints "connected" (or "error ...")
 //   run ROOM LENGTH SALT MAX_NEW        → prefill: hands off prompt(LENGTH, SALT); prints "done ROOM FINISH TOKENS"
 //                                         at its final event
 //   receive ROOM LENGTH SALT MAX_NEW PREFILL → decode: receives that request from the prefill instance; prints
 //                                         "done ROOM FINISH TOKENS" at its final event
+//   advertised                          → decode: "advertised N", the reservations whose destinations were sent
 //   stats                               → "stats BLOCKS SLOTS IN_FLIGHT DONE FAILED X Y": the scheduler's pages and
 //                                         slots held, the side's hand-offs in flight, completed, failed; prefill:
 //                                         X = lease expiries, Y = 0; decode: X = quarantined, Y = registry ranges held
@@ -84,19 +87,27 @@ int fail(const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2 && argc != 3) return fail("usage: pd_peer CHECKPOINT_DIR [DELAY_MS|stop|decode]");
+  if (argc != 2 && argc != 3) return fail("usage: pd_peer CHECKPOINT_DIR [DELAY_MS|stop|decode|decode-ucx]");
   const std::string mode = argc == 3 ? argv[2] : "";
+  const bool decoding = mode == "decode" || mode == "decode-ucx";
   auto engine = Engine::load(argv[1]);
   if (!engine) return fail(engine.error().message());
-  auto sched = Scheduler::create(**engine, pd::testing::config());
+  SchedulerConfig config = pd::testing::config();
+  pd::DecodeHandoffOptions decode_options;
+  if (mode == "decode-ucx") {
+    auto arenas = pd::DecodeArenas::create();
+    if (!arenas) return fail(arenas.error().message());
+    config.cache.arenas = decode_options.arenas = *arenas;
+  }
+  auto sched = Scheduler::create(**engine, config);
   if (!sched) return fail(sched.error().message());
-  AtSecondPut faults(std::chrono::milliseconds(mode.empty() || mode == "stop" || mode == "decode" ? 0 : std::stoi(mode)),
+  AtSecondPut faults(std::chrono::milliseconds(mode.empty() || mode == "stop" || decoding ? 0 : std::stoi(mode)),
                      mode == "stop");
   std::unique_ptr<pd::PrefillHandoff> prefill;
   std::unique_ptr<pd::DecodeHandoff> decode;
   pd::HandoffSide* side = nullptr;
-  if (mode == "decode") {
-    auto d = pd::DecodeHandoff::create(**sched, {});
+  if (decoding) {
+    auto d = pd::DecodeHandoff::create(**sched, decode_options);
     if (!d) return fail(d.error().message());
     decode = std::move(*d);
     side = decode.get();
@@ -134,6 +145,8 @@ int main(int argc, char** argv) {
       if (!decode->submit(request(pd::testing::prompt(length, salt), max_new, room), room, from)) {
         say("done " + std::to_string(room) + " rejected 0");
       }
+    } else if (cmd == "advertised" && decode) {
+      say("advertised " + std::to_string(decode->counts().advertised));
     } else if (cmd == "stats") {
       const ServiceStats st = (*sched)->stats();
       std::string out = "stats " + std::to_string(st.kv_blocks_used) + " " + std::to_string(st.state_slots_used) + " ";

@@ -355,5 +355,97 @@ TEST_F(PdPeer, FrozenDecodeLosesTheLease) {
   prefill.reset();
 }
 
+// The prefill's worker progresses only when told (a frozen reader of its receive queue).
+class HoldProgress : public disagg::FaultPolicy {
+ public:
+  std::atomic<bool> hold{false};
+  disagg::PutFault on_put(uint64_t, size_t, size_t) override { return {}; }
+  bool drop_message(uint16_t) override { return false; }
+  bool stall_progress() override { return hold; }
+};
+
+// Starts `pd_peer decode-ucx` in `child` and connects it and `prefill` both ways; returns once the prefill has
+// heard from it (its endpoint to the prefill is wired up: it can send without the prefill's help).
+void start_decode(Child& child, const std::string& checkpoint, PrefillHandoff& prefill) {
+  ASSERT_NO_FATAL_FAILURE(child.spawn({KESTREL_PD_PEER, checkpoint, "decode-ucx"}));
+  std::istringstream hello(child.line(30000ms));
+  uint64_t instance = 0;
+  uint32_t pid = 0;
+  std::string address;
+  ASSERT_TRUE(hello >> instance >> pid >> address) << "no greeting from pd_peer";
+  ASSERT_TRUE(prefill.connect(disagg::testing::from_hex(address), instance).is_ok());
+  child.write_line("connect " + std::to_string(prefill.instance()) + " " + disagg::testing::to_hex(prefill.address()));
+  ASSERT_EQ(child.line(10000ms), "connected");
+  for (int i = 0; i < 1000 && !prefill.last_heard(instance); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(prefill.last_heard(instance)) << "no heartbeat from the decode";
+}
+
+// The test is the prefill side, pd_peer the decode side with its pools allocated through UCX (over shared memory
+// System V segments, as in `kestrel serve --role decode`). Over shared memory the decode advertises while the
+// prefill's worker does not progress, so its destinations wait unread in the prefill's receive queue; it is then
+// killed and reaped, and only then does the prefill read them (its request comes after). Unpacking the dead
+// decode's keys made UCX 1.13 crash this process (the segments are gone, UCX's unpack error path dereferences the
+// key): the prefill must not unpack them, must fail the hand-off, hold nothing, and hand off to a fresh decode
+// next. Over tcp (a key there maps nothing) the worker is not held: the decode cannot send while it is (the
+// connection's wireup needs its progress); the decode is killed once its destinations went out.
+TEST_F(PdPeer, DecodeKilledBeforeItsDestinationsAreReadIsNotUnpacked) {
+  const bool tcp = disagg::testing::expected_transports().count("tcp") != 0;
+  auto s = Scheduler::create(*engine_, config());
+  ASSERT_TRUE(s) << s.error().message();
+  sched_ = std::move(*s);
+  HoldProgress faults;
+  PrefillHandoffOptions options;
+  options.worker.faults = &faults;
+  options.destinations_timeout = 5000ms;  // tcp: destinations lost with the connection end at this deadline
+  auto p = PrefillHandoff::create(*sched_, options);
+  ASSERT_TRUE(p) << p.error().message();
+  std::unique_ptr<PrefillHandoff> prefill = std::move(*p);
+  ASSERT_NO_FATAL_FAILURE(start_decode(child_, dir_->path(), *prefill));
+  faults.hold = !tcp;
+  child_.write_line("receive 21 40 2 8 " + std::to_string(prefill->instance()));
+  std::string advertised;  // the destinations sent: over shared memory in this side's receive queue
+  for (int i = 0; i < 200 && advertised != "advertised 1"; ++i) {
+    child_.write_line("advertised");
+    advertised = child_.line(10000ms);
+    if (advertised != "advertised 1") std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_EQ(advertised, "advertised 1") << "the decode never advertised";
+  ASSERT_EQ(kill(child_.pid, SIGKILL), 0);
+  ASSERT_NE(child_.reap(5000ms), -1);
+  faults.hold = false;
+  Client c;
+  ASSERT_TRUE(prefill->submit(c.make(prompt(40, 2), 8), 21));
+  const Collected got = c.wait(60s);
+  EXPECT_EQ(got.finish, FinishReason::kError);
+  if (!tcp) {
+    EXPECT_NE(got.error.find("has exited"), std::string::npos) << got.error;
+  }
+  PrefillCounts pc = prefill->counts();
+  EXPECT_EQ(pc.failed, 1u);
+  EXPECT_EQ(pc.handed_off, 0u);
+  EXPECT_EQ(pc.in_flight, 0u);
+  if (!tcp) {
+    EXPECT_EQ(pc.transfer_failed, 1u);
+  }
+  ServiceStats st = testing::settled(*sched_);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_EQ(st.state_slots_used, 0);
+  // A fresh decode process gets the next hand-off.
+  Child fresh;
+  ASSERT_NO_FATAL_FAILURE(start_decode(fresh, dir_->path(), *prefill));
+  fresh.write_line("receive 22 40 2 8 " + std::to_string(prefill->instance()));
+  Client c2;
+  ASSERT_TRUE(prefill->submit(c2.make(prompt(40, 2), 8), 22));
+  EXPECT_EQ(c2.wait(60s).finish, FinishReason::kLength);
+  EXPECT_EQ(fresh.line(30000ms), "done 22 length 8");
+  pc = prefill->counts();
+  EXPECT_EQ(pc.handed_off, 1u);
+  EXPECT_EQ(pc.in_flight, 0u);
+  st = testing::settled(*sched_);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_EQ(st.state_slots_used, 0);
+  prefill.reset();
+}
+
 }  // namespace
 }  // namespace kestrel::pd

@@ -20,9 +20,11 @@ namespace kestrel::kernels {
 namespace {
 
 constexpr int64_t kQkRows = 12;   // query rows per score micro-kernel (24 accumulators)
+#if defined(__AVX512F__)
 constexpr int64_t kPvRows = 6;    // rows per P·V micro-kernel
 constexpr int64_t kPvChunks = 4;  // 16-float value columns per P·V micro-kernel (6 × 4 accumulators)
 constexpr int64_t kValueRun = 64;  // keys per P·V micro-kernel call
+#endif
 
 // Per-thread scratch of n floats, 64-byte aligned.
 float* aligned_scratch(int64_t n) {

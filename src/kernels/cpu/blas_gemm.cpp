@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/scratch.h"
@@ -69,10 +70,30 @@ void run_columns(const WeightMatrix& w, const float* x, int64_t T, float* y, Gem
   }
 }
 
+// The epilogue over all T rows of y (the fallback below applies it after the whole product).
+void apply_epilogue(float* y, int64_t n, GemmEpilogue epilogue) {
+  if (epilogue == GemmEpilogue::kGeluTanh) gelu_tanh_inplace(y, n);
+  if (epilogue == GemmEpilogue::kGeluErf)
+    for (float* v = y; v < y + n; ++v) *v = 0.5f * *v * (1.0f + std::erf(*v * static_cast<float>(M_SQRT1_2)));
+}
+
 }  // namespace
+
+bool sgemm_rows_invariant() {
+  static const bool yes = [] {
+    const std::string core = openblas_get_corename();
+    return core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids";
+  }();
+  return yes;
+}
 
 void matmul_sgemm(const WeightMatrix& w, const float* x, int64_t T, float* y, GemmEpilogue epilogue) {
   if (T <= 0) return;
+  if (!sgemm_rows_invariant()) {  // Kestrel's own fp32 product: a row's bits never depend on the batch or threads
+    matmul(w, x, T, y);
+    apply_epilogue(y, T * w.out, epilogue);
+    return;
+  }
   if (omp_get_max_threads() == 1) {
     run_columns(w, x, T, y, epilogue, 0, w.out);
     return;

@@ -29,8 +29,14 @@ enum class GemmEpilogue { kNone, kGeluTanh, kGeluErf };  // kGeluErf: nn.GELU(),
 // y[T, w.out] = x[T, w.in] W^T in fp32 (then the epilogue elementwise), a row of y independent of T, of the other
 // rows and of the thread count (see above). A weight not stored as fp32 (bf16, f16, …) is decoded a slice of rows
 // at a time (at most kDecodeSliceFloats floats, per-thread buffer) and multiplied slice by slice.
+// On an OpenBLAS core other than its AVX-512 ones (SkylakeX, Cooperlake, SapphireRapids) the row invariance above does
+// not hold (its AVX2 cores, Zen and Haswell, give a row other bits at another place in the product; docs/vision.md
+// §5.4), so there the product runs on Kestrel's own fp32 kernels (matmul, linear.h), whose rows never depend on the
+// batch or the thread count: the same guarantee, not the same bits as OpenBLAS, slower.
 void matmul_sgemm(const WeightMatrix& w, const float* x, int64_t T, float* y,
                   GemmEpilogue epilogue = GemmEpilogue::kNone);
+// Whether OpenBLAS's core keeps a row's bits independent of the product (the path matmul_sgemm takes).
+bool sgemm_rows_invariant();
 
 inline constexpr int64_t kDecodeSliceFloats = int64_t{1} << 21;  // 8 MiB of decoded weight rows per thread
 inline constexpr int64_t kGemmColumnAlign = 64;                  // column ranges and slices start on multiples

@@ -41,6 +41,13 @@ void padded_gemm(int64_t T, int64_t N, int64_t K, const float* x, const float* B
   for (int64_t t = 0; t < T; ++t) std::memcpy(y + t * ldy, yp + t * N, static_cast<size_t>(N) * sizeof(float));
 }
 
+// The epilogue, elementwise over n contiguous floats of y.
+void apply_epilogue(float* y, int64_t n, GemmEpilogue epilogue) {
+  if (epilogue == GemmEpilogue::kGeluTanh) gelu_tanh_inplace(y, n);
+  if (epilogue == GemmEpilogue::kGeluErf)
+    for (float* v = y; v < y + n; ++v) *v = 0.5f * *v * (1.0f + std::erf(*v * static_cast<float>(M_SQRT1_2)));
+}
+
 // Output columns [c0, c1) for all T rows, on the calling thread: slices of at most kDecodeSliceFloats weight floats,
 // equal widths in multiples of kGemmColumnAlign, one single-threaded product each (a non-fp32 weight decoded slice by
 // slice into this thread's buffer), then the epilogue on the slice.
@@ -61,20 +68,9 @@ void run_columns(const WeightMatrix& w, const float* x, int64_t T, float* y, Gem
       B = buf;
     }
     padded_gemm(T, nn, K, x, B, y + n0, w.out);
-    if (epilogue == GemmEpilogue::kGeluTanh)
-      for (int64_t t = 0; t < T; ++t) gelu_tanh_inplace(y + t * w.out + n0, nn);
-    if (epilogue == GemmEpilogue::kGeluErf)
-      for (int64_t t = 0; t < T; ++t)
-        for (float* v = y + t * w.out + n0; v < y + t * w.out + n0 + nn; ++v)
-          *v = 0.5f * *v * (1.0f + std::erf(*v * static_cast<float>(M_SQRT1_2)));
+    if (epilogue != GemmEpilogue::kNone)
+      for (int64_t t = 0; t < T; ++t) apply_epilogue(y + t * w.out + n0, nn, epilogue);
   }
-}
-
-// The epilogue over all T rows of y (the fallback below applies it after the whole product).
-void apply_epilogue(float* y, int64_t n, GemmEpilogue epilogue) {
-  if (epilogue == GemmEpilogue::kGeluTanh) gelu_tanh_inplace(y, n);
-  if (epilogue == GemmEpilogue::kGeluErf)
-    for (float* v = y; v < y + n; ++v) *v = 0.5f * *v * (1.0f + std::erf(*v * static_cast<float>(M_SQRT1_2)));
 }
 
 }  // namespace

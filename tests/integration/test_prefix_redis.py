@@ -22,6 +22,9 @@ BIN = os.environ.get("KESTREL_BINARY", "build/release/kestrel")
 GRID = ["--page-tokens", "16", "--prefill-chunk", "32"]
 SYSTEM = ("You are a careful assistant for a library. Answer in one sentence, cite the shelf, and never invent "
           "a title. The catalogue lists history, science, poetry, travel and cooking, each on its own floor.")
+# A healthy server's timeout is not what these tests measure: the default (200 ms) can expire on a loaded machine
+# (tests running beside each other) and turn a hit into a counted read error.
+HEALTHY = ["--prefix-cache-redis-timeout-ms", "5000"]
 
 
 def in_ci():
@@ -104,7 +107,7 @@ def model_copy(edit_config=False):
 
 def test_second_server_reuses_the_first_ones_prefixes(redis):
     """B loads a copy of A's model from another directory: objects are bound to the weights' digest, not to paths."""
-    flags = GRID + ["--prefix-cache-redis", f"127.0.0.1:{redis}"]
+    flags = GRID + ["--prefix-cache-redis", f"127.0.0.1:{redis}"] + HEALTHY
     a = Server(flags, model_args=())
     try:
         first = conversation(a)
@@ -142,7 +145,7 @@ def test_second_server_reuses_the_first_ones_prefixes(redis):
 
 def test_other_model_bytes_get_no_hits(redis):
     """A model whose files differ by one byte is another model to the shared tier: nothing A wrote is read."""
-    flags = GRID + ["--prefix-cache-redis", f"127.0.0.1:{redis}"]
+    flags = GRID + ["--prefix-cache-redis", f"127.0.0.1:{redis}"] + HEALTHY
     a = Server(flags, model_args=())
     try:
         first = conversation(a, turns=2)

@@ -40,9 +40,9 @@ Derived, per cell: ratio = Kestrel / llama.cpp; active weight bytes per token fr
 tensors, one embedding row, top-k/n_expert of each routed-expert tensor); achieved GB/s = tg t/s × active bytes;
 % of the DRAM read roofline measured in the same run (bench/membw_bench, 2 threads, the better of before
 and after the cells; --dram-gb-s overrides); prefill GOP/s = pp t/s ×
-2 × active matrix params; % of the VNNI int8 peak measured in the same run (bench/w4a8_bench BM_VnniPeak,
-2 threads). Kestrel's `--kernels fast` mode (KESTREL_MXFP4_INT8=1 KESTREL_BF16_ACTS=1: int8 activations on
-compressed-tensors MXFP4 experts, bf16 activations on BF16 weights) applies to safetensors checkpoints (GGUF
+2 × active matrix params; % of the int8 peak measured in the same run (bench/w4a8_bench BM_Int8Peak,
+2 threads: vpdpbusd zmm with AVX-512 VNNI, else AVX2's vpmaddubsw + vpmaddwd + vpaddd). Kestrel's
+`--kernels fast` mode (KESTREL_MXFP4_INT8=1 KESTREL_BF16_ACTS=1: int8 activations on compressed-tensors MXFP4 experts, bf16 activations on BF16 weights) applies to safetensors checkpoints (GGUF
 files already run that way by default), so it is run on the K3 safetensors checkpoint the MXFP4 GGUF was
 converted from (same expert bits, same BF16 rest) as an extra Kestrel row.
 ik_llama.cpp loads none of the kimi-k3 / kimi-linear files; on the cells it loads (IK_ARCHS) it is timed with
@@ -129,12 +129,15 @@ def membw(binary, threads):
     return float(re.search(r"read ([0-9.]+) GB/s", out).group(1))
 
 
-def vnni_peak(binary, threads):
+def int8_peak(binary, threads):
+    """The CPU's int8 dot-product peak (ops/s) and its form: vpdpbusd zmm with AVX-512 VNNI, else AVX2's
+    vpmaddubsw + vpmaddwd + vpaddd (bench/w4a8_bench BM_Int8Peak)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    out = subprocess.run([binary, "--benchmark_filter=VnniPeak", "--benchmark_format=json"], check=True,
+    out = subprocess.run([binary, "--benchmark_filter=Int8Peak", "--benchmark_format=json"], check=True,
                          capture_output=True, text=True, env=env).stdout
     b = json.loads(out)["benchmarks"][0]
-    return float(b["TOPS"]) * 1e12
+    form = "VNNI" if int(b["isa"]) == 512 else "AVX2 (vpmaddubsw+vpmaddwd)"
+    return float(b["TOPS"]) * 1e12, form
 
 
 def kestrel_bench(kestrel, model, threads, pp, tg, reps, env_extra=None):
@@ -331,8 +334,8 @@ def main():
 
     # 2. Machine limits, same run.
     bw_before = membw(args.membw, args.threads)
-    peak = vnni_peak(args.w4a8_bench, args.threads)
-    lm.log(f"DRAM read {bw_before:.1f} GB/s, VNNI peak {peak * 1e-12:.2f} TOPS ({args.threads} threads)")
+    peak, peak_form = int8_peak(args.w4a8_bench, args.threads)
+    lm.log(f"DRAM read {bw_before:.1f} GB/s, {peak_form} int8 peak {peak * 1e-12:.2f} TOPS ({args.threads} threads)")
 
     rng = np.random.RandomState(0)
     results = []
@@ -386,7 +389,7 @@ def main():
     bw = args.dram_gb_s or bw_measured
     out = {"machine": {"cpu": platform.processor() or "", "threads": args.threads,
                        "dram_read_gb_s_measured": [bw_before, bw_after], "roofline_gb_s": bw,
-                       "vnni_peak_ops": peak},
+                       "vnni_peak_ops": peak, "int8_peak_form": peak_form},
            "protocol": {"pp": pps, "tg": args.tg, "reps": args.reps, "gate_prompt": GATE_PROMPT,
                         "gate_gen": GATE_GEN, "gate_median_nmse": GATE_MEDIAN_NMSE, "gate_min_top1": GATE_MIN_TOP1,
                         "gate_clean_nmse": GATE_CLEAN_NMSE, "gate_min_clean_frac": GATE_MIN_CLEAN_FRAC,
@@ -399,11 +402,11 @@ def main():
     pp_cols = " | ".join(f"pp{n} t/s" for n in pps)
     ratio_cols = " | ".join(f"pp{n} ratio" for n in pps)
     md = [f"DRAM read roofline {bw:.1f} GB/s (membw_bench in this run, before / after: {bw_before:.1f} / "
-          f"{bw_after:.1f}), VNNI int8 peak {peak * 1e-12:.2f} TOPS ({args.threads} threads, "
+          f"{bw_after:.1f}), {peak_form} int8 peak {peak * 1e-12:.2f} TOPS ({args.threads} threads, "
           f"measured in this run); tg{args.tg}, -r {args.reps}, mean ± sd t/s; ratios against the cell's "
-          f"llama.cpp row; % VNNI peak at pp{pps[0]}.", "",
+          f"llama.cpp row; % int8 peak at pp{pps[0]}.", "",
           f"| model / file | engine | {pp_cols} | tg t/s | {ratio_cols} | tg ratio | active GB/token | tg GB/s | "
-          f"% roofline | pp{pps[0]} GOP/s | % VNNI peak | cores used pp / tg | gate (median NMSE / top-1) |",
+          f"% roofline | pp{pps[0]} GOP/s | % int8 peak | cores used pp / tg | gate (median NMSE / top-1) |",
           "|---|---|" + "---|" * (2 * len(pps) + 9)]
     for c in results:
         f = c["header"]

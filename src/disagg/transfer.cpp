@@ -128,9 +128,17 @@ std::optional<Status> IncomingTransfer::step(std::chrono::milliseconds silence) 
   if (ep_.failed()) return fail(ep_.failure());
   if (ep_.peer()) {
     Clock::time_point since = advertised_at_;
-    if (auto heard = worker.last_heard(*ep_.peer()); heard && *heard > since) since = *heard;
-    if (Clock::now() - since > silence) {
-      Status why = unavailable("disagg: peer silent for more than " + std::to_string(silence.count()) + " ms");
+    const std::optional<Clock::time_point> heard = worker.last_heard(*ep_.peer());
+    if (heard && *heard > since) since = *heard;
+    const Clock::time_point now = Clock::now();
+    if (now - since > silence) {
+      auto ms = [&](Clock::time_point t) {
+        return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - t).count());
+      };
+      Status why = unavailable("disagg: peer silent for more than " + std::to_string(silence.count()) +
+                               " ms (destinations sent " + ms(advertised_at_) + " ms ago; last heard " +
+                               (heard ? ms(*heard) + " ms ago" : std::string("never")) + "; " +
+                               std::to_string(segments_) + " segments verified)");
       ep_.mark_failed(why);
       return fail(why);
     }

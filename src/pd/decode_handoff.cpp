@@ -1,6 +1,8 @@
 #include "pd/decode_handoff.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "disagg/transfer.h"
@@ -267,6 +269,11 @@ void DecodeHandoff::end(const CacheLocation& loc, disagg::Endpoint* ep, Status s
     sched_.admit_received(loc.request, first);
   } else {
     sched_.fail_received(loc.request, "hand-off from prefill failed: " + st.message());
+    // An operator sees each failed hand-off in the log, with its reason and age (clients only see a 500).
+    std::fprintf(stderr, "kestrel serve: decode: hand-off of request %llu failed after %.0f ms (%llu bytes): %s\n",
+                 static_cast<unsigned long long>(loc.request),
+                 std::chrono::duration<double, std::milli>(disagg::Clock::now() - since).count(),
+                 static_cast<unsigned long long>(bytes), st.message().c_str());
     // The memory may still be written: it stays quarantined with the connection, which is given up now (failing
     // the other transfers on it); idle() returns the memory once the peer can no longer write.
     if (ep != nullptr) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 
 #include "disagg/transfer.h"
 #include "pd/first_token.h"
@@ -301,6 +303,12 @@ void PrefillHandoff::finish(Job& job, Outcome outcome, const Status& st, uint64_
       case Outcome::kTransferFailed: counts_.failed++, counts_.transfer_failed++; break;
       case Outcome::kCancelled: counts_.cancelled++; break;
     }
+  }
+  if (outcome != Outcome::kHandedOff && outcome != Outcome::kCancelled) {
+    std::fprintf(stderr, "kestrel serve: prefill: hand-off of request %llu failed after %.0f ms: %s\n",
+                 static_cast<unsigned long long>(job.loc.request),
+                 std::chrono::duration<double, std::milli>(disagg::Clock::now() - job.parked_at).count(),
+                 st.message().c_str());
   }
   sched_.release_parked(job.loc.request, st.is_ok() ? "" : st.message());
 }

@@ -269,13 +269,15 @@ def test_sigterm_to_mpiexec_stops_every_rank_cleanly():
         assert "kestrel serve: stopped" in log, log
         assert "kestrel serve: rank 1 of 2: stopped" in log, log
         assert "exited on signal" not in log and "non-zero" not in log, log
-        assert not [r for r, q in pids.items() if alive(q)], "rank processes outlived mpiexec"
+        check_no_rank_left(pids)
     finally:
         cell.close()
 
 
 class HealthPoller(threading.Thread):
-    """GET /health every 50 ms until stopped: (time, HTTP status or the exception's name, body)."""
+    """GET /health every 50 ms until stopped: (time sent, HTTP status or the exception's name, body, time answered).
+    On a loaded machine an answer can come long after its request: what the server said before an event is what
+    it answered before it."""
 
     def __init__(self, base):
         super().__init__(daemon=True)
@@ -286,11 +288,11 @@ class HealthPoller(threading.Thread):
             t = time.time()
             try:
                 with urllib.request.urlopen(self.base + "/health", timeout=1) as r:
-                    self.seen.append((t, r.status, r.read().decode()))
+                    self.seen.append((t, r.status, r.read().decode(), time.time()))
             except urllib.error.HTTPError as e:
-                self.seen.append((t, e.code, e.read().decode()))
+                self.seen.append((t, e.code, e.read().decode(), time.time()))
             except Exception as e:  # refused, reset, timed out: the server is going or gone
-                self.seen.append((t, type(e).__name__, ""))
+                self.seen.append((t, type(e).__name__, "", time.time()))
             time.sleep(0.05)
 
     def stop(self):
@@ -327,7 +329,8 @@ def health_after(poller, t0):
 
 
 def check_no_rank_left(pids):
-    deadline = time.time() + 2
+    # Ranks end on their own right after mpiexec (a busy machine may take a few seconds to run their exit).
+    deadline = time.time() + 10
     while time.time() < deadline and any(alive(q) for q in pids.values()):
         time.sleep(0.05)
     assert not [r for r, q in pids.items() if alive(q)], "rank processes outlived mpiexec"
@@ -358,7 +361,7 @@ def test_sigkill_of_rank_1_fails_health_before_the_cell_ends():
         poller.stop()
         streamer.join(10)
         assert rc != 0
-        before = [s[1] for s in poller.seen if s[0] < killed]
+        before = [s[1] for s in poller.seen if s[3] < killed]  # answered before the kill
         assert before and set(before) == {200}, before
         after, first = health_after(poller, killed)
         print(f"SIGKILL of rank 1: first 503 {first[0] - killed:.3f} s after, answers "

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One command: install what is needed, build, and run every test:
 #   1. release build + all ctest tests (unit, ops, model parity, integration)
-#   2. debug build with ASan+UBSan: loader, config and kernel tests
-#   3. libFuzzer targets (clang) run briefly on their seed corpora
+#   2. clang build with ASan+UBSan: loader, config and kernel tests
+#   3. libFuzzer targets of the same build run briefly on their seed corpora
 # Env: KESTREL_FUZZ_SECONDS (default 20 per target), KESTREL_SKIP_SANITIZE=1, KESTREL_SKIP_FUZZ=1 for quick local loops.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,20 +44,44 @@ run_ctest() {
 echo "== [1/3] release build + tests (at ${SECONDS} s)"
 cmake --preset release -DKESTREL_PYTHON="$venv/bin/python" -DKESTREL_VOCAB_DIR="$PWD/build/vocab" >/dev/null
 cmake --build build/release -j"$jobs"
+
+# One sanitized build (clang, ASan + UBSan, libFuzzer coverage) serves stages 2 and 3: the sanitizer tests and
+# the fuzz targets link the same instrumented libraries, built once. It compiles at the lowest priority while the
+# release tests run: they leave about a third of the cores idle (servers waiting on clients, deadlines, stalled
+# peers), which the build takes; when a test wants a core, the scheduler gives it the test.
+sanitized_targets=()
+[ "${KESTREL_SKIP_SANITIZE:-0}" != 1 ] && sanitized_targets+=(loader_test ops_kda_test kestrel)
+[ "${KESTREL_SKIP_FUZZ:-0}" != 1 ] && sanitized_targets+=(fuzz_targets)
+sanitized_pid=""
+if [ ${#sanitized_targets[@]} -gt 0 ]; then
+  echo "-- ASan+UBSan build (clang) in the background: ${sanitized_targets[*]} (log: build/fuzz-build.log)"
+  cmake --preset fuzz -DKESTREL_PYTHON="$venv/bin/python" -DKESTREL_VOCAB_DIR="$PWD/build/vocab" >/dev/null
+  nice -n 19 cmake --build build/fuzz -j"$jobs" --target "${sanitized_targets[@]}" > build/fuzz-build.log 2>&1 &
+  sanitized_pid=$!
+fi
+
 echo "-- release ctest (at ${SECONDS} s)"
-run_ctest build/release
+if ! run_ctest build/release; then
+  [ -n "$sanitized_pid" ] && kill "$sanitized_pid" 2>/dev/null
+  exit 1
+fi
+if [ -n "$sanitized_pid" ]; then
+  echo "-- waiting for the ASan+UBSan build (at ${SECONDS} s)"
+  if ! wait "$sanitized_pid"; then
+    tail -40 build/fuzz-build.log
+    echo "== the ASan+UBSan build failed (build/fuzz-build.log)"
+    exit 1
+  fi
+  echo "-- ASan+UBSan build done (at ${SECONDS} s)"
+fi
 
 if [ "${KESTREL_SKIP_SANITIZE:-0}" != 1 ]; then
-  echo "== [2/3] ASan+UBSan build: loader / config / kernel tests (at ${SECONDS} s)"
-  cmake --preset debug >/dev/null
-  cmake --build build/debug -j"$jobs" --target loader_test ops_kda_test kestrel
-  run_ctest build/debug -R 'LoaderTest|SafetensorsParse|Checkpoint|Kda'
+  echo "== [2/3] ASan+UBSan: loader / config / kernel tests (at ${SECONDS} s)"
+  run_ctest build/fuzz -R 'LoaderTest|SafetensorsParse|Checkpoint|Kda'
 fi
 
 if [ "${KESTREL_SKIP_FUZZ:-0}" != 1 ]; then
   echo "== [3/3] fuzz targets (${KESTREL_FUZZ_SECONDS:-20} s each; at ${SECONDS} s)"
-  cmake --preset fuzz >/dev/null
-  cmake --build build/fuzz -j"$jobs"
   for t in build/fuzz/tests/fuzz/fuzz_*; do
     name=$(basename "$t"); corpus_src="tests/fuzz/corpus/${name#fuzz_}"
     work=$(mktemp -d); [ -d "$corpus_src" ] && cp -r "$corpus_src"/. "$work"/

@@ -372,7 +372,8 @@ TEST_F(LoaderTest, TextOnlyK3CheckpointLoadsWithoutNote) {
   for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it)
     if (is_vision_tensor_name(it.key())) by_shard[it.value().get<std::string>()].push_back(it.key());
   ASSERT_FALSE(by_shard.empty());
-  for (const auto& [shard, names] : by_shard) {
+  for (const auto& [shard, shard_names] : by_shard) {
+    const std::vector<std::string>& names = shard_names;  // clang 14 cannot capture a structured binding
     testing::edit_header(dir() + "/" + shard, [&](nlohmann::json& j) {
       for (const auto& n : names) j.erase(n);
     });

@@ -648,6 +648,66 @@ TEST(GgufInt8Gemm, RefusesUnpreparedActivations) {
   EXPECT_DEATH(gguf_int8_gemm_rows(w, a, y.data(), 4, 0, 4), "Q4_0 / Q8_0 / MXFP4 only");
 }
 
+// The same on an AVX2 CPU: matmul_many on the AVX2 ISA (the AVX2 GEMM form at T = 40) gives each
+// product the AVX2 small-T kernel's bits.
+TEST(GgufInt8Gemm, Avx2SharedInputServesEveryFormat) {
+  if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "AVX2 path: " << isa_unsupported_reason(Isa::kAvx2);
+  const int64_t in = 512, out = 70, T = 40;
+  std::mt19937 rng(13);
+  const WeightFormat fs[3] = {WeightFormat::kGgufQ4_0, WeightFormat::kGgufQ8_0, WeightFormat::kGgufMxfp4};
+  std::vector<uint8_t> d[3];
+  WeightMatrix w[3];
+  for (int i = 0; i < 3; ++i) {
+    d[i] = random_blocks(fs[i], out, in, rng);
+    w[i].format = fs[i], w[i].out = out, w[i].in = in, w[i].data = d[i].data();
+  }
+  std::uniform_real_distribution<float> dist(-2, 2);
+  std::vector<float> x(static_cast<size_t>(T * in));
+  for (auto& v : x) v = dist(rng);
+  set_isa_override(Isa::kAvx2);
+  set_gguf_int8(true);
+  ASSERT_TRUE(gguf_int8_gemm_applies(fs[0], T));
+  std::vector<float> y[3];
+  MatmulTask tasks[3];
+  for (int i = 0; i < 3; ++i) {
+    y[i].resize(static_cast<size_t>(T * out));
+    tasks[i] = {&w[i], x.data(), T, y[i].data(), 0};
+  }
+  matmul_many(std::span<const MatmulTask>(tasks, 3));
+  set_isa_override(std::nullopt);
+  Q8Acts a;
+  quantize_q8_0_acts(x.data(), T, in, a);
+  for (int i = 0; i < 3; ++i) {
+    std::vector<float> r(static_cast<size_t>(T * out));
+    gguf_int8_rows_avx2(w[i], a, r.data(), out, 0, out);
+    for (size_t k = 0; k < r.size(); ++k) ASSERT_EQ(bits(y[i][k]), bits(r[k])) << "format " << i << " k " << k;
+  }
+}
+
+TEST(GgufInt8Gemm, Avx2RefusesUnpreparedActivations) {
+  if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "AVX2 path: " << isa_unsupported_reason(Isa::kAvx2);
+  std::mt19937 rng(5);
+  const std::vector<uint8_t> data = random_blocks(WeightFormat::kGgufQ4_0, 4, 128, rng);
+  WeightMatrix w;
+  w.format = WeightFormat::kGgufQ4_0, w.out = 4, w.in = 128, w.data = data.data();
+  const std::vector<float> x(128, 1.0f);
+  Q8Acts a;
+  quantize_q8_0_acts(x.data(), 1, 128, a);
+  std::vector<float> y(4);
+  EXPECT_DEATH(gguf_int8_gemm_rows_avx2(w, a, y.data(), 4, 0, 4), "Q4_0 GEMM layout");
+  w.format = WeightFormat::kGgufMxfp4;
+  EXPECT_DEATH(gguf_int8_gemm_rows_avx2(w, a, y.data(), 4, 0, 4), "MXFP4 GEMM layout");
+  w.format = WeightFormat::kGgufQ8_0;
+  q8_acts_prepare(a, 1, 128, true, false, true);  // the other two layouts only
+  q8_acts_fill(x.data(), 0, 1, a);
+  EXPECT_DEATH(gguf_int8_gemm_rows_avx2(w, a, y.data(), 4, 0, 4), "Q8_0 GEMM layout");
+  const int32_t bad = 1;
+  w.format = WeightFormat::kGgufQ4_0;
+  EXPECT_DEATH(gguf_int8_gemm_rows_at_avx2(w, a, &bad, 1, y.data(), 4, 0, 4), "token index out of range");
+  w.format = WeightFormat::kBF16;
+  EXPECT_DEATH(gguf_int8_gemm_rows_avx2(w, a, y.data(), 4, 0, 4), "Q4_0 / Q8_0 / MXFP4 only");
+}
+
 TEST(GgufInt8, ModeFollowsSwitchAndIsa) {
   WeightMatrix w;
   w.format = WeightFormat::kGgufQ4_0;

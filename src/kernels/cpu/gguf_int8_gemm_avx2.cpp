@@ -41,11 +41,11 @@ using gguf_blocks::kCodeOffset;
 template <Kind K>
 constexpr int64_t kTileBytes = 256 - 64 * (K != Kind::kQ8_0);
 
-// Register tile: kR rows × kU tokens, one ymm accumulator each per pass over the chunks (on 2 vCPUs of
-// an AMD EPYC Zen 3 under other load, 4096 × 4096 at T = 512: 3 × 3 and 4 × 2 ahead of 2 × 3 and 2 × 4,
-// 1 × 8 behind the small-T kernel). Rows per unpacked stripe: up to 63 (21 groups), capped so the
-// stripe stays within 256 KiB (half of a Zen 3 L2, the rest holding the tokens it meets; 1 MiB
-// measured no better).
+// Register tile: kR rows × kU tokens, one ymm accumulator each per pass over the chunks (2 vCPUs of an
+// AMD EPYC Zen 3 under other load, 4096 × 4096 at T = 512, two noisy rounds: 3 × 3 at or near the best
+// of 2 × 3, 2 × 4, 4 × 2 and 3 × 3; 1 × 8 behind the small-T kernel). Rows per unpacked stripe: up to
+// 63 (21 groups), capped so the stripe stays within 256 KiB (half of a Zen 3 L2, the rest holding the
+// tokens it meets; 1 MiB measured no better).
 constexpr int kR = 3, kU = 3;
 constexpr int64_t kMaxStripe = 21 * kR, kStripeBytes = 1 << 18;
 

@@ -6,10 +6,12 @@
 // - the AVX-512 VNNI kernel equals the scalar kernel within 1e-5 · Σ|w·x| (same exact int32 block sums,
 //   other fp32 order), gives every token and row the same bits at any batch size and row split, and is
 //   what matmul() runs in the default int8 mode (the exact path when the mode is off);
-// - the prefill GEMM form (Q4_0 / Q8_0) gives the small-T kernel's bits for every token at every T;
+// - the prefill GEMM forms (Q4_0 / Q8_0 / MXFP4; AVX-512 and AVX2) give the small-T kernel's bits for
+//   every token at every T;
 // - picked tokens (gguf_int8_rows_at) keep their bits, and stripe-wise quantization equals whole rows.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -345,7 +347,7 @@ TEST_P(GgufInt8Kernel, Avx2KernelEqualsTheLaneModel) {
       for (int64_t r = 0; r < out; ++r)
         ASSERT_EQ(y[static_cast<size_t>(i * out + r)], lane_model(w, all, r, tok[static_cast<size_t>(i)])) << "n " << n << " i " << i;
   }
-  // matmul() in int8 mode with AVX2 active: this kernel, at any token count (no GEMM form on AVX2).
+  // matmul() in int8 mode with AVX2 active: this kernel below the GEMM threshold (kGgufGemmMinTokensAvx2).
   set_isa_override(Isa::kAvx2);
   set_gguf_int8(true);
   EXPECT_TRUE(gguf_int8_applies(w));
@@ -488,6 +490,93 @@ TEST_P(GgufInt8Gemm, PickedTokensKeepEachTokensBits) {
   }
 }
 
+uint32_t bits(float v) { return std::bit_cast<uint32_t>(v); }
+
+// The AVX2 prefill form (gguf_int8_gemm_rows_avx2, CPUs without AVX-512 VNNI) gives every token the bits
+// the AVX2 small-T kernel gives it alone, which are the lane model's (hence the AVX-512 kernels'): at T
+// below, at and above kGgufGemmMinTokensAvx2 (whole and partial register tiles and token blocks), rows cut
+// at odd places (whole and partial stripes, row groups and single rows); matmul() on the AVX2 ISA takes it
+// from the threshold on, with the same bits.
+TEST_P(GgufInt8Gemm, Avx2FormEqualsTheSmallTKernelAtEveryT) {
+  if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "AVX2 path: " << isa_unsupported_reason(Isa::kAvx2);
+  const auto [format, in] = GetParam();
+  const int64_t out = 133, Tmax = 129, thr = kGgufGemmMinTokensAvx2;
+  std::mt19937 rng(static_cast<unsigned>(in) * 29 + static_cast<unsigned>(format));
+  const std::vector<uint8_t> data = random_blocks(format, out, in, rng);
+  WeightMatrix w;
+  w.format = format, w.out = out, w.in = in, w.data = data.data();
+  std::uniform_real_distribution<float> dist(-2, 2);
+  std::vector<float> x(static_cast<size_t>(Tmax * in));
+  for (auto& v : x) v = dist(rng);
+  for (int j = 0; j < 32; ++j) x[static_cast<size_t>(in + j)] = 0;  // token 1, block 0: all zero
+  std::vector<float> ref(static_cast<size_t>(Tmax * out));
+  for (int64_t t = 0; t < Tmax; ++t) {
+    Q8Acts one;
+    quantize_q8_0_acts(x.data() + t * in, 1, in, one);
+    gguf_int8_rows_avx2(w, one, ref.data() + t * out, out, 0, out);
+    for (int64_t r = 0; r < out; ++r)
+      ASSERT_EQ(bits(ref[static_cast<size_t>(t * out + r)]), bits(lane_model(w, one, r, 0))) << "small-T vs lane model, t " << t << " r " << r;
+  }
+  Q8Acts a;
+  for (const int64_t T : {int64_t{1}, int64_t{2}, int64_t{5}, thr - 1, thr, thr + 1, int64_t{37}, int64_t{70}, Tmax}) {
+    prepare_for(a, format, T, in);
+    q8_acts_fill(x.data(), 0, T, a);
+    std::vector<float> y(static_cast<size_t>(T * out), -1.0f);
+    gguf_int8_gemm_rows_avx2(w, a, y.data(), out, 0, 17);
+    gguf_int8_gemm_rows_avx2(w, a, y.data(), out, 17, 22);
+    gguf_int8_gemm_rows_avx2(w, a, y.data(), out, 22, out);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t r = 0; r < out; ++r)
+        ASSERT_EQ(bits(y[static_cast<size_t>(t * out + r)]), bits(ref[static_cast<size_t>(t * out + r)])) << "T " << T << " t " << t << " r " << r;
+  }
+  set_isa_override(Isa::kAvx2);
+  set_gguf_int8(true);
+  EXPECT_FALSE(gguf_int8_gemm_applies(format, thr - 1));
+  EXPECT_TRUE(gguf_int8_gemm_applies(format, thr)) << "the AVX2 GEMM form from its threshold on";
+  for (const int64_t T : {thr - 1, thr, Tmax}) {
+    std::vector<float> ym(static_cast<size_t>(T * out));
+    matmul(w, x.data(), T, ym.data());
+    for (size_t i = 0; i < ym.size(); ++i) ASSERT_EQ(bits(ym[i]), bits(ref[i])) << "matmul T " << T << " i " << i;
+  }
+  set_isa_override(std::nullopt);
+}
+
+// gguf_int8_gemm_rows_at_avx2: tokens picked by index from one quantization, any order, repeats, below
+// and above the threshold, rows cut at odd places: each picked token's outputs are its small-T bits alone.
+TEST_P(GgufInt8Gemm, Avx2PickedTokensKeepEachTokensBits) {
+  if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "AVX2 path: " << isa_unsupported_reason(Isa::kAvx2);
+  const auto [format, in] = GetParam();
+  const int64_t out = 71, T = 50;
+  std::mt19937 rng(static_cast<unsigned>(in) * 31 + static_cast<unsigned>(format));
+  const std::vector<uint8_t> data = random_blocks(format, out, in, rng);
+  WeightMatrix w;
+  w.format = format, w.out = out, w.in = in, w.data = data.data();
+  std::uniform_real_distribution<float> dist(-2, 2);
+  std::vector<float> x(static_cast<size_t>(T * in));
+  for (auto& v : x) v = dist(rng);
+  Q8Acts all;
+  prepare_for(all, format, T, in);
+  q8_acts_fill(x.data(), 0, T, all);
+  std::vector<float> alone(static_cast<size_t>(T * out));
+  for (int64_t t = 0; t < T; ++t) {
+    Q8Acts one;
+    quantize_q8_0_acts(x.data() + t * in, 1, in, one);
+    gguf_int8_rows_avx2(w, one, alone.data() + t * out, out, 0, out);
+  }
+  for (const int64_t n : {int64_t{3}, kGgufGemmMinTokensAvx2 - 1, kGgufGemmMinTokensAvx2, int64_t{23}, int64_t{41}, int64_t{70}}) {
+    std::vector<int32_t> tok(static_cast<size_t>(n));
+    for (auto& v : tok) v = static_cast<int32_t>(rng() % T);
+    std::vector<float> y(static_cast<size_t>(n * out), -1.0f);
+    gguf_int8_gemm_rows_at_avx2(w, all, tok.data(), n, y.data(), out, 0, 9);
+    gguf_int8_gemm_rows_at_avx2(w, all, tok.data(), n, y.data(), out, 9, 10);
+    gguf_int8_gemm_rows_at_avx2(w, all, tok.data(), n, y.data(), out, 10, out);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t r = 0; r < out; ++r)
+        ASSERT_EQ(bits(y[static_cast<size_t>(i * out + r)]), bits(alone[static_cast<size_t>(tok[static_cast<size_t>(i)] * out + r)]))
+            << "n " << n << " i " << i << " r " << r;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, GgufInt8Gemm,
                          ::testing::Values(Case{WeightFormat::kGgufQ4_0, 32}, Case{WeightFormat::kGgufQ4_0, 288},
                                            Case{WeightFormat::kGgufQ4_0, 512}, Case{WeightFormat::kGgufQ4_0, 2304},
@@ -559,6 +648,66 @@ TEST(GgufInt8Gemm, RefusesUnpreparedActivations) {
   EXPECT_DEATH(gguf_int8_gemm_rows(w, a, y.data(), 4, 0, 4), "Q4_0 / Q8_0 / MXFP4 only");
 }
 
+// The same on an AVX2 CPU: matmul_many on the AVX2 ISA (the AVX2 GEMM form at T = 40) gives each
+// product the AVX2 small-T kernel's bits.
+TEST(GgufInt8Gemm, Avx2SharedInputServesEveryFormat) {
+  if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "AVX2 path: " << isa_unsupported_reason(Isa::kAvx2);
+  const int64_t in = 512, out = 70, T = 40;
+  std::mt19937 rng(13);
+  const WeightFormat fs[3] = {WeightFormat::kGgufQ4_0, WeightFormat::kGgufQ8_0, WeightFormat::kGgufMxfp4};
+  std::vector<uint8_t> d[3];
+  WeightMatrix w[3];
+  for (int i = 0; i < 3; ++i) {
+    d[i] = random_blocks(fs[i], out, in, rng);
+    w[i].format = fs[i], w[i].out = out, w[i].in = in, w[i].data = d[i].data();
+  }
+  std::uniform_real_distribution<float> dist(-2, 2);
+  std::vector<float> x(static_cast<size_t>(T * in));
+  for (auto& v : x) v = dist(rng);
+  set_isa_override(Isa::kAvx2);
+  set_gguf_int8(true);
+  ASSERT_TRUE(gguf_int8_gemm_applies(fs[0], T));
+  std::vector<float> y[3];
+  MatmulTask tasks[3];
+  for (int i = 0; i < 3; ++i) {
+    y[i].resize(static_cast<size_t>(T * out));
+    tasks[i] = {&w[i], x.data(), T, y[i].data(), 0};
+  }
+  matmul_many(std::span<const MatmulTask>(tasks, 3));
+  set_isa_override(std::nullopt);
+  Q8Acts a;
+  quantize_q8_0_acts(x.data(), T, in, a);
+  for (int i = 0; i < 3; ++i) {
+    std::vector<float> r(static_cast<size_t>(T * out));
+    gguf_int8_rows_avx2(w[i], a, r.data(), out, 0, out);
+    for (size_t k = 0; k < r.size(); ++k) ASSERT_EQ(bits(y[i][k]), bits(r[k])) << "format " << i << " k " << k;
+  }
+}
+
+TEST(GgufInt8Gemm, Avx2RefusesUnpreparedActivations) {
+  if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "AVX2 path: " << isa_unsupported_reason(Isa::kAvx2);
+  std::mt19937 rng(5);
+  const std::vector<uint8_t> data = random_blocks(WeightFormat::kGgufQ4_0, 4, 128, rng);
+  WeightMatrix w;
+  w.format = WeightFormat::kGgufQ4_0, w.out = 4, w.in = 128, w.data = data.data();
+  const std::vector<float> x(128, 1.0f);
+  Q8Acts a;
+  quantize_q8_0_acts(x.data(), 1, 128, a);
+  std::vector<float> y(4);
+  EXPECT_DEATH(gguf_int8_gemm_rows_avx2(w, a, y.data(), 4, 0, 4), "Q4_0 GEMM layout");
+  w.format = WeightFormat::kGgufMxfp4;
+  EXPECT_DEATH(gguf_int8_gemm_rows_avx2(w, a, y.data(), 4, 0, 4), "MXFP4 GEMM layout");
+  w.format = WeightFormat::kGgufQ8_0;
+  q8_acts_prepare(a, 1, 128, true, false, true);  // the other two layouts only
+  q8_acts_fill(x.data(), 0, 1, a);
+  EXPECT_DEATH(gguf_int8_gemm_rows_avx2(w, a, y.data(), 4, 0, 4), "Q8_0 GEMM layout");
+  const int32_t bad = 1;
+  w.format = WeightFormat::kGgufQ4_0;
+  EXPECT_DEATH(gguf_int8_gemm_rows_at_avx2(w, a, &bad, 1, y.data(), 4, 0, 4), "token index out of range");
+  w.format = WeightFormat::kBF16;
+  EXPECT_DEATH(gguf_int8_gemm_rows_avx2(w, a, y.data(), 4, 0, 4), "Q4_0 / Q8_0 / MXFP4 only");
+}
+
 TEST(GgufInt8, ModeFollowsSwitchAndIsa) {
   WeightMatrix w;
   w.format = WeightFormat::kGgufQ4_0;
@@ -568,7 +717,9 @@ TEST(GgufInt8, ModeFollowsSwitchAndIsa) {
   if (isa_supported(Isa::kAvx2)) {
     set_isa_override(Isa::kAvx2);
     EXPECT_TRUE(gguf_int8_applies(w)) << "the AVX2 kernel runs the int8 mode";
-    EXPECT_FALSE(gguf_int8_gemm_applies(w.format, 64)) << "the GEMM form is AVX-512 only";
+    EXPECT_TRUE(gguf_int8_gemm_applies(w.format, 64)) << "the AVX2 GEMM form runs prefill";
+    EXPECT_FALSE(gguf_int8_gemm_applies(w.format, kGgufGemmMinTokensAvx2 - 1));
+    EXPECT_EQ(gguf_int8_gemm_min_tokens(), kGgufGemmMinTokensAvx2);
   }
   set_isa_override(std::nullopt);
   set_gguf_int8(false);

@@ -120,22 +120,28 @@ bool gguf_int8_applies(const WeightMatrix& w) {
   return isa == Isa::kAvx512Vnni || isa == Isa::kAmx || (isa == Isa::kAvx2 && avx2_kernel_runs());
 }
 
+int64_t gguf_int8_gemm_min_tokens() { return wide_isa() ? kGgufGemmMinTokens : kGgufGemmMinTokensAvx2; }
+
 bool gguf_int8_gemm_applies(WeightFormat f, int64_t T) {
-  return T >= kGgufGemmMinTokens && gguf_int8_gemm_format(f) && wide_isa();
+  if (!gguf_int8_gemm_format(f)) return false;
+  if (wide_isa()) return T >= kGgufGemmMinTokens;
+  return active_isa() == Isa::kAvx2 && avx2_kernel_runs() && T >= kGgufGemmMinTokensAvx2;
 }
 
 void gguf_int8_product(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  if (gguf_int8_gemm_applies(w.format, a.T)) return gguf_int8_gemm_rows(w, a, y, ldy, r0, r1);
-  if (wide_isa()) return gguf_int8_rows_avx512(w, a, y, ldy, r0, r1);
+  const bool gemm = gguf_int8_gemm_applies(w.format, a.T);
+  if (wide_isa()) return gemm ? gguf_int8_gemm_rows(w, a, y, ldy, r0, r1) : gguf_int8_rows_avx512(w, a, y, ldy, r0, r1);
   KCHECK(avx2_kernel_runs(), "gguf_int8: no int8 kernel for this CPU (needs AVX-512 VNNI or AVX2 + FMA + F16C)");
+  if (gemm) return gguf_int8_gemm_rows_avx2(w, a, y, ldy, r0, r1);
   gguf_int8_rows_avx2(w, a, y, ldy, r0, r1);
 }
 
 void gguf_int8_product_at(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
                           int64_t r0, int64_t r1) {
-  if (gguf_int8_gemm_applies(w.format, n)) return gguf_int8_gemm_rows_at(w, a, tok, n, y, ldy, r0, r1);
-  if (wide_isa()) return gguf_int8_rows_at(w, a, tok, n, y, ldy, r0, r1);
+  const bool gemm = gguf_int8_gemm_applies(w.format, n);
+  if (wide_isa()) return gemm ? gguf_int8_gemm_rows_at(w, a, tok, n, y, ldy, r0, r1) : gguf_int8_rows_at(w, a, tok, n, y, ldy, r0, r1);
   KCHECK(avx2_kernel_runs(), "gguf_int8: no int8 kernel for this CPU (needs AVX-512 VNNI or AVX2 + FMA + F16C)");
+  if (gemm) return gguf_int8_gemm_rows_at_avx2(w, a, tok, n, y, ldy, r0, r1);
   gguf_int8_rows_at_avx2(w, a, tok, n, y, ldy, r0, r1);
 }
 

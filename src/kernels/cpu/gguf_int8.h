@@ -90,9 +90,18 @@ inline constexpr int64_t kGgufGemmMinTokens = 16;
 void gguf_int8_rows_avx2(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gguf_int8_rows_at_avx2(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
                             int64_t r0, int64_t r1);
-// Whether a product over T tokens takes the GEMM form: from kGgufGemmMinTokens tokens, for its formats,
-// where the active ISA has AVX-512 VNNI (it is AVX-512 only; on AVX2 the small-T kernel runs at any T).
+// The prefill form in AVX2 (with FMA and F16C), gguf_int8_gemm_avx2.cpp: the same unpack-once structure
+// and inputs as gguf_int8_gemm_rows, with each token's bits those of gguf_int8_rows_avx2 (hence of the
+// AVX-512 kernels). matmul takes it on CPUs without AVX-512 VNNI from kGgufGemmMinTokensAvx2 tokens.
+void gguf_int8_gemm_rows_avx2(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+void gguf_int8_gemm_rows_at_avx2(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
+                                 int64_t r0, int64_t r1);
+inline constexpr int64_t kGgufGemmMinTokensAvx2 = 16;
+// Whether a product over T tokens takes the GEMM form: for its formats, from kGgufGemmMinTokens tokens
+// where the active ISA has AVX-512 VNNI, from kGgufGemmMinTokensAvx2 where the AVX2 kernels run.
 bool gguf_int8_gemm_applies(WeightFormat f, int64_t T);
+// The token count from which the active ISA takes the GEMM form.
+int64_t gguf_int8_gemm_min_tokens();
 // The product the active ISA runs for every token of `a` (or n tokens picked by index): the GEMM form
 // where gguf_int8_gemm_applies, else the small-T kernel (AVX-512 or AVX2). The same bits any way.
 void gguf_int8_product(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);

@@ -77,38 +77,9 @@ double thread_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-// int8 ops per CPU-second of vpdpbusd zmm, summed over the OMP threads (each thread's own CPU time,
-// so a shared, oversubscribed machine does not deflate it).
-double vnni_peak_ops() {
-  static const double peak = [] {
-    if (!isa_supported(Isa::kAvx512Vnni)) return 0.0;
-    const int64_t iters = 20'000'000;
-    double sink = 0, best = 0;
-    for (int rep = 0; rep < 3; ++rep) {
-      double rate = 0;
-#pragma omp parallel reduction(+ : sink, rate)
-      {
-        const double t0 = thread_cpu_seconds();
-        sink += vnni_chains(iters);
-        rate += static_cast<double>(iters) * 12 * 128 / (thread_cpu_seconds() - t0);
-      }
-      best = std::max(best, rate);
-    }
-    benchmark::DoNotOptimize(sink);
-    return best;
-  }();
-  return peak;
-}
-
-// The int8 dot-product peak of this CPU's best int8 form: vpdpbusd zmm (AVX-512 VNNI), else the AVX2
-// triple above (isa = 2), per CPU-second summed over the OMP threads, as vnni_peak_ops.
-double int8_peak_ops(int* isa) {
-  if (isa_supported(Isa::kAvx512Vnni)) {
-    *isa = 512;
-    return vnni_peak_ops();
-  }
-  *isa = 2;
-  if (!isa_supported(Isa::kAvx2)) return 0.0;
+// Best of 3 rates of `chains(iters)` (ops_per_iter int8 ops each iteration), per CPU-second summed over the
+// OMP threads (each thread's own CPU time, so a shared, oversubscribed machine does not deflate it).
+double chains_rate(double (*chains)(int64_t), double ops_per_iter) {
   const int64_t iters = 20'000'000;
   double sink = 0, best = 0;
   for (int rep = 0; rep < 3; ++rep) {
@@ -116,13 +87,30 @@ double int8_peak_ops(int* isa) {
 #pragma omp parallel reduction(+ : sink, rate)
     {
       const double t0 = thread_cpu_seconds();
-      sink += avx2_int8_chains(iters);
-      rate += static_cast<double>(iters) * 12 * 64 / (thread_cpu_seconds() - t0);
+      sink += chains(iters);
+      rate += static_cast<double>(iters) * ops_per_iter / (thread_cpu_seconds() - t0);
     }
     best = std::max(best, rate);
   }
   benchmark::DoNotOptimize(sink);
   return best;
+}
+
+// int8 ops per CPU-second of vpdpbusd zmm (12 chains × 128 ops per iteration).
+double vnni_peak_ops() {
+  static const double peak = isa_supported(Isa::kAvx512Vnni) ? chains_rate(vnni_chains, 12 * 128) : 0.0;
+  return peak;
+}
+
+// The int8 dot-product peak of this CPU's best int8 form: vpdpbusd zmm (AVX-512 VNNI, isa = 512), else the
+// AVX2 triple above (isa = 2; 12 chains × 64 ops per iteration).
+double int8_peak_ops(int* isa) {
+  if (isa_supported(Isa::kAvx512Vnni)) {
+    *isa = 512;
+    return vnni_peak_ops();
+  }
+  *isa = 2;
+  return isa_supported(Isa::kAvx2) ? chains_rate(avx2_int8_chains, 12 * 64) : 0.0;
 }
 
 void BM_Int8Peak(benchmark::State& state) {

@@ -591,13 +591,16 @@ INSTANTIATE_TEST_SUITE_P(Formats, GgufInt8Gemm,
                            return std::string(f) + "_in" + std::to_string(info.param.in);
                          });
 
+using RowsKernel = void (*)(const WeightMatrix&, const Q8Acts&, float*, int64_t, int64_t, int64_t);
+using PickedKernel = void (*)(const WeightMatrix&, const Q8Acts&, const int32_t*, int64_t, float*, int64_t, int64_t,
+                              int64_t);
+
 // One input shared by a Q4_0, a Q8_0 and an MXFP4 product in one matmul_many call (as q/k/v or gate/up
-// share theirs): the input is quantized once with all three GEMM layouts, and each product keeps the
-// small-T bits.
-TEST(GgufInt8Gemm, SharedInputServesEveryFormat) {
-  if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI path: " << isa_unsupported_reason(Isa::kAvx512Vnni);
+// share theirs) on `isa` (its GEMM form at T = 40): the input is quantized once with all three GEMM layouts,
+// and each product keeps the bits of that ISA's small-T kernel.
+void shared_input_serves_every_format(Isa isa, RowsKernel small_t, uint32_t seed) {
   const int64_t in = 512, out = 70, T = 40;
-  std::mt19937 rng(11);
+  std::mt19937 rng(seed);
   const WeightFormat fs[3] = {WeightFormat::kGgufQ4_0, WeightFormat::kGgufQ8_0, WeightFormat::kGgufMxfp4};
   std::vector<uint8_t> d[3];
   WeightMatrix w[3];
@@ -608,63 +611,7 @@ TEST(GgufInt8Gemm, SharedInputServesEveryFormat) {
   std::uniform_real_distribution<float> dist(-2, 2);
   std::vector<float> x(static_cast<size_t>(T * in));
   for (auto& v : x) v = dist(rng);
-  set_isa_override(Isa::kAvx512Vnni);
-  set_gguf_int8(true);
-  std::vector<float> y[3];
-  MatmulTask tasks[3];
-  for (int i = 0; i < 3; ++i) {
-    y[i].resize(static_cast<size_t>(T * out));
-    tasks[i] = {&w[i], x.data(), T, y[i].data(), 0};
-  }
-  matmul_many(std::span<const MatmulTask>(tasks, 3));
-  set_isa_override(std::nullopt);
-  Q8Acts a;
-  quantize_q8_0_acts(x.data(), T, in, a);
-  for (int i = 0; i < 3; ++i) {
-    std::vector<float> r(static_cast<size_t>(T * out));
-    gguf_int8_rows_avx512(w[i], a, r.data(), out, 0, out);
-    EXPECT_EQ(y[i], r) << "format " << i;
-  }
-}
-
-TEST(GgufInt8Gemm, RefusesUnpreparedActivations) {
-  if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI path: " << isa_unsupported_reason(Isa::kAvx512Vnni);
-  std::mt19937 rng(5);
-  const std::vector<uint8_t> data = random_blocks(WeightFormat::kGgufQ4_0, 4, 128, rng);
-  WeightMatrix w;
-  w.format = WeightFormat::kGgufQ4_0, w.out = 4, w.in = 128, w.data = data.data();
-  const std::vector<float> x(128, 1.0f);
-  Q8Acts a;
-  quantize_q8_0_acts(x.data(), 1, 128, a);
-  std::vector<float> y(4);
-  EXPECT_DEATH(gguf_int8_gemm_rows(w, a, y.data(), 4, 0, 4), "Q4_0 GEMM layout");
-  w.format = WeightFormat::kGgufMxfp4;
-  EXPECT_DEATH(gguf_int8_gemm_rows(w, a, y.data(), 4, 0, 4), "MXFP4 GEMM layout");
-  w.format = WeightFormat::kGgufQ8_0;
-  q8_acts_prepare(a, 1, 128, true, false, true);  // the other two layouts only
-  q8_acts_fill(x.data(), 0, 1, a);
-  EXPECT_DEATH(gguf_int8_gemm_rows(w, a, y.data(), 4, 0, 4), "Q8_0 GEMM layout");
-  w.format = WeightFormat::kBF16;
-  EXPECT_DEATH(gguf_int8_gemm_rows(w, a, y.data(), 4, 0, 4), "Q4_0 / Q8_0 / MXFP4 only");
-}
-
-// The same on an AVX2 CPU: matmul_many on the AVX2 ISA (the AVX2 GEMM form at T = 40) gives each
-// product the AVX2 small-T kernel's bits.
-TEST(GgufInt8Gemm, Avx2SharedInputServesEveryFormat) {
-  if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "AVX2 path: " << isa_unsupported_reason(Isa::kAvx2);
-  const int64_t in = 512, out = 70, T = 40;
-  std::mt19937 rng(13);
-  const WeightFormat fs[3] = {WeightFormat::kGgufQ4_0, WeightFormat::kGgufQ8_0, WeightFormat::kGgufMxfp4};
-  std::vector<uint8_t> d[3];
-  WeightMatrix w[3];
-  for (int i = 0; i < 3; ++i) {
-    d[i] = random_blocks(fs[i], out, in, rng);
-    w[i].format = fs[i], w[i].out = out, w[i].in = in, w[i].data = d[i].data();
-  }
-  std::uniform_real_distribution<float> dist(-2, 2);
-  std::vector<float> x(static_cast<size_t>(T * in));
-  for (auto& v : x) v = dist(rng);
-  set_isa_override(Isa::kAvx2);
+  set_isa_override(isa);
   set_gguf_int8(true);
   ASSERT_TRUE(gguf_int8_gemm_applies(fs[0], T));
   std::vector<float> y[3];
@@ -679,13 +626,13 @@ TEST(GgufInt8Gemm, Avx2SharedInputServesEveryFormat) {
   quantize_q8_0_acts(x.data(), T, in, a);
   for (int i = 0; i < 3; ++i) {
     std::vector<float> r(static_cast<size_t>(T * out));
-    gguf_int8_rows_avx2(w[i], a, r.data(), out, 0, out);
+    small_t(w[i], a, r.data(), out, 0, out);
     for (size_t k = 0; k < r.size(); ++k) ASSERT_EQ(bits(y[i][k]), bits(r[k])) << "format " << i << " k " << k;
   }
 }
 
-TEST(GgufInt8Gemm, Avx2RefusesUnpreparedActivations) {
-  if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "AVX2 path: " << isa_unsupported_reason(Isa::kAvx2);
+// A GEMM form refuses activations quantized without its layout, a token index out of range and other formats.
+void refuses_unprepared_activations(RowsKernel gemm, PickedKernel gemm_at) {
   std::mt19937 rng(5);
   const std::vector<uint8_t> data = random_blocks(WeightFormat::kGgufQ4_0, 4, 128, rng);
   WeightMatrix w;
@@ -694,18 +641,43 @@ TEST(GgufInt8Gemm, Avx2RefusesUnpreparedActivations) {
   Q8Acts a;
   quantize_q8_0_acts(x.data(), 1, 128, a);
   std::vector<float> y(4);
-  EXPECT_DEATH(gguf_int8_gemm_rows_avx2(w, a, y.data(), 4, 0, 4), "Q4_0 GEMM layout");
+  EXPECT_DEATH(gemm(w, a, y.data(), 4, 0, 4), "Q4_0 GEMM layout");
   w.format = WeightFormat::kGgufMxfp4;
-  EXPECT_DEATH(gguf_int8_gemm_rows_avx2(w, a, y.data(), 4, 0, 4), "MXFP4 GEMM layout");
+  EXPECT_DEATH(gemm(w, a, y.data(), 4, 0, 4), "MXFP4 GEMM layout");
   w.format = WeightFormat::kGgufQ8_0;
   q8_acts_prepare(a, 1, 128, true, false, true);  // the other two layouts only
   q8_acts_fill(x.data(), 0, 1, a);
-  EXPECT_DEATH(gguf_int8_gemm_rows_avx2(w, a, y.data(), 4, 0, 4), "Q8_0 GEMM layout");
+  EXPECT_DEATH(gemm(w, a, y.data(), 4, 0, 4), "Q8_0 GEMM layout");
   const int32_t bad = 1;
   w.format = WeightFormat::kGgufQ4_0;
-  EXPECT_DEATH(gguf_int8_gemm_rows_at_avx2(w, a, &bad, 1, y.data(), 4, 0, 4), "token index out of range");
+  EXPECT_DEATH(gemm_at(w, a, &bad, 1, y.data(), 4, 0, 4), "token index out of range");
   w.format = WeightFormat::kBF16;
-  EXPECT_DEATH(gguf_int8_gemm_rows_avx2(w, a, y.data(), 4, 0, 4), "Q4_0 / Q8_0 / MXFP4 only");
+  EXPECT_DEATH(gemm(w, a, y.data(), 4, 0, 4), "Q4_0 / Q8_0 / MXFP4 only");
+}
+
+TEST(GgufInt8Gemm, SharedInputServesEveryFormat) {
+  if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI path: " << isa_unsupported_reason(Isa::kAvx512Vnni);
+  shared_input_serves_every_format(
+      Isa::kAvx512Vnni,
+      [](const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+        gguf_int8_rows_avx512(w, a, y, ldy, r0, r1);
+      },
+      11);
+}
+
+TEST(GgufInt8Gemm, RefusesUnpreparedActivations) {
+  if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI path: " << isa_unsupported_reason(Isa::kAvx512Vnni);
+  refuses_unprepared_activations(gguf_int8_gemm_rows, gguf_int8_gemm_rows_at);
+}
+
+TEST(GgufInt8Gemm, Avx2SharedInputServesEveryFormat) {
+  if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "AVX2 path: " << isa_unsupported_reason(Isa::kAvx2);
+  shared_input_serves_every_format(Isa::kAvx2, gguf_int8_rows_avx2, 13);
+}
+
+TEST(GgufInt8Gemm, Avx2RefusesUnpreparedActivations) {
+  if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "AVX2 path: " << isa_unsupported_reason(Isa::kAvx2);
+  refuses_unprepared_activations(gguf_int8_gemm_rows_avx2, gguf_int8_gemm_rows_at_avx2);
 }
 
 TEST(GgufInt8, ModeFollowsSwitchAndIsa) {

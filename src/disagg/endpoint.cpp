@@ -279,7 +279,9 @@ Status Endpoint::close(Deadline deadline) {
         void* flush = ucp_ep_flush_nbx(ep_, &param);
         ucs_status_t st = UCS_OK;
         if (UCS_PTR_IS_ERR(flush)) {
+          // A status, not a request (an endpoint UCX already failed, e.g. "Endpoint timeout"): nothing to free.
           flushed = ucx_error(UCS_PTR_STATUS(flush), "ucp_ep_flush_nbx before close");
+          flush = nullptr;
         } else {
           flushed = worker_.wait([&] { return finished(flush, &st) || failed(); }, deadline, "flush before close");
           if (flushed.is_ok() && st != UCS_OK) flushed = ucx_error(st, "ucp_ep_flush_nbx before close");

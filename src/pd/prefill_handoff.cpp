@@ -180,6 +180,7 @@ PrefillCounts PrefillHandoff::counts() {
 }
 
 void PrefillHandoff::idle() {
+  drop_failed_connections();
   take_cancels();
   for (size_t i = 0; i < ended_.size();) {
     std::optional<disagg::Message> m = worker().take(disagg::MessageKind::kDestinations, transfer_id(ended_[i].room));
@@ -250,12 +251,29 @@ void PrefillHandoff::unpack_keys(const disagg::Message& m) {
   for (const auto& packed : dst->rkeys) (void)ep->cached_rkey(packed);
 }
 
+// A connection UCX reported failed (the peer's error, an endpoint timeout) carries nothing any more: it is closed
+// and dropped at once, so its other end fails too (the decode side's transfers on it end now, not at their
+// deadline, and its next hand-off connects again) instead of a live-looking connection that no hand-off can use.
+void PrefillHandoff::drop_failed_connections() {
+  for (auto it = endpoints_.begin(); it != endpoints_.end();) {
+    if (!it->second->failed()) {
+      ++it;
+      continue;
+    }
+    std::fprintf(stderr, "kestrel serve: prefill: connection to decode instance %llu given up: %s\n",
+                 static_cast<unsigned long long>(it->first), it->second->failure().message().c_str());
+    (void)it->second->close(disagg::Deadline::after(std::chrono::milliseconds(100)));
+    it = endpoints_.erase(it);
+  }
+}
+
 // Puts the request's state into the destinations, flushes, sends the completion (bounded by transfer_timeout).
 Status PrefillHandoff::transfer(Job& job, uint64_t decode, disagg::Destinations dst, uint64_t& bytes,
                                 bool& cancelled) {
   disagg::Endpoint* ep = endpoint(decode);
   if (ep == nullptr || ep->failed()) {
-    return unavailable("hand-off: no open connection to decode instance " + std::to_string(decode));
+    return unavailable("hand-off: no open connection to decode instance " + std::to_string(decode) +
+                       (ep == nullptr ? std::string(" (none)") : " (failed: " + ep->failure().message() + ")"));
   }
   if (ep->peer_gone()) {
     // Nothing to put into: the connection is given up (the next handshake from that address opens a new one).

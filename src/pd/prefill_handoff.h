@@ -88,6 +88,7 @@ class PrefillHandoff final : public HandoffSide {
   void release_cancelled();          // side's thread: cancelled parked jobs
   void withdraw_later(uint64_t room);  // side's thread
   void take_cancels();                 // side's thread: the decode sides' cancel messages
+  void drop_failed_connections();      // side's thread: close and forget connections UCX reported failed
 
   Scheduler& sched_;
   PrefillHandoffOptions opts_;

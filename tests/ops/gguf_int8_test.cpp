@@ -453,14 +453,18 @@ TEST_P(GgufInt8Gemm, SameBitsAsSmallTKernelAtEveryT) {
   set_isa_override(std::nullopt);
 }
 
-// gguf_int8_gemm_rows_at (the routed MoE experts at prefill): tokens picked by index from one quantization,
-// in any order and with repeats, 16..70 of them, rows cut at odd places: each picked token's outputs are
-// its small-T bits alone.
-TEST_P(GgufInt8Gemm, PickedTokensKeepEachTokensBits) {
-  if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI path: " << isa_unsupported_reason(Isa::kAvx512Vnni);
-  const auto [format, in] = GetParam();
+uint32_t bits(float v) { return std::bit_cast<uint32_t>(v); }
+
+using RowsFn = void (*)(const WeightMatrix&, const Q8Acts&, float*, int64_t, int64_t, int64_t);
+using RowsAtFn = void (*)(const WeightMatrix&, const Q8Acts&, const int32_t*, int64_t, float*, int64_t, int64_t,
+                            int64_t);
+
+// `n` tokens picked by index (any order, repeats) from one quantization of T = 50, rows cut at 9 and 10: every
+// picked token's outputs from `gemm_at` have the bits `small_t` gives that token alone.
+void picked_tokens_keep_each_tokens_bits(WeightFormat format, int64_t in, unsigned seed, RowsFn small_t,
+                                         RowsAtFn gemm_at, const std::vector<int64_t>& ns) {
   const int64_t out = 71, T = 50;
-  std::mt19937 rng(static_cast<unsigned>(in) * 17 + static_cast<unsigned>(format));
+  std::mt19937 rng(seed);
   const std::vector<uint8_t> data = random_blocks(format, out, in, rng);
   WeightMatrix w;
   w.format = format, w.out = out, w.in = in, w.data = data.data();
@@ -474,23 +478,36 @@ TEST_P(GgufInt8Gemm, PickedTokensKeepEachTokensBits) {
   for (int64_t t = 0; t < T; ++t) {
     Q8Acts one;
     quantize_q8_0_acts(x.data() + t * in, 1, in, one);
-    gguf_int8_rows_avx512(w, one, alone.data() + t * out, out, 0, out);
+    small_t(w, one, alone.data() + t * out, out, 0, out);
   }
-  for (const int64_t n : {16, 17, 23, 41, 70}) {
+  for (const int64_t n : ns) {
     std::vector<int32_t> tok(static_cast<size_t>(n));
     for (auto& v : tok) v = static_cast<int32_t>(rng() % T);
     std::vector<float> y(static_cast<size_t>(n * out), -1.0f);
-    gguf_int8_gemm_rows_at(w, all, tok.data(), n, y.data(), out, 0, 9);
-    gguf_int8_gemm_rows_at(w, all, tok.data(), n, y.data(), out, 9, 10);
-    gguf_int8_gemm_rows_at(w, all, tok.data(), n, y.data(), out, 10, out);
+    gemm_at(w, all, tok.data(), n, y.data(), out, 0, 9);
+    gemm_at(w, all, tok.data(), n, y.data(), out, 9, 10);
+    gemm_at(w, all, tok.data(), n, y.data(), out, 10, out);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t r = 0; r < out; ++r)
-        ASSERT_EQ(y[static_cast<size_t>(i * out + r)], alone[static_cast<size_t>(tok[static_cast<size_t>(i)] * out + r)])
+        ASSERT_EQ(bits(y[static_cast<size_t>(i * out + r)]), bits(alone[static_cast<size_t>(tok[static_cast<size_t>(i)] * out + r)]))
             << "n " << n << " i " << i << " r " << r;
   }
 }
 
-uint32_t bits(float v) { return std::bit_cast<uint32_t>(v); }
+// gguf_int8_gemm_rows_at (the routed MoE experts at prefill): tokens picked by index from one quantization,
+// in any order and with repeats, 16..70 of them, rows cut at odd places: each picked token's outputs are
+// its small-T bits alone.
+TEST_P(GgufInt8Gemm, PickedTokensKeepEachTokensBits) {
+  if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI path: " << isa_unsupported_reason(Isa::kAvx512Vnni);
+  const auto [format, in] = GetParam();
+  picked_tokens_keep_each_tokens_bits(
+      format, in, static_cast<unsigned>(in) * 17 + static_cast<unsigned>(format),
+      [](const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+        gguf_int8_rows_avx512(w, a, y, ldy, r0, r1);
+      },
+      gguf_int8_gemm_rows_at, {16, 17, 23, 41, 70});
+}
+
 
 // The AVX2 prefill form (gguf_int8_gemm_rows_avx2, CPUs without AVX-512 VNNI) gives every token the bits
 // the AVX2 small-T kernel gives it alone, which are the lane model's (hence the AVX-512 kernels'): at T
@@ -546,35 +563,9 @@ TEST_P(GgufInt8Gemm, Avx2FormEqualsTheSmallTKernelAtEveryT) {
 TEST_P(GgufInt8Gemm, Avx2PickedTokensKeepEachTokensBits) {
   if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "AVX2 path: " << isa_unsupported_reason(Isa::kAvx2);
   const auto [format, in] = GetParam();
-  const int64_t out = 71, T = 50;
-  std::mt19937 rng(static_cast<unsigned>(in) * 31 + static_cast<unsigned>(format));
-  const std::vector<uint8_t> data = random_blocks(format, out, in, rng);
-  WeightMatrix w;
-  w.format = format, w.out = out, w.in = in, w.data = data.data();
-  std::uniform_real_distribution<float> dist(-2, 2);
-  std::vector<float> x(static_cast<size_t>(T * in));
-  for (auto& v : x) v = dist(rng);
-  Q8Acts all;
-  prepare_for(all, format, T, in);
-  q8_acts_fill(x.data(), 0, T, all);
-  std::vector<float> alone(static_cast<size_t>(T * out));
-  for (int64_t t = 0; t < T; ++t) {
-    Q8Acts one;
-    quantize_q8_0_acts(x.data() + t * in, 1, in, one);
-    gguf_int8_rows_avx2(w, one, alone.data() + t * out, out, 0, out);
-  }
-  for (const int64_t n : {int64_t{3}, kGgufGemmMinTokensAvx2 - 1, kGgufGemmMinTokensAvx2, int64_t{23}, int64_t{41}, int64_t{70}}) {
-    std::vector<int32_t> tok(static_cast<size_t>(n));
-    for (auto& v : tok) v = static_cast<int32_t>(rng() % T);
-    std::vector<float> y(static_cast<size_t>(n * out), -1.0f);
-    gguf_int8_gemm_rows_at_avx2(w, all, tok.data(), n, y.data(), out, 0, 9);
-    gguf_int8_gemm_rows_at_avx2(w, all, tok.data(), n, y.data(), out, 9, 10);
-    gguf_int8_gemm_rows_at_avx2(w, all, tok.data(), n, y.data(), out, 10, out);
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t r = 0; r < out; ++r)
-        ASSERT_EQ(bits(y[static_cast<size_t>(i * out + r)]), bits(alone[static_cast<size_t>(tok[static_cast<size_t>(i)] * out + r)]))
-            << "n " << n << " i " << i << " r " << r;
-  }
+  picked_tokens_keep_each_tokens_bits(format, in, static_cast<unsigned>(in) * 31 + static_cast<unsigned>(format),
+                                      gguf_int8_rows_avx2, gguf_int8_gemm_rows_at_avx2,
+                                      {3, kGgufGemmMinTokensAvx2 - 1, kGgufGemmMinTokensAvx2, 23, 41, 70});
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, GgufInt8Gemm,
@@ -591,14 +582,10 @@ INSTANTIATE_TEST_SUITE_P(Formats, GgufInt8Gemm,
                            return std::string(f) + "_in" + std::to_string(info.param.in);
                          });
 
-using RowsKernel = void (*)(const WeightMatrix&, const Q8Acts&, float*, int64_t, int64_t, int64_t);
-using PickedKernel = void (*)(const WeightMatrix&, const Q8Acts&, const int32_t*, int64_t, float*, int64_t, int64_t,
-                              int64_t);
-
 // One input shared by a Q4_0, a Q8_0 and an MXFP4 product in one matmul_many call (as q/k/v or gate/up
 // share theirs) on `isa` (its GEMM form at T = 40): the input is quantized once with all three GEMM layouts,
 // and each product keeps the bits of that ISA's small-T kernel.
-void shared_input_serves_every_format(Isa isa, RowsKernel small_t, uint32_t seed) {
+void shared_input_serves_every_format(Isa isa, RowsFn small_t, uint32_t seed) {
   const int64_t in = 512, out = 70, T = 40;
   std::mt19937 rng(seed);
   const WeightFormat fs[3] = {WeightFormat::kGgufQ4_0, WeightFormat::kGgufQ8_0, WeightFormat::kGgufMxfp4};
@@ -632,7 +619,7 @@ void shared_input_serves_every_format(Isa isa, RowsKernel small_t, uint32_t seed
 }
 
 // A GEMM form refuses activations quantized without its layout, a token index out of range and other formats.
-void refuses_unprepared_activations(RowsKernel gemm, PickedKernel gemm_at) {
+void refuses_unprepared_activations(RowsFn gemm, RowsAtFn gemm_at) {
   std::mt19937 rng(5);
   const std::vector<uint8_t> data = random_blocks(WeightFormat::kGgufQ4_0, 4, 128, rng);
   WeightMatrix w;

@@ -11,10 +11,12 @@ awk '
     if (name != "" && failed) {
       print "==== " name
       printed = 0
-      for (i = 1; i <= nlines && printed < 80; ++i) {
-        # GoogleTest: "file:line: Failure" and the lines of its message; pytest: E lines, FAILED/ERROR summaries.
+      for (i = 1; i <= nlines && printed < 160; ++i) {
+        # GoogleTest: "file:line: Failure" and the lines of its message; pytest: E lines, FAILED/ERROR summaries,
+        # and the server log lines tests/integration/conftest.py adds to a failed test's report.
         if (lines[i] ~ /: Failure$/ || lines[i] ~ /^\[  FAILED  \]/) { n = 8 }
-        if (n > 0 || lines[i] ~ /^(FAILED|ERROR) / || lines[i] ~ /^E  / || lines[i] ~ /^[^ ]+\.py:[0-9]+: /) {
+        if (n > 0 || lines[i] ~ /^(FAILED|ERROR) / || lines[i] ~ /^E  / || lines[i] ~ /^[^ ]+\.py:[0-9]+: / ||
+            lines[i] ~ /^kestrel-log\| /) {
           print "  " substr(lines[i], 1, 400); ++printed
         }
         if (n > 0) --n

@@ -94,8 +94,17 @@ std::optional<Status> IncomingTransfer::poll(Deadline deadline, std::chrono::mil
   }
   if (std::optional<Status> outcome = step(silence)) return outcome;
   if (deadline.expired()) {
+    // What was seen of the peer says where it stood: never started (no segment; still computing the prompt or
+    // queued), stopped between segments, or silent.
+    const Clock::time_point now = Clock::now();
+    auto ago = [&](Clock::time_point t) {
+      return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - t).count()) + " ms ago";
+    };
+    const std::optional<Clock::time_point> heard = ep_.peer() ? ep_.worker().last_heard(*ep_.peer()) : std::nullopt;
     return fail(unavailable("disagg: waiting for the completion of transfer " + std::to_string(id_) +
-                            ": deadline passed"));
+                            ": deadline passed (destinations sent " + ago(advertised_at_) + "; " +
+                            std::to_string(segments_) + " segments verified; peer last heard " +
+                            (heard ? ago(*heard) : std::string("never")) + ")"));
   }
   return std::nullopt;
 }

@@ -107,6 +107,10 @@ Result<uint64_t> PrefillHandoff::submit(GenerationRequest req, uint64_t room) {
       rooms_.erase(r);
     }
   }
+  // Refused here (queue full, prompt too long, shutting down): the decode side may have reserved memory for the
+  // room already, and waits for it; its destinations are answered with a withdrawal, so it frees them and fails
+  // its request now, not at its deadline.
+  if (!id) post([this, room] { withdraw_later(room); });
   if (cancel_now) sched_.cancel(*id);
   return id;
 }

@@ -18,7 +18,12 @@ def free_port():
         return s.getsockname()[1]
 
 
+LOG_PREFIX = "kestrel-log| "  # scripts/ctest-failures.sh prints these lines of a failed test's report
+
+
 class Server:
+    started = []  # every server of this pytest run: their logs go into the report of a test that fails
+
     def __init__(self, extra_args=(), api_key=None, model_args=("--preset", "k3-default"), env=None):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -33,6 +38,7 @@ class Server:
             args += ["--api-key", api_key]
         self.log = tempfile.NamedTemporaryFile(prefix="kestrel-serve-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        Server.started.append(self)
         deadline = time.time() + 120
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -71,6 +77,45 @@ class Server:
     def stop(self, sig=15, timeout=60):
         self.proc.send_signal(sig)
         return self.proc.wait(timeout=timeout)
+
+
+    def log_tail(self, lines=25):
+        """The server's last log lines, without the banner it prints at start."""
+        try:
+            with open(self.log.name, errors="replace") as f:
+                text = f.read().splitlines()
+        except OSError as e:
+            return ["(log unreadable: %s)" % e]
+        text = [t for t in text if not t.startswith(("curl ", "kestrel serve: from a shell", "kestrel serve: ready"))]
+        return text[-lines:]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    item.kestrel_first_server = len(Server.started)
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test's report ends with the last lines of its servers' logs (those still running, and those it
+    started): the servers' own account of a failure (a hand-off that failed and why, a connection given up) that
+    a client only sees as a status code."""
+    outcome = yield
+    rep = outcome.get_result()
+    if not rep.failed:
+        return
+    first = getattr(item, "kestrel_first_server", len(Server.started))
+    out = []
+    for i, s in enumerate(Server.started):
+        running = s.proc.poll() is None
+        if not running and i < first:
+            continue
+        state = "running" if running else "exited %s" % s.proc.returncode
+        out.append(LOG_PREFIX + "server on port %d (%s), %s:" % (s.port, state, s.log.name))
+        out += [LOG_PREFIX + "  " + line for line in s.log_tail()]
+    if out:
+        rep.sections.append(("kestrel serve logs", "\n".join(out)))
 
 
 @pytest.fixture(scope="module")

@@ -371,6 +371,31 @@ TEST_P(HandoffFault, NoCounterpartTimesOut) {
   EXPECT_EQ(decode_->counts().failed_deadline, 1u);
 }
 
+// The prefill refuses the request (here: its own limits; under load: its full waiting queue) after the decode side
+// reserved and advertised for the room. The decode's reservation is answered with a withdrawal: the request ends
+// now with a clear error and its memory returns, not at a deadline 10 minutes away.
+TEST_P(HandoffFault, PrefillRefusalReleasesTheDecodeReservation) {
+  PrefillHandoffOptions p;
+  p.destinations_timeout = std::chrono::minutes(10);
+  p.transfer_timeout = std::chrono::minutes(10);
+  DecodeHandoffOptions d;
+  d.transfer_timeout = std::chrono::minutes(10);
+  open_pair(p, d);
+  Client dc, pc;
+  ASSERT_TRUE(decode_->submit(dc.make(prompt(30, 4), 6), 41, prefill_->instance()));
+  for (int i = 0; i < 500 && decode_->counts().registry.in_flight == 0; ++i) std::this_thread::sleep_for(5ms);
+  auto refused = prefill_->submit(pc.make(prompt(30, 4), 0), 41);
+  ASSERT_FALSE(refused);
+  const Collected dres = dc.wait(60s);
+  EXPECT_EQ(dres.finish, FinishReason::kError);
+  EXPECT_TRUE(dres.tokens.empty());
+  EXPECT_NE(dres.error.find("ended the request before its hand-off"), std::string::npos) << dres.error;
+  EXPECT_EQ(decode_->counts().withdrawn, 1u);
+  EXPECT_EQ(decode_->counts().failed, 0u);
+  EXPECT_TRUE(decode_->connected(prefill_->instance())) << "a withdrawal keeps the connection";
+  expect_no_leaks();
+}
+
 // A client cancel while the request is reserved (decode) or parked (prefill). The deadlines are far away (10
 // minutes): everything here ends because of the cancel, or the test runs into its own time limit.
 TEST_P(HandoffFault, CancelWhileHandedOff) {

@@ -116,6 +116,10 @@ def test_abort_storm_leaks_nothing(pd):
     print("abort storm: %.1f s; prefill %s; decode %s" % (
         storm_s, {k: v for k, v in p.items() if k.startswith("kestrel_pd_handoffs")},
         {k: v for k, v in d.items() if k.startswith("kestrel_pd_handoffs")}))
+    # How close the slowest hand-offs came to the deadline: the decode's wait from its destinations to the verified
+    # state (the prefill's queue and prompt included), cumulative counts by upper bound in seconds.
+    print("decode hand-off seconds: %s" % {k.split('le="')[1].rstrip('"}'): v for k, v in d.items()
+                                           if k.startswith("kestrel_pd_handoff_seconds_bucket")})
     assert p["kestrel_pd_handoffs_in_flight"] == 0, p
     assert d["kestrel_pd_handoffs_in_flight"] == 0, d
     assert d["kestrel_pd_quarantined_handoffs"] == 0 and d["kestrel_pd_quarantined_bytes"] == 0, d

@@ -262,6 +262,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
     po.model_fingerprint = *fp;
     po.prefill.destinations_timeout = po.prefill.transfer_timeout = po.decode.transfer_timeout =
         std::chrono::milliseconds(*handoff_ms);
+    // A request queued on the prefill renews the decode's deadline several times within it.
+    po.prefill.queued_interval = std::chrono::milliseconds(std::min<long long>(1000, *handoff_ms / 4));
     po.decode.arenas = decode_arenas;
     // The prefill's UCX listener (used over tcp) binds where the HTTP server does; a host name: every interface.
     {

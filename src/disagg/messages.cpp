@@ -11,7 +11,7 @@ namespace {
 
 constexpr uint32_t kMagic = 0x4753444b;  // "KDSG" little-endian
 // 4: kCancel (3: per-segment checksums; 2: one XXH3-64 in the completion; 1: FNV-1a)
-constexpr uint16_t kVersion = 4;
+constexpr uint16_t kVersion = 5;
 constexpr size_t kHeaderBytes = 4 + 2 + 2 + 8 + 4 + 8;
 
 class Writer {
@@ -83,6 +83,10 @@ const char* to_string(CancelReason r) {
 
 std::vector<std::byte> encode_heartbeat(uint64_t sender) {
   return header(MessageKind::kHeartbeat, sender, 0).take();
+}
+
+std::vector<std::byte> encode_queued(uint64_t sender, uint64_t transfer_id) {
+  return header(MessageKind::kQueued, sender, transfer_id).take();
 }
 
 std::vector<std::byte> encode_destinations(uint64_t sender, uint64_t transfer_id, const Destinations& d) {

@@ -21,9 +21,13 @@
 //                 ended otherwise before its state arrived). The prefill stops the transfer of that id (or never
 //                 starts it) and releases its request; a transfer already under way is answered with a completion
 //                 of status 3 once its puts are flushed
+//   kQueued       (prefill → decode, periodic): empty body. The prefill holds the request of this transfer id (its
+//                 prompt queued or running) and has the destinations: it will put, withdraw or fail it. Each
+//                 notice renews the receiver's deadline, so a prefill's queue, not only its transfer, may take
+//                 longer than the deadline
 //
-// Version 4: kCancel and completion status 3 (version 3 had no cancel from the decode side, version 2 one
-// checksum of the whole payload in the completion, version 1 FNV-1a).
+// Version 5: kQueued (version 4 added kCancel and completion status 3, version 3 had no cancel from the decode
+// side, version 2 one checksum of the whole payload in the completion, version 1 FNV-1a).
 #pragma once
 
 #include <cstddef>
@@ -35,8 +39,15 @@
 
 namespace kestrel::disagg {
 
-enum class MessageKind : uint16_t { kDestinations = 1, kCompletion = 2, kHeartbeat = 3, kSegment = 4, kCancel = 5 };
-inline constexpr uint16_t kMaxMessageKind = 5;
+enum class MessageKind : uint16_t {
+  kDestinations = 1,
+  kCompletion = 2,
+  kHeartbeat = 3,
+  kSegment = 4,
+  kCancel = 5,
+  kQueued = 6
+};
+inline constexpr uint16_t kMaxMessageKind = 6;
 
 struct MessageHeader {
   MessageKind kind = MessageKind::kHeartbeat;
@@ -99,6 +110,7 @@ inline constexpr size_t kMaxRkeyBytes = 64 * 1024;
 
 // The sender's pid is this process's (getpid()).
 std::vector<std::byte> encode_heartbeat(uint64_t sender);
+std::vector<std::byte> encode_queued(uint64_t sender, uint64_t transfer_id);
 std::vector<std::byte> encode_destinations(uint64_t sender, uint64_t transfer_id, const Destinations& d);
 std::vector<std::byte> encode_segment(uint64_t sender, uint64_t transfer_id, const Segment& s);
 std::vector<std::byte> encode_completion(uint64_t sender, uint64_t transfer_id, const Completion& c);

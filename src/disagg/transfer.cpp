@@ -88,12 +88,14 @@ Status IncomingTransfer::wait(Deadline deadline, std::chrono::milliseconds silen
   return *outcome;
 }
 
-std::optional<Status> IncomingTransfer::poll(Deadline deadline, std::chrono::milliseconds silence) {
+std::optional<Status> IncomingTransfer::poll(Deadline deadline, std::chrono::milliseconds silence,
+                                             std::chrono::milliseconds renewal) {
   if (state_ != TransferState::kAdvertised) {
     return invalid_argument(std::string("disagg: poll on a transfer in state ") + to_string(state_));
   }
   if (std::optional<Status> outcome = step(silence)) return outcome;
-  if (deadline.expired()) {
+  const bool renewed = renewal.count() > 0 && queued_at_ && Clock::now() < *queued_at_ + renewal;
+  if (deadline.expired() && !renewed) {
     // What was seen of the peer says where it stood: never started (no segment; still computing the prompt or
     // queued), stopped between segments, or silent.
     const Clock::time_point now = Clock::now();
@@ -103,7 +105,8 @@ std::optional<Status> IncomingTransfer::poll(Deadline deadline, std::chrono::mil
     const std::optional<Clock::time_point> heard = ep_.peer() ? ep_.worker().last_heard(*ep_.peer()) : std::nullopt;
     return fail(unavailable("disagg: waiting for the completion of transfer " + std::to_string(id_) +
                             ": deadline passed (destinations sent " + ago(advertised_at_) + "; " +
-                            std::to_string(segments_) + " segments verified; peer last heard " +
+                            std::to_string(segments_) + " segments verified; last queued notice " +
+                            (queued_at_ ? ago(*queued_at_) : std::string("never")) + "; peer last heard " +
                             (heard ? ago(*heard) : std::string("never")) + ")"));
   }
   return std::nullopt;
@@ -124,6 +127,7 @@ std::optional<Status> IncomingTransfer::step(std::chrono::milliseconds silence) 
   while (std::optional<Message> m = worker.take(MessageKind::kSegment, id_, ep_.peer())) {
     if (std::optional<Status> failed = verify_segment(*m)) return failed;
   }
+  while (worker.take(MessageKind::kQueued, id_, ep_.peer())) queued_at_ = Clock::now();
   if (!completion_) {
     if (std::optional<Message> m = worker.take(MessageKind::kCompletion, id_, ep_.peer())) {
       Result<Completion> c = decode_completion(m->body);
@@ -242,6 +246,10 @@ Status send_withdrawal(Endpoint& ep, uint64_t id, Deadline deadline) {
   Completion c;
   c.status = kCompletionWithdrawn;
   return ep.send(encode_completion(ep.worker().instance(), id, c), MessageKind::kCompletion, deadline);
+}
+
+Status send_queued(Endpoint& ep, uint64_t id, Deadline deadline) {
+  return ep.send(encode_queued(ep.worker().instance(), id), MessageKind::kQueued, deadline);
 }
 
 Status send_cancel(Endpoint& ep, uint64_t id, CancelReason reason, Deadline deadline) {

@@ -83,7 +83,12 @@ class IncomingTransfer {
   // The non-blocking form of wait() for a caller that drives the worker itself (many transfers on one thread):
   // nullopt while nothing has happened yet (no completion, the peer neither failed nor silent, the deadline not
   // passed); otherwise what wait() would return, with the same state change.
-  std::optional<Status> poll(Deadline deadline, std::chrono::milliseconds silence);
+  // `renewal` (> 0): the sender's kQueued notices (it holds the request and the destinations, its prompt is still
+  // queued or running) extend the deadline to the last notice + renewal.
+  std::optional<Status> poll(Deadline deadline, std::chrono::milliseconds silence,
+                             std::chrono::milliseconds renewal = std::chrono::milliseconds(0));
+  // When the last kQueued notice came (nullopt: none).
+  std::optional<Clock::time_point> queued_at() const { return queued_at_; }
   // kAdvertised only: sends kCancel. The transfer goes on until the sender confirms (then kCancelled, kWithdrawn,
   // or kCompleted if it had finished first) or fails as any other (quarantined). A completion with status
   // cancelled is accepted only after this was sent.
@@ -114,6 +119,7 @@ class IncomingTransfer {
   std::optional<Completion> completion_;
   TransferState state_ = TransferState::kCreated;
   Clock::time_point advertised_at_{};
+  std::optional<Clock::time_point> queued_at_;
   bool cancel_sent_ = false;
 };
 
@@ -123,6 +129,10 @@ Result<Destinations> wait_destinations(Worker& worker, uint64_t id, Deadline dea
 // Prefill side, for a request that ended before any put to `id` (cancelled, failed): tells the receiver its
 // ranges are free (a completion with status kCompletionWithdrawn).
 Status send_withdrawal(Endpoint& ep, uint64_t id, Deadline deadline);
+
+// Prefill side, while the request of transfer `id` waits or runs before its puts: tells the receiver it holds the
+// request and its destinations (kQueued), which renews the receiver's deadline.
+Status send_queued(Endpoint& ep, uint64_t id, Deadline deadline);
 
 // Decode side, for transfer `id` that was never advertised (the request ended or was cancelled first): tells the
 // sender to drop its request.

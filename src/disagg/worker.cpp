@@ -104,7 +104,7 @@ ucs_status_t Worker::on_message(void* arg, const void*, size_t, void* data, size
   }
   self->heard_[h->sender] = {Clock::now(), h->pid};
   if (h->kind == MessageKind::kHeartbeat) return UCS_OK;
-  if ((h->kind == MessageKind::kSegment || h->kind == MessageKind::kCompletion) &&
+  if ((h->kind == MessageKind::kSegment || h->kind == MessageKind::kCompletion || h->kind == MessageKind::kQueued) &&
       self->ended_.count(h->transfer_id) != 0) {
     ++self->expired_;
     return UCS_OK;

@@ -95,8 +95,9 @@ class Worker {
   // while its process still exists (Endpoint::cached_rkey). One hook per kind; an empty one removes it.
   void on_arrival(MessageKind kind, std::function<void(const Message&)> hook);
   // Discards the queued messages of a transfer (one that has ended: late or stale messages are never read), and
-  // for message_ttl drops its segment announcements and completion on arrival (a sender's that come after the
-  // receiving side gave up), counted as expired; reopen() ends that for a new transfer with the same id.
+  // for message_ttl drops its segment announcements, queued notices and completion on arrival (a sender's that
+  // come after the receiving side gave up), counted as expired; reopen() ends that for a new transfer with the
+  // same id.
   void discard(uint64_t transfer_id);
   void reopen(uint64_t transfer_id) { ended_.erase(transfer_id); }
   // When a message (heartbeats included) last arrived from this instance; nullopt if never.

@@ -305,7 +305,9 @@ void DecodeHandoff::withdraw(const CacheLocation& loc, const Status& st, bool ca
 void DecodeHandoff::idle() {
   for (size_t i = 0; i < pending_.size();) {
     Pending& p = pending_[i];
-    std::optional<Status> st = p.transfer->poll(disagg::Deadline(p.until), opts_.silence);
+    // The prefill's queued notices renew the deadline: a request queued there longer than the deadline is not
+    // failed while the prefill vouches for it (its liveness is still judged by silence and UCX errors).
+    std::optional<Status> st = p.transfer->poll(disagg::Deadline(p.until), opts_.silence, opts_.transfer_timeout);
     if (!st) {
       ++i;
       continue;

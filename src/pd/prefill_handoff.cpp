@@ -19,7 +19,7 @@ struct PrefillHandoff::Job {
   uint64_t room = 0;
   GenerationEvent first;
   CacheLocation loc;
-  bool parked = false;                  // scheduler thread
+  std::atomic<bool> parked{false};      // set on the scheduler thread, read on the side's
   std::atomic<bool> cancelled{false};   // set by cancel(), read on the side's thread
   uint64_t id = 0;                      // mu_
   bool ended = false;                   // mu_: the final event went out
@@ -186,6 +186,7 @@ PrefillCounts PrefillHandoff::counts() {
 void PrefillHandoff::idle() {
   drop_failed_connections();
   take_cancels();
+  notify_queued();
   for (size_t i = 0; i < ended_.size();) {
     std::optional<disagg::Message> m = worker().take(disagg::MessageKind::kDestinations, transfer_id(ended_[i].room));
     if (!m && disagg::Clock::now() < ended_[i].until) {
@@ -248,11 +249,41 @@ void PrefillHandoff::idle() {
 // finds the key ready, or an unpack that failed (its error, not tried again). A decode that is already gone or
 // being killed is not unpacked at all (Endpoint::peer_gone).
 void PrefillHandoff::unpack_keys(const disagg::Message& m) {
+  announced_.push_back({m.header.transfer_id & ~(uint64_t{1} << 63), m.header.sender,
+                        disagg::Clock::now() + opts_.destinations_timeout});
   disagg::Endpoint* ep = endpoint(m.header.sender);
   if (ep == nullptr || ep->failed() || ep->closed()) return;  // the transfer fails without an unpack
   auto dst = disagg::decode_destinations(m.body);
   if (!dst) return;  // the transfer reports it
   for (const auto& packed : dst->rkeys) (void)ep->cached_rkey(packed);
+}
+
+// Every queued_interval: the decode side of each request whose destinations came and that is still queued or
+// running here hears kQueued (its deadline is renewed). A parked or cancelled request's own transfer, withdrawal
+// or release answers from then on; destinations for a room whose request has not come are not vouched for (a
+// hang-up that never reached this side ends at the decode's deadline), and are forgotten at the destinations
+// deadline.
+void PrefillHandoff::notify_queued() {
+  const auto now = disagg::Clock::now();
+  if (announced_.empty() || now < next_queued_) return;
+  next_queued_ = now + opts_.queued_interval;
+  for (size_t i = 0; i < announced_.size();) {
+    const Announced& a = announced_[i];
+    std::shared_ptr<Job> job;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (auto r = rooms_.find(a.room); r != rooms_.end()) job = r->second;
+    }
+    const bool done = job ? job->parked || job->cancelled : now >= a.until;
+    if (done) {
+      announced_.erase(announced_.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
+    }
+    disagg::Endpoint* ep = endpoint(a.sender);
+    if (job && ep != nullptr && !ep->failed())
+      (void)disagg::send_queued(*ep, transfer_id(a.room), disagg::Deadline::after(std::chrono::milliseconds(100)));
+    ++i;
+  }
 }
 
 // A connection UCX reported failed (the peer's error, an endpoint timeout) carries nothing any more: it is closed

@@ -37,6 +37,10 @@ struct PrefillHandoffOptions {
   // Lease on the parked pages during the transfer: the decode side renews it by every message (heartbeats every
   // 100 ms); one silent for longer (frozen, gone) loses it, and the pages are freed (disagg/put.h).
   std::chrono::milliseconds lease{2000};
+  // While a request whose destinations came is still queued or running here (not parked yet), its decode side is
+  // told so this often (disagg kQueued): each notice renews the decode's deadline, so a queue longer than the
+  // hand-off deadline does not fail the request there. Shorter than the decode's transfer_timeout.
+  std::chrono::milliseconds queued_interval{1000};
   // When set and the transports include tcp (disagg::PeerFailure::kUcx): decode instances connect to a UCX
   // listener on this IPv4 address (a free port, HandoffSide::listener_port) instead of this side connecting to
   // theirs by worker address. UCX then wires the tcp lanes endpoint to endpoint, whose teardown after a forced
@@ -77,6 +81,11 @@ class PrefillHandoff final : public HandoffSide {
     uint64_t room;
     disagg::Clock::time_point until;
   };
+  // Destinations that came for a room not parked yet: its decode side hears kQueued while the request is here.
+  struct Announced {
+    uint64_t room, sender;
+    disagg::Clock::time_point until;  // for a room whose request has not come: forgotten then
+  };
   enum class Outcome { kHandedOff, kNoDestinations, kLeaseExpired, kTransferFailed, kCancelled };
   PrefillHandoff(Scheduler& s, const PrefillHandoffOptions& o) : HandoffSide(o.worker), sched_(s), opts_(o) {}
   // On the side's thread: parked requests wait for their destinations (any order, each with its deadline).
@@ -89,12 +98,15 @@ class PrefillHandoff final : public HandoffSide {
   void withdraw_later(uint64_t room);  // side's thread
   void take_cancels();                 // side's thread: the decode sides' cancel messages
   void drop_failed_connections();      // side's thread: close and forget connections UCX reported failed
+  void notify_queued();                // side's thread: kQueued to the decode sides of requests not parked yet
 
   Scheduler& sched_;
   PrefillHandoffOptions opts_;
   std::vector<std::byte> zeros_;
   std::vector<std::shared_ptr<Job>> pending_;  // side's thread only
   std::vector<Ended> ended_;                   // side's thread only
+  std::vector<Announced> announced_;           // side's thread only
+  disagg::Clock::time_point next_queued_{};    // side's thread only
   std::unordered_map<uint64_t, std::shared_ptr<Job>> jobs_;  // request id → job, until its final event (mu_)
   std::unordered_map<uint64_t, std::shared_ptr<Job>> rooms_;  // room → job, until its final event (mu_)
   // Rooms the decode side cancelled before their request came here, until then (mu_).

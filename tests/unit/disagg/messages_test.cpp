@@ -114,6 +114,13 @@ TEST(DisaggMessages, CompletionAndHeartbeatRoundTrip) {
   ASSERT_TRUE(h);
   EXPECT_EQ(h->kind, MessageKind::kHeartbeat);
   EXPECT_TRUE(body.empty());
+  std::vector<std::byte> q = encode_queued(3, 0x8000000000000044ull);
+  h = decode_header(q, &body);
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->kind, MessageKind::kQueued);
+  EXPECT_EQ(h->sender, 3u);
+  EXPECT_EQ(h->transfer_id, 0x8000000000000044ull);
+  EXPECT_TRUE(body.empty());
 }
 
 TEST(DisaggMessages, CancelRoundTrip) {
@@ -199,9 +206,10 @@ TEST(DisaggMessages, BadFieldsAreRejected) {
   EXPECT_FALSE(decode_header(flipped(4, std::byte{1}), &body));   // version 1 (its checksum was FNV-1a)
   EXPECT_FALSE(decode_header(flipped(4, std::byte{2}), &body));   // version 2 (one checksum, no segments)
   EXPECT_FALSE(decode_header(flipped(4, std::byte{3}), &body));   // version 3 (no cancel, no status 3)
-  EXPECT_FALSE(decode_header(flipped(4, std::byte{5}), &body));   // a later version
+  EXPECT_FALSE(decode_header(flipped(4, std::byte{4}), &body));   // version 4 (no queued notice)
+  EXPECT_FALSE(decode_header(flipped(4, std::byte{6}), &body));   // a later version
   EXPECT_FALSE(decode_header(flipped(6, std::byte{0}), &body));   // kind 0
-  EXPECT_FALSE(decode_header(flipped(6, std::byte{6}), &body));   // kind past the last
+  EXPECT_FALSE(decode_header(flipped(6, std::byte{7}), &body));   // kind past the last
   std::vector<std::byte> trailing = m;
   trailing.push_back(std::byte{0});
   ASSERT_TRUE(decode_header(trailing, &body));

@@ -73,7 +73,7 @@ class Handoff : public ::testing::TestWithParam<const char*> {
   // decode server does; otherwise each side connects to the other's worker address.
   void open_pair(PrefillHandoffOptions po = {}, DecodeHandoffOptions dopt = {}, bool ucx_pools = true,
                  bool by_listener = false) {
-    auto ps = Scheduler::create(*prefill_engine_, config());
+    auto ps = Scheduler::create(*prefill_engine_, prefill_config_);
     ASSERT_TRUE(ps) << ps.error().message();
     prefill_sched_ = std::move(*ps);
     SchedulerConfig dc = config();
@@ -145,6 +145,18 @@ class Handoff : public ::testing::TestWithParam<const char*> {
     EXPECT_EQ(dc.registry.held_ranges, 0u);
   }
 
+  // Requests that take the prefill scheduler's running slots for a while (plain requests, no hand-off): with
+  // prefill_config_.cache.max_slots = 1, a hand-off request submitted after them waits in the prefill's queue.
+  std::vector<std::unique_ptr<Client>> hold_prefill(int requests, int tokens) {
+    std::vector<std::unique_ptr<Client>> held;
+    for (int i = 0; i < requests; ++i) {
+      held.push_back(std::make_unique<Client>());
+      EXPECT_TRUE(prefill_sched_->submit(held.back()->make(prompt(20, 90 + i), tokens)));
+    }
+    return held;
+  }
+
+  SchedulerConfig prefill_config_ = config();
   std::unique_ptr<kestrel::testing::TempDir> dir_;
   std::unique_ptr<Engine> prefill_engine_, decode_engine_;
   std::unique_ptr<Scheduler> prefill_sched_, decode_sched_;
@@ -369,6 +381,46 @@ TEST_P(HandoffFault, NoCounterpartTimesOut) {
   EXPECT_EQ(settled(*prefill_sched_).kv_blocks_used, 0);
   EXPECT_EQ(prefill_->counts().no_destinations, 1u);
   EXPECT_EQ(decode_->counts().failed_deadline, 1u);
+}
+
+// A request queued on the prefill behind others for several times the decode's deadline: the prefill holds it and
+// the destinations, and says so (kQueued every 20 ms), which renews the decode's deadline; the hand-off then
+// completes exactly. Without the notices (next test) the same wait fails at the deadline.
+TEST_P(HandoffFault, QueuedNoticesKeepTheDecodeWaitingPastItsDeadline) {
+  prefill_config_.cache.max_slots = 1;
+  PrefillHandoffOptions p;
+  p.queued_interval = 20ms;
+  DecodeHandoffOptions d;
+  d.transfer_timeout = 100ms;
+  open_pair(p, d);
+  const std::vector<int32_t> ids = prompt(40, 7);
+  const Collected want = colocated(ids, 6);
+  auto held = hold_prefill(2, 300);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Collected got = handed_off(ids, 6, 61);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  for (auto& c : held) EXPECT_EQ(c->wait().finish, FinishReason::kLength);
+  EXPECT_EQ(got.finish, FinishReason::kLength) << got.error;
+  EXPECT_TRUE(bit_equal(got, want)) << "hand-off after a long queue changed the generation";
+  ASSERT_GT(waited, 3 * d.transfer_timeout) << "the held requests did not keep the prefill busy past the deadline: "
+                                               "the test shows nothing";
+  EXPECT_EQ(decode_->counts().failed, 0u);
+  expect_no_leaks();
+}
+
+TEST_P(HandoffFault, WithoutQueuedNoticesAQueuedPrefillMissesTheDeadline) {
+  prefill_config_.cache.max_slots = 1;
+  faults_.dropped_kinds = {static_cast<uint16_t>(kestrel::disagg::MessageKind::kQueued)};
+  PrefillHandoffOptions p;
+  p.queued_interval = 20ms;
+  DecodeHandoffOptions d;
+  d.transfer_timeout = 100ms;
+  open_pair(p, d);
+  auto held = hold_prefill(2, 300);
+  const Collected got = handed_off(prompt(40, 7), 6, 62);
+  for (auto& c : held) EXPECT_EQ(c->wait().finish, FinishReason::kLength);
+  expect_failed_cleanly(got, "deadline", &DecodeCounts::failed_deadline);
+  EXPECT_NE(got.error.find("last queued notice never"), std::string::npos) << got.error;
 }
 
 // The prefill refuses the request (here: its own limits; under load: its full waiting queue) after the decode side

@@ -43,7 +43,7 @@ double tower_flops(const kestrel::VisionConfig& v, int64_t n) {
 }
 
 // The machine's fp32 FMA peak, measured on all OpenMP threads at once: every thread runs 12 independent chains of
-// zmm FMAs (vfmadd231ps, 16 lanes, 2 FLOP per lane; two FMA ports with a 4-cycle latency need >= 8 chains), written
+// FMAs (vfmadd231ps, 2 FLOP per lane; two FMA ports with a 4-cycle latency need >= 8 chains), written
 // in asm so the compiler can neither spill nor fold them, the threads started together behind a barrier. Trials of
 // ~0.2 s each; the spread says how steady the cores were.
 struct Peak {
@@ -54,26 +54,28 @@ struct Peak {
   double median() const { return gflops.empty() ? 0 : gflops[gflops.size() / 2]; }
 };
 
+// The widest FMA the build targets: zmm (16 fp32 lanes) with AVX-512, else ymm (8 lanes) with AVX2 + FMA (AMD Zen
+// 1–3, Intel Haswell and later without AVX-512: two FMA pipes too, 4-cycle latency on Zen 2/3 and Skylake).
 #if defined(__AVX512F__)
+#define KESTREL_PEAK_REG "zmm"
+constexpr int kPeakLanes = 16;
+#elif defined(__AVX2__) && defined(__FMA__)
+#define KESTREL_PEAK_REG "ymm"
+constexpr int kPeakLanes = 8;
+#endif
+
+#if defined(KESTREL_PEAK_REG)
 constexpr int64_t kFmaChains = 12;
+#define KESTREL_FMA(a, b, c) "vfmadd231ps %%" KESTREL_PEAK_REG #a ", %%" KESTREL_PEAK_REG #b ", %%" KESTREL_PEAK_REG #c "\n\t"
 
 void fma_chains(int64_t iters) {
   asm volatile(
-      "vxorps %%zmm12, %%zmm12, %%zmm12\n\t"
-      "vxorps %%zmm13, %%zmm13, %%zmm13\n\t"
+      "vxorps %%" KESTREL_PEAK_REG "12, %%" KESTREL_PEAK_REG "12, %%" KESTREL_PEAK_REG "12\n\t"
+      "vxorps %%" KESTREL_PEAK_REG "13, %%" KESTREL_PEAK_REG "13, %%" KESTREL_PEAK_REG "13\n\t"
       "1:\n\t"
-      "vfmadd231ps %%zmm12, %%zmm13, %%zmm0\n\t"
-      "vfmadd231ps %%zmm12, %%zmm13, %%zmm1\n\t"
-      "vfmadd231ps %%zmm12, %%zmm13, %%zmm2\n\t"
-      "vfmadd231ps %%zmm12, %%zmm13, %%zmm3\n\t"
-      "vfmadd231ps %%zmm12, %%zmm13, %%zmm4\n\t"
-      "vfmadd231ps %%zmm12, %%zmm13, %%zmm5\n\t"
-      "vfmadd231ps %%zmm12, %%zmm13, %%zmm6\n\t"
-      "vfmadd231ps %%zmm12, %%zmm13, %%zmm7\n\t"
-      "vfmadd231ps %%zmm12, %%zmm13, %%zmm8\n\t"
-      "vfmadd231ps %%zmm12, %%zmm13, %%zmm9\n\t"
-      "vfmadd231ps %%zmm12, %%zmm13, %%zmm10\n\t"
-      "vfmadd231ps %%zmm12, %%zmm13, %%zmm11\n\t"
+      KESTREL_FMA(12, 13, 0) KESTREL_FMA(12, 13, 1) KESTREL_FMA(12, 13, 2) KESTREL_FMA(12, 13, 3)
+      KESTREL_FMA(12, 13, 4) KESTREL_FMA(12, 13, 5) KESTREL_FMA(12, 13, 6) KESTREL_FMA(12, 13, 7)
+      KESTREL_FMA(12, 13, 8) KESTREL_FMA(12, 13, 9) KESTREL_FMA(12, 13, 10) KESTREL_FMA(12, 13, 11)
       "dec %0\n\t"
       "jnz 1b\n\t"
       : "+r"(iters)
@@ -82,26 +84,24 @@ void fma_chains(int64_t iters) {
         "xmm13", "cc");
 }
 
-// One chain of 8 dependent FMAs per iteration: 8 × 4 cycles (vfmadd231ps zmm latency on Skylake-SP through Sapphire
-// Rapids and on Zen 4), so iterations · 32 / seconds is the core clock.
+// One chain of 8 dependent FMAs per iteration: 8 × 4 cycles (vfmadd231ps latency on Skylake-SP through Sapphire
+// Rapids, on Zen 2/3 (ymm) and on Zen 4), so iterations · 32 / seconds is the core clock.
 void fma_dependent(int64_t iters) {
   asm volatile(
-      "vxorps %%zmm0, %%zmm0, %%zmm0\n\t"
+      "vxorps %%" KESTREL_PEAK_REG "0, %%" KESTREL_PEAK_REG "0, %%" KESTREL_PEAK_REG "0\n\t"
       "1:\n\t"
-      "vfmadd231ps %%zmm0, %%zmm0, %%zmm0\n\t"
-      "vfmadd231ps %%zmm0, %%zmm0, %%zmm0\n\t"
-      "vfmadd231ps %%zmm0, %%zmm0, %%zmm0\n\t"
-      "vfmadd231ps %%zmm0, %%zmm0, %%zmm0\n\t"
-      "vfmadd231ps %%zmm0, %%zmm0, %%zmm0\n\t"
-      "vfmadd231ps %%zmm0, %%zmm0, %%zmm0\n\t"
-      "vfmadd231ps %%zmm0, %%zmm0, %%zmm0\n\t"
-      "vfmadd231ps %%zmm0, %%zmm0, %%zmm0\n\t"
+      KESTREL_FMA(0, 0, 0) KESTREL_FMA(0, 0, 0) KESTREL_FMA(0, 0, 0) KESTREL_FMA(0, 0, 0)
+      KESTREL_FMA(0, 0, 0) KESTREL_FMA(0, 0, 0) KESTREL_FMA(0, 0, 0) KESTREL_FMA(0, 0, 0)
       "dec %0\n\t"
       "jnz 1b\n\t"
       : "+r"(iters)
       :
       : "xmm0", "cc");
 }
+#undef KESTREL_FMA
+constexpr int kPeakLanesOrZero = kPeakLanes;
+#else
+constexpr int kPeakLanesOrZero = 0;
 #endif
 
 // Seconds for every OpenMP thread to run body() at once (started together behind a barrier).
@@ -121,12 +121,12 @@ double all_threads(F&& body) {
 
 Peak measure_peak(int trials) {
   Peak p;
-#if defined(__AVX512F__)
+#if defined(KESTREL_PEAK_REG)
   constexpr int64_t kIters = 120'000'000, kClockIters = 25'000'000;
   const int threads = omp_get_max_threads();
   for (int t = 0; t < trials; ++t) {
     const double s = all_threads([] { fma_chains(kIters); });
-    p.gflops.push_back(threads * static_cast<double>(kIters) * kFmaChains * 32 / s / 1e9);
+    p.gflops.push_back(threads * static_cast<double>(kIters) * kFmaChains * kPeakLanes * 2 / s / 1e9);
   }
   std::sort(p.gflops.begin(), p.gflops.end());
   // All threads at once, as during the encoder; best of 3.
@@ -135,7 +135,7 @@ Peak measure_peak(int trials) {
                                           fma_dependent(kClockIters);
                                         }) / 1e9);
 #else
-  (void)trials;  // the peak loop is AVX-512 code: without it no peak is measured (shares print as 0)
+  (void)trials;  // the peak loop needs AVX-512 or AVX2 + FMA: without them no peak is measured (shares print as 0)
 #endif
   return p;
 }
@@ -181,10 +181,12 @@ int main(int argc, char** argv) {
                                    {"intermediate", v->intermediate}, {"heads", v->num_heads}}},
                         {"threads", omp_get_max_threads()},
                         {"peak_model",
-                         "measured (peak_before / peak_after); theoretical_peak_at_clock_before_gflops assumes "
-                         "threads x clock x 2 zmm FMA per cycle x 16 lanes x 2 FLOP (Xeon, Zen 5); "
+                         "measured (peak_before / peak_after) with the build's widest FMA (peak_lanes: 16 zmm, 8 "
+                         "ymm); theoretical_peak_at_clock_before_gflops assumes threads x clock x 2 FMA per cycle "
+                         "x peak_lanes x 2 FLOP (Xeon, Zen 5 with zmm; Zen 2/3 with ymm); "
                          "flop_per_cycle_per_thread_before is what the machine gave (32 where a core issues one "
                          "zmm FMA per cycle, e.g. Zen 4)"},
+                        {"peak_lanes", kPeakLanesOrZero},
                         {"rows", nlohmann::json::array()}};
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -219,7 +221,8 @@ int main(int argc, char** argv) {
     std::sort(ms.begin(), ms.end());
     const double gflop = tower_flops(*v, n) / 1e9, rate = gflop / (ms.front() / 1e3);
     const auto pct = [&](const Peak& p) { return p.max() > 0 ? 100 * rate / p.max() : 0.0; };
-    // FLOP per cycle per thread of the peak loop: 64 with two zmm FMA units per core, 32 with one (Zen 4).
+    // FLOP per cycle per thread of the peak loop: 64 with two zmm FMA units per core, 32 with one (Zen 4) or with two
+    // ymm units (Zen 2/3).
     const auto flop_per_cycle = [&](const Peak& p) { return p.clock_ghz > 0 ? p.max() / threads / p.clock_ghz : 0.0; };
     std::printf("%8lld %8lld %9.1f %9.1f %9.1f %9.1f %8.1f %7.1f (%5.1f-) %7.1f (%5.1f-) %6.1f%% %6.1f%% %5.2f/%4.2f\n",
                 static_cast<long long>(tokens), static_cast<long long>(n), gflop, ms.front(), ms[ms.size() / 2],
@@ -259,7 +262,7 @@ int main(int argc, char** argv) {
     out["rows"].push_back({{"image_tokens", tokens}, {"patches", n}, {"gflop", gflop}, {"ms", ms},
                            {"best_ms", ms.front()}, {"gflops_best", rate}, {"peak_before", peak_json(before)},
                            {"peak_after", peak_json(after)},
-                           {"theoretical_peak_at_clock_before_gflops", threads * before.clock_ghz * 64},
+                           {"theoretical_peak_at_clock_before_gflops", threads * before.clock_ghz * 2 * kPeakLanesOrZero * 2},
                            {"flop_per_cycle_per_thread_before", flop_per_cycle(before)},
                            {"percent_of_peak_before", pct(before)}, {"percent_of_peak_after", pct(after)},
                            {"stages_of_best", stages_json}});

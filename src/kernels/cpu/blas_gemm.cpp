@@ -1,6 +1,6 @@
 // fp32 GEMM over OpenBLAS for the vision tower and projector (blas_gemm.h): cblas_sgemm, the output columns split
 // among the OpenMP threads, the zero-row padding that keeps every product on OpenBLAS's blocked kernels, and the
-// slice-by-slice decode of non-fp32 weights.
+// slice-by-slice decode of non-fp32 weights (packed for the fixed-order GEMM on OpenBLAS's AVX2 cores).
 #include "kernels/cpu/blas_gemm.h"
 
 #include <cblas.h>
@@ -12,6 +12,7 @@
 #include <string>
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/fixed_order_gemm.h"
 #include "kernels/cpu/scratch.h"
 
 namespace kestrel::kernels {
@@ -59,8 +60,26 @@ void run_columns(const WeightMatrix& w, const float* x, int64_t T, float* y, Gem
       std::max<int64_t>(kGemmColumnAlign, kDecodeSliceFloats / K / kGemmColumnAlign * kGemmColumnAlign);
   const int64_t slices = (cols + max_cols - 1) / max_cols;
   const int64_t width = (cols / slices + kGemmColumnAlign - 1) / kGemmColumnAlign * kGemmColumnAlign;
+  const bool fixed_order = !sgemm_rows_invariant();
   for (int64_t n0 = c0; n0 < c1; n0 += width) {
     const int64_t nn = std::min(width, c1 - n0);
+    if (fixed_order) {  // Kestrel's fixed-order product: its rows of B packed in panels (decoded row by row)
+      float* packed = thread_scratch(kScratchBlasWeights, static_cast<size_t>(fixed_gemm_packed_floats(nn, K)));
+      float* row = thread_scratch(kScratchBlasPadX, static_cast<size_t>(K));
+      for (int64_t r = 0; r < nn; ++r) {
+        if (w.format == WeightFormat::kF32) {
+          fixed_gemm_pack_row(static_cast<const float*>(w.data) + (n0 + r) * K, r, K, packed);
+        } else {
+          decode_row(w, n0 + r, row);
+          fixed_gemm_pack_row(row, r, K, packed);
+        }
+      }
+      fixed_gemm_pack_zero_rows(nn, K, packed);
+      fixed_order_gemm(T, nn, K, x, K, packed, y + n0, w.out);
+      if (epilogue != GemmEpilogue::kNone)
+        for (int64_t t = 0; t < T; ++t) apply_epilogue(y + t * w.out + n0, nn, epilogue);
+      continue;
+    }
     const float* B = static_cast<const float*>(w.data) + n0 * K;
     if (w.format != WeightFormat::kF32) {
       float* buf = thread_scratch(kScratchBlasWeights, static_cast<size_t>(nn * K));
@@ -85,11 +104,6 @@ bool sgemm_rows_invariant() {
 
 void matmul_sgemm(const WeightMatrix& w, const float* x, int64_t T, float* y, GemmEpilogue epilogue) {
   if (T <= 0) return;
-  if (!sgemm_rows_invariant()) {  // Kestrel's own fp32 product: a row's bits never depend on the batch or threads
-    matmul(w, x, T, y);
-    apply_epilogue(y, T * w.out, epilogue);
-    return;
-  }
   if (omp_get_max_threads() == 1) {
     run_columns(w, x, T, y, epilogue, 0, w.out);
     return;

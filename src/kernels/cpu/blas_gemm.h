@@ -31,8 +31,9 @@ enum class GemmEpilogue { kNone, kGeluTanh, kGeluErf };  // kGeluErf: nn.GELU(),
 // at a time (at most kDecodeSliceFloats floats, per-thread buffer) and multiplied slice by slice.
 // On an OpenBLAS core other than its AVX-512 ones (SkylakeX, Cooperlake, SapphireRapids) the row invariance above does
 // not hold (its AVX2 cores, Zen and Haswell, give a row other bits at another place in the product; docs/vision.md
-// §5.4), so there the product runs on Kestrel's own fp32 kernels (matmul, linear.h), whose rows never depend on the
-// batch or the thread count: the same guarantee, not the same bits as OpenBLAS, slower.
+// §5.4), so there each slice runs on Kestrel's fixed-order GEMM instead (fixed_order_gemm.h: every element one FMA
+// chain over K, register-blocked), with the same column split among threads: the same guarantee, not the same bits
+// as OpenBLAS.
 void matmul_sgemm(const WeightMatrix& w, const float* x, int64_t T, float* y,
                   GemmEpilogue epilogue = GemmEpilogue::kNone);
 // Whether OpenBLAS's core keeps a row's bits independent of the product (the path matmul_sgemm takes).

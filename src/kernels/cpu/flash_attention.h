@@ -2,7 +2,8 @@
 // tower's attention, docs/vision.md §5.4): the keys and values are packed once per head, then each block of query
 // rows walks the keys kKeyTile at a time, so its score tile (rows × kKeyTile) stays in L2 instead of a whole
 // rows × n score block. AVX-512 register-blocked products (12 query rows × 32 keys for the scores, 6 rows × 64
-// value columns for P·V), libmvec's 16-lane expf; a scalar version of the same tile order elsewhere.
+// value columns for P·V), libmvec's 16-lane expf; with AVX2 + FMA only, 6 rows × 16 keys and 6 rows × 16 value
+// columns, libmvec's 8-lane expf; a scalar version of the same tile order elsewhere.
 // Arithmetic: an output element is a fixed-order function of its query row and of the keys and values alone — no
 // dependence on the other rows of its block, on the block size or on threads — so an image's rows are the same bits
 // alone or in any batch, and run to run.

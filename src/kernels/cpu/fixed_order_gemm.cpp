@@ -23,7 +23,9 @@ constexpr int64_t kRowBlock = 96;   // rows per pass over the panels: 96 KiB of 
 #if defined(__AVX2__) && defined(__FMA__)
 template <int R>
 void tile(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t k1, float* c, int64_t ldc, bool first) {
+  // Every loop over acc is unrolled: otherwise GCC 12 keeps the accumulators on the stack.
   __m256 acc[R][2];
+#pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
     acc[r][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + r * ldc);
     acc[r][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + r * ldc + 8);
@@ -37,6 +39,7 @@ void tile(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t k
       acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
     }
   }
+#pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
     _mm256_storeu_ps(c + r * ldc, acc[r][0]);
     _mm256_storeu_ps(c + r * ldc + 8, acc[r][1]);

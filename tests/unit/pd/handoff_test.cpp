@@ -273,6 +273,16 @@ TEST_P(Handoff, EveryPartOfTheStateMatters) {
 class HandoffFault : public Handoff {
  protected:
   // `reason`: the DecodeCounts failure counter this failure must land in.
+  // Every deadline 10 minutes away: whatever ends in such a test ends because of a cancel or a withdrawal (or the
+  // test runs into its own time limit).
+  void open_pair_far_deadlines() {
+    PrefillHandoffOptions p;
+    p.destinations_timeout = p.transfer_timeout = std::chrono::minutes(10);
+    DecodeHandoffOptions d;
+    d.transfer_timeout = std::chrono::minutes(10);
+    open_pair(p, d);
+  }
+
   void expect_failed_cleanly(const Collected& got, const char* why, uint64_t DecodeCounts::*reason) {
     EXPECT_EQ(got.finish, FinishReason::kError);
     EXPECT_NE(got.error.find("hand-off"), std::string::npos) << got.error;
@@ -427,12 +437,7 @@ TEST_P(HandoffFault, WithoutQueuedNoticesAQueuedPrefillMissesTheDeadline) {
 // reserved and advertised for the room. The decode's reservation is answered with a withdrawal: the request ends
 // now with a clear error and its memory returns, not at a deadline 10 minutes away.
 TEST_P(HandoffFault, PrefillRefusalReleasesTheDecodeReservation) {
-  PrefillHandoffOptions p;
-  p.destinations_timeout = std::chrono::minutes(10);
-  p.transfer_timeout = std::chrono::minutes(10);
-  DecodeHandoffOptions d;
-  d.transfer_timeout = std::chrono::minutes(10);
-  open_pair(p, d);
+  open_pair_far_deadlines();
   Client dc, pc;
   ASSERT_TRUE(decode_->submit(dc.make(prompt(30, 4), 6), 41, prefill_->instance()));
   for (int i = 0; i < 500 && decode_->counts().registry.in_flight == 0; ++i) std::this_thread::sleep_for(5ms);
@@ -451,12 +456,7 @@ TEST_P(HandoffFault, PrefillRefusalReleasesTheDecodeReservation) {
 // A client cancel while the request is reserved (decode) or parked (prefill). The deadlines are far away (10
 // minutes): everything here ends because of the cancel, or the test runs into its own time limit.
 TEST_P(HandoffFault, CancelWhileHandedOff) {
-  PrefillHandoffOptions p;
-  p.destinations_timeout = std::chrono::minutes(10);
-  p.transfer_timeout = std::chrono::minutes(10);
-  DecodeHandoffOptions d;
-  d.transfer_timeout = std::chrono::minutes(10);
-  open_pair(p, d);
+  open_pair_far_deadlines();
   // Decode side reserved and advertised, cancelled before its prefill request even came: the prefill remembers
   // the room and answers its destinations with a withdrawal (the decode's memory returns at once, not
   // quarantined), and refuses the request when it comes.

@@ -13,7 +13,7 @@ awk '
       printed = 0
       for (i = 1; i <= nlines && printed < 160; ++i) {
         # GoogleTest: "file:line: Failure" and the lines of its message; pytest: E lines, FAILED/ERROR summaries,
-        # and the server log lines tests/integration/conftest.py adds to a failed test's report.
+        # and the server log lines that tests/integration/conftest.py adds to the report of a failed test.
         if (lines[i] ~ /: Failure$/ || lines[i] ~ /^\[  FAILED  \]/) { n = 8 }
         if (n > 0 || lines[i] ~ /^(FAILED|ERROR) / || lines[i] ~ /^E  / || lines[i] ~ /^[^ ]+\.py:[0-9]+: / ||
             lines[i] ~ /^kestrel-log\| /) {

@@ -22,7 +22,9 @@ LOG_PREFIX = "kestrel-log| "  # scripts/ctest-failures.sh prints these lines of 
 
 
 class Server:
-    started = []  # every server of this pytest run: their logs go into the report of a test that fails
+    # Every server of this pytest run (and any object with .proc, .port and .log a test file adds, such as a
+    # cell's mpiexec): their logs go into the report of a test that fails.
+    started = []
 
     def __init__(self, extra_args=(), api_key=None, model_args=("--preset", "k3-default"), env=None):
         self.port = free_port()
@@ -79,15 +81,17 @@ class Server:
         return self.proc.wait(timeout=timeout)
 
 
-    def log_tail(self, lines=25):
-        """The server's last log lines, without the banner it prints at start."""
-        try:
-            with open(self.log.name, errors="replace") as f:
-                text = f.read().splitlines()
-        except OSError as e:
-            return ["(log unreadable: %s)" % e]
-        text = [t for t in text if not t.startswith(("curl ", "kestrel serve: from a shell", "kestrel serve: ready"))]
-        return text[-lines:]
+
+
+def log_tail(path, lines=25):
+    """A server's last log lines, without the banner it prints at start."""
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read().splitlines()
+    except OSError as e:
+        return ["(log unreadable: %s)" % e]
+    text = [t for t in text if not t.startswith(("curl ", "kestrel serve: from a shell", "kestrel serve: ready"))]
+    return text[-lines:]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -113,7 +117,7 @@ def pytest_runtest_makereport(item, call):
             continue
         state = "running" if running else "exited %s" % s.proc.returncode
         out.append(LOG_PREFIX + "server on port %d (%s), %s:" % (s.port, state, s.log.name))
-        out += [LOG_PREFIX + "  " + line for line in s.log_tail()]
+        out += [LOG_PREFIX + "  " + line for line in log_tail(s.log.name)]
     if out:
         rep.sections.append(("kestrel serve logs", "\n".join(out)))
 

@@ -19,7 +19,7 @@ import urllib.request
 
 import openai
 import pytest
-from conftest import free_port
+from conftest import Server, free_port
 from mpi_cell import ENV, MPI_FLAGS, MPIEXEC, alive, rank_pids
 
 BINARY = os.environ.get("KESTREL_BINARY", "build/release/kestrel")
@@ -46,6 +46,7 @@ class Proc:
         self.log = tempfile.NamedTemporaryFile(prefix="kestrel-cell-serve-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(cmd, env=dict(ENV, KESTREL_CACHE_DIR=CACHE), stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
+        Server.started.append(self)  # its log goes into the report if the test fails
         deadline = time.time() + 180
         while time.time() < deadline:
             assert self.proc.poll() is None, "server exited: " + self.text()
@@ -74,7 +75,6 @@ class Proc:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-        os.unlink(self.log.name)
 
 
 PROMPTS = ["Hello there", "What is a cell?", "Count: one two three", "Tell me about experts", "zz",

@@ -1,7 +1,9 @@
 """Images are encoded off the HTTP I/O threads, on a bounded pool (server/image_queue.h, docs/vision.md §7).
 
 The server runs with one HTTP I/O thread, one image worker and room for one waiting request. While a request with
-four 896x896 images (4 x 1024 tokens, seconds of encoder work) is being encoded, /health and a text-only chat
+four 1792x1792 images (4 x 4096 tokens: attention grows with the square of an image's tokens, so this is seconds of
+encoder work even where the encoder runs at 70 % of the fp32 peak; 896x896 images, 4 x 1024 tokens, were encoded
+before a text request was answered on a 2-vCPU Zen 3) is being encoded, /health and a text-only chat
 request are answered and /metrics still shows the image request running, so neither waited for the encoder. A
 second image request waits, a third is refused with 429 at once. The client of the first one then hangs up: the
 encoding is stopped and dropped (kestrel_image_requests_cancelled_total), its worker is freed, and the waiting
@@ -48,7 +50,7 @@ def chat_body(n_images, size=896, seed=0, text="Describe these pictures."):
 @pytest.fixture(scope="module")
 def server():
     s = Server(extra_args=("--http-threads", "1", "--image-workers", "1", "--image-queue", "1", "--max-images", "4",
-                           "--max-context", "8192", "--max-body-mib", "16"))
+                           "--max-context", "20480", "--max-body-mib", "32"))
     yield s
     s.stop()
 
@@ -71,7 +73,7 @@ def wait_metric(server, name, pred, timeout=60):
 
 
 def test_io_thread_serves_while_images_encode_and_a_cancelled_request_frees_its_worker(server):
-    big = chat_body(4, seed=1)
+    big = chat_body(4, size=1792, seed=1)
     first = open_post(server, big)
     wait_metric(server, "kestrel_image_requests_running", lambda v: v == 1)
 

@@ -77,6 +77,11 @@ class Proc:
             self.proc.wait()
 
 
+# For the tests about answers, not liveness: a 2-vCPU CI machine running other suites beside this one starved
+# rank 1's heartbeat thread for over 5 s (logged "rank 1 sent no heartbeat for 5000 ms", the default
+# --cell-deadline-ms, which then ends the cell as designed for a frozen rank), so these give the watchdog room.
+PATIENT = ("--cell-liveness-ms", "5000", "--cell-deadline-ms", "60000")
+
 PROMPTS = ["Hello there", "What is a cell?", "Count: one two three", "Tell me about experts", "zz",
            "Kestrel serves Kimi", "A longer prompt with several more words in it than the others", "ok",
            "Ranks step in lockstep", "Pages and slots", "Nine", "Ten tokens or so, give or take a few",
@@ -140,7 +145,7 @@ def test_cell_serve_answers_equal_one_process_bit_for_bit():
         expected = [complete(one.client, i) for i in range(len(PROMPTS))]  # one at a time
     finally:
         one.close()
-    cell = Proc(2)
+    cell = Proc(2, serve_extra=PATIENT)
     try:
         out = [None] * len(PROMPTS)
         threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, stream(cell.client, i)))
@@ -180,7 +185,7 @@ def test_tensor_parallel_cell_serve_answers_equal_one_process():
         expected = [complete(one.client, i) for i in range(len(PROMPTS))]
     finally:
         one.close()
-    cell = Proc(2, serve_extra=("--tp", "2"))
+    cell = Proc(2, serve_extra=("--tp", "2", *PATIENT))
     try:
         out = [None] * len(PROMPTS)
         threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, stream(cell.client, i)))
@@ -343,7 +348,9 @@ def kill_leftovers(pids):
 
 
 def test_sigkill_of_rank_1_fails_health_before_the_cell_ends():
-    cell = Proc(2)
+    # A killed rank is noticed by its closed connection, at once, whatever the window: a 5 s window keeps a loaded
+    # machine's late heartbeats from answering 503 before the kill.
+    cell = Proc(2, serve_extra=["--cell-liveness-ms", "5000"])
     pids = {}
     try:
         pids = rank_pids(cell.proc.pid)
@@ -361,7 +368,8 @@ def test_sigkill_of_rank_1_fails_health_before_the_cell_ends():
         poller.stop()
         streamer.join(10)
         assert rc != 0
-        before = [s[1] for s in poller.seen if s[3] < killed]  # answered before the kill
+        # Answered before the kill: healthy. A /health request that timed out (1 s, a loaded machine) says nothing.
+        before = [s[1] for s in poller.seen if s[3] < killed and s[1] != "TimeoutError"]
         assert before and set(before) == {200}, before
         after, first = health_after(poller, killed)
         print(f"SIGKILL of rank 1: first 503 {first[0] - killed:.3f} s after, answers "
@@ -370,7 +378,7 @@ def test_sigkill_of_rank_1_fails_health_before_the_cell_ends():
         assert "rank 1" in first[2], first
         # Healthy until the 503, never healthy again, and the server went away only after it said so.
         until = after[:after.index(first)]
-        assert all(s[1] == 200 for s in until), until
+        assert all(s[1] in (200, "TimeoutError") for s in until), until
         assert all(s[1] != 200 for s in after[after.index(first):]), after
         log = cell.text()
         assert "cell unhealthy, /health answers 503: rank 1 closed its liveness connection" in log, log
@@ -410,7 +418,7 @@ def test_sigstop_of_rank_1_fails_health_within_the_window_then_ends_the_cell():
         # The window, plus one poll and some scheduling slack on a loaded 2-core machine.
         assert first[0] - stopped < window_ms / 1000 + 1.0, first[0] - stopped
         until = after[:after.index(first)]
-        assert all(s[1] == 200 for s in until), until
+        assert all(s[1] in (200, "TimeoutError") for s in until), until
         assert all(s[1] != 200 for s in after[after.index(first):]), after
         log = cell.text()
         assert "cell unhealthy, /health answers 503: rank 1 sent no heartbeat" in log, log

@@ -231,10 +231,22 @@ Result<RemoteKey> Endpoint::unpack_rkey(std::span<const std::byte> packed) {
   if (closed_ || close_request_ != nullptr || failed()) {
     return unavailable("disagg: rkey unpack on a failed or closed endpoint");
   }
+  if (worker_.peer_failure() != PeerFailure::kUcx && peer_) {
+    // Same host: the peer's segments attached here first, so that they outlive it until this endpoint closes
+    // (PeerSegments: the few microseconds between the liveness check below and UCX's own attach).
+    if (std::optional<uint32_t> pid = worker_.pid_of(*peer_)) {
+      Status pinned = segments_.pin(*pid);
+      if (!pinned.is_ok()) {
+        return unavailable("disagg: the peer's process (instance " + std::to_string(*peer_) +
+                           ") has exited or is exiting: its remote key is not unpacked (" + pinned.message() + ")");
+      }
+    }
+  }
   if (peer_gone()) {
     return unavailable("disagg: the peer's process (instance " + std::to_string(*peer_) +
                        ") has exited or is exiting: its remote key is not unpacked");
   }
+  if (FaultPolicy* faults = worker_.faults()) faults->before_rkey_unpack();
   ucp_rkey_h rkey = nullptr;
   ucs_status_t st = ucp_ep_rkey_unpack(ep_, packed.data(), &rkey);
   if (st != UCS_OK) return ucx_error(st, "ucp_ep_rkey_unpack");
@@ -309,6 +321,7 @@ Status Endpoint::close(Deadline deadline) {
   closed_ = true;
   reap_sends();  // every request on the endpoint has completed by now
   rkeys_.clear();  // no put through them is left (an unfinished close keeps them for its requests)
+  segments_.release();  // after the keys: UCX's own attachments are gone first
   sends_.clear();
   if (flushed.is_ok() && st != UCS_OK && st != UCS_ERR_CANCELED && !failed()) {
     flushed = ucx_error(st, "ucp_ep_close_nbx");

@@ -26,6 +26,7 @@
 #include "disagg/deadline.h"
 #include "disagg/memory.h"
 #include "disagg/messages.h"
+#include "disagg/peer_segments.h"
 #include "disagg/worker.h"
 
 namespace kestrel::disagg {
@@ -63,7 +64,9 @@ class Endpoint {
 
   // kUnavailable without asking UCX when peer_gone(): unpacking the key of a shared-memory region maps the
   // region into this process (posix/sysv), and in UCX 1.13 an unpack whose segment is gone (its owner exited)
-  // crashes in UCX's error path (ucp_ep_rkey_unpack releases the key it did not finish unpacking).
+  // crashes in UCX's error path (ucp_ep_rkey_unpack releases the key it did not finish unpacking). Before the
+  // check, a same-host peer's System V segments are attached here (PeerSegments, until close()), so that one
+  // that dies right after the check leaves its segments in place for UCX's attach.
   Result<RemoteKey> unpack_rkey(std::span<const std::byte> packed);
   // The key unpacked once per endpoint and kept until the endpoint is closed: a peer advertises the same regions
   // (registered once) with every transfer, and a fresh unpack per transfer would map the region anew and fault in
@@ -117,6 +120,8 @@ class Endpoint {
     std::unique_ptr<RemoteKey> key;  // null: the unpack failed with `error`
     Status error;
   };
+  PeerSegments segments_;  // a same-host peer's segments, attached before its keys are unpacked (declared first:
+                           // destroyed after the keys)
   std::vector<CachedKey> rkeys_;
   size_t heartbeats_outstanding_ = 0;
 };

@@ -30,6 +30,9 @@ class FaultPolicy {
   virtual bool drop_message(uint16_t kind) = 0;
   // Called on every progress call of the worker that holds the policy; true skips UCX progress (a frozen process).
   virtual bool stall_progress() = 0;
+  // Called right before UCX unpacks a peer's remote key, after the peer's liveness check (Endpoint::unpack_rkey):
+  // a test kills the peer here.
+  virtual void before_rkey_unpack() {}
 };
 
 }  // namespace kestrel::disagg

@@ -3,9 +3,11 @@
 //   normal: puts a deterministic pattern into every range (byte j of range i = (7 i + 13 j + 1) mod 256), flushes,
 //           sends the completion;
 //   stop:   raises SIGSTOP (a frozen process: no puts, no heartbeats) and does the normal work if continued;
-//   hold:   prints "held" and only progresses (heartbeats), waiting to be killed.
+//   hold:   prints "held" and only progresses (heartbeats), waiting to be killed;
+//   own:    does not wait for destinations: allocates a region through UCX (shared memory when the context has
+//           it), prints "key <packed remote key hex>" and only progresses (heartbeats), waiting to be killed.
 // Afterwards it progresses until the decode side has closed (its endpoint fails, or it has been silent for 500 ms).
-// Usage: disagg_peer address|sockaddr normal|stop|hold TRANSFER_ID. Prints "<instance> <pid> <address hex|port>"
+// Usage: disagg_peer address|sockaddr normal|stop|hold|own TRANSFER_ID. Prints "<instance> <pid> <address hex|port>"
 // first; in address mode it reads the decode worker's address (hex) from stdin before connecting.
 #include <csignal>
 #include <cstdio>
@@ -36,7 +38,7 @@ int fail(const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) return fail("usage: disagg_peer address|sockaddr normal|stop|hold TRANSFER_ID");
+  if (argc != 4) return fail("usage: disagg_peer address|sockaddr normal|stop|hold|own TRANSFER_ID");
   const std::string mode = argv[1], behaviour = argv[2];
   const uint64_t id = std::stoull(argv[3]);
   WorkerOptions options;
@@ -60,6 +62,16 @@ int main(int argc, char** argv) {
     auto e = listener->accept(Deadline::after(milliseconds(10000)));
     if (!e) return fail(e.error().message());
     ep = std::move(*e);
+  }
+  if (behaviour == "own") {
+    auto region = Region::allocate(w.shared_context(), size_t{8} << 20);
+    if (!region) return fail(region.error().message());
+    std::cout << "key " << to_hex((*region)->packed_rkey()) << std::endl;
+    Deadline limit = Deadline::after(milliseconds(20000));
+    while (!limit.expired() && !ep->failed()) {
+      if (!w.progress()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return 0;
   }
   uint64_t sender = 0;
   auto dst = wait_destinations(w, id, Deadline::after(milliseconds(10000)), &sender);

@@ -2,16 +2,21 @@
 // worker address when UCX_TLS names shared memory only, else by sockaddr (the child listens on loopback TCP).
 // A transfer of scattered ranges lands and verifies; a peer frozen by SIGSTOP and a peer killed with SIGKILL
 // fail the transfer within bounds (UCX's endpoint error on tcp, heartbeat silence on shared memory); quarantined
-// memory is released only once the peer can no longer write; the registry ends with nothing held.
+// memory is released only once the peer can no longer write; the registry ends with nothing held. Over shared
+// memory, a peer that owns a UCX-allocated region and dies before its remote key is unpacked here never crashes
+// this side (UCX 1.13's unpack error path does): its System V segment is attached here first (PeerSegments).
 #include <gtest/gtest.h>
 
 #include <poll.h>
+#include <sys/ipc.h>
+#include <sys/shm.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
 #include <cstring>
+#include <fstream>
 #include <sstream>
 #include <string>
 
@@ -37,10 +42,51 @@ bool by_address() {
   return !t.empty() && t.count("tcp") == 0;
 }
 
+// The System V segments of at least `min_bytes` mapped into a process (shmid: the inode column of /proc/PID/maps).
+std::set<int> sysv_segments(pid_t pid, size_t min_bytes) {
+  std::set<int> ids;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/maps");
+  for (std::string line; std::getline(f, line);) {
+    std::istringstream fields(line);
+    std::string range, perms, offset, dev, path;
+    long long inode = -1;
+    if (!(fields >> range >> perms >> offset >> dev >> inode >> path) || path.rfind("/SYSV", 0) != 0) continue;
+    const size_t dash = range.find('-');
+    const size_t bytes = std::stoull(range.substr(dash + 1), nullptr, 16) - std::stoull(range.substr(0, dash), nullptr, 16);
+    if (bytes >= min_bytes) ids.insert(static_cast<int>(inode));
+  }
+  return ids;
+}
+
+bool segment_exists(int shmid) {
+  shmid_ds info{};
+  return shmctl(shmid, IPC_STAT, &info) == 0;
+}
+
+// Kills the child with SIGKILL and reaps it right before UCX unpacks its key: after the liveness check passed.
+class KillBeforeUnpack : public FaultPolicy {
+ public:
+  explicit KillBeforeUnpack(Child& child) : child_(child) {}
+  PutFault on_put(uint64_t, size_t, size_t) override { return {}; }
+  bool drop_message(uint16_t) override { return false; }
+  bool stall_progress() override { return false; }
+  void before_rkey_unpack() override {
+    ++calls;
+    if (child_.pid > 0 && kill(child_.pid, SIGKILL) == 0) status = child_.reap(milliseconds(5000));
+  }
+  int calls = 0;
+  int status = -1;
+
+ private:
+  Child& child_;
+};
+
 class DisaggPeer : public ::testing::Test {
  protected:
   void start(const std::string& behaviour) {
-    worker = std::move(Worker::create({}).value());
+    WorkerOptions options;
+    options.faults = faults.get();
+    worker = std::move(Worker::create(options).value());
     ASSERT_NO_FATAL_FAILURE(child.spawn({KESTREL_DISAGG_PEER, by_address() ? "address" : "sockaddr", behaviour,
                                          std::to_string(kTransfer)}));
     std::istringstream hello(child.line(milliseconds(10000)));
@@ -90,7 +136,19 @@ class DisaggPeer : public ::testing::Test {
     worker.reset();
   }
 
+  // The owner's packed key ("key <hex>" from disagg_peer own), once its pid is known here (its first heartbeat).
+  std::vector<std::byte> owners_key() {
+    std::istringstream line(child.line(milliseconds(10000)));
+    std::string word, hex;
+    EXPECT_TRUE(line >> word >> hex && word == "key") << "no key from disagg_peer";
+    Deadline d = Deadline::after(milliseconds(10000));
+    while (!worker->pid_of(ep->peer().value()) && !d.expired()) worker->progress();
+    EXPECT_EQ(worker->pid_of(ep->peer().value()), std::optional<uint32_t>(static_cast<uint32_t>(child.pid)));
+    return from_hex(hex);
+  }
+
   Child child;
+  std::unique_ptr<KillBeforeUnpack> faults;  // set before start(); outlives the worker
   std::unique_ptr<Worker> worker;
   std::unique_ptr<Endpoint> ep;
   std::vector<std::byte> pool;
@@ -187,6 +245,52 @@ TEST_F(DisaggPeer, KilledPeerFailsTheTransferAndIsReleasedAfterClose) {
   EXPECT_FALSE(ep->peer_may_write());
   EXPECT_TRUE(registry.release_closed(*ep).is_ok());
   expect_nothing_held();
+}
+
+// The window the liveness check leaves: the owner of a shared-memory region dies after the check and before UCX
+// attaches its segment. Without the segment attached here first, the segment is gone when UCX attaches it and
+// UCX 1.13's unpack error path crashes this process (SIGSEGV). With it, the unpack succeeds into the orphaned
+// segment, which lives until the endpoint closes and is removed then: nothing is left behind.
+TEST_F(DisaggPeer, OwnerKilledRightAfterTheLivenessCheckLeavesItsSegmentUntilTheClose) {
+  if (!by_address()) GTEST_SKIP() << "over tcp a remote key maps nothing: no segment to lose";
+  faults = std::make_unique<KillBeforeUnpack>(child);
+  KillBeforeUnpack& kill_owner = *faults;
+  ASSERT_NO_FATAL_FAILURE(start("own"));
+  const std::vector<std::byte> key = owners_key();
+  const std::set<int> pools = sysv_segments(child.pid, size_t{8} << 20);
+  ASSERT_EQ(pools.size(), 1u) << "the owner's 8 MiB region is not one System V segment";
+  const int pool = *pools.begin();
+
+  Result<const RemoteKey*> k = ep->cached_rkey(key);
+  ASSERT_EQ(kill_owner.calls, 1);
+  ASSERT_NE(kill_owner.status, -1) << "the owner was not reaped before the unpack";
+  EXPECT_TRUE(WIFSIGNALED(kill_owner.status) && WTERMSIG(kill_owner.status) == SIGKILL);
+  ASSERT_TRUE(k) << k.error().message();
+  EXPECT_TRUE(segment_exists(pool));  // the owner is gone; the attachment here keeps the segment
+
+  ASSERT_TRUE(ep->close(Deadline::after(milliseconds(2000))).is_ok() || ep->closed());
+  ASSERT_TRUE(ep->closed());
+  EXPECT_FALSE(segment_exists(pool)) << "the dead owner's segment outlived the endpoint";
+}
+
+// The owner already gone when its key is to be unpacked: refused without asking UCX, and nothing attached.
+TEST_F(DisaggPeer, OwnerGoneBeforeTheUnpackIsRefused) {
+  if (!by_address()) GTEST_SKIP() << "over tcp a remote key maps nothing: no segment to lose";
+  ASSERT_NO_FATAL_FAILURE(start("own"));
+  const std::vector<std::byte> key = owners_key();
+  const std::set<int> pools = sysv_segments(child.pid, size_t{8} << 20);
+  ASSERT_EQ(pools.size(), 1u);
+  ASSERT_EQ(kill(child.pid, SIGKILL), 0);
+  ASSERT_NE(child.reap(milliseconds(5000)), -1);
+  EXPECT_FALSE(segment_exists(*pools.begin()));
+
+  Result<const RemoteKey*> k = ep->cached_rkey(key);
+  ASSERT_FALSE(k);
+  EXPECT_EQ(k.error().code(), StatusCode::kUnavailable);
+  EXPECT_NE(k.error().message().find("has exited or is exiting"), std::string::npos) << k.error().message();
+  Result<const RemoteKey*> again = ep->cached_rkey(key);  // not tried again
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().message(), k.error().message());
 }
 
 }  // namespace

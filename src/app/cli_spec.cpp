@@ -76,6 +76,9 @@ const std::vector<CommandSpec>& command_specs() {
          "prefill role: port of the bootstrap handshake (the router's bootstrap port; default: --port)"},
         {"handoff-timeout-ms", "N", "10000",
          "prefill / decode role: limit on each hand-off state (waiting for the decode side, the transfer)"},
+        {"handoff-failure", "POLICY", "fail",
+         "decode role: a request whose hand-off failed or whose prefill is unreachable ends with the error (fail) "
+         "or runs here from its prompt (recompute)"},
         {"max-images", "N", "8", "images per chat request (0: image input off)"},
         {"max-image-mib", "N", "20", "encoded bytes per image, MiB (the data: URL payload)"},
         {"max-image-pixels", "N", "40000000", "pixels per image, checked from the header before decoding"},

@@ -249,12 +249,18 @@ int cmd_serve(const std::vector<std::string>& argv) {
   }
   // Prefill / decode roles: the hand-off service in front of the scheduler (destroyed before it).
   std::unique_ptr<pd::PdService> pd_service;
+  const std::string on_failure = a->str("handoff-failure");
+  if (on_failure != "fail" && on_failure != "recompute")
+    return usage_error("serve", invalid_argument("--handoff-failure must be fail or recompute"));
+  if (on_failure == "recompute" && role != "decode")
+    return usage_error("serve", invalid_argument("--handoff-failure recompute applies to the decode role"));
   if (role != "both") {
     auto handoff_ms = a->integer("handoff-timeout-ms");
     if (!handoff_ms || *handoff_ms < 100 || *handoff_ms > 3'600'000)
       return usage_error("serve", invalid_argument("--handoff-timeout-ms must be in 100..3600000"));
     pd::PdServiceOptions po;
     po.role = role == "prefill" ? pd::Role::kPrefill : pd::Role::kDecode;
+    po.handoff_failure = on_failure == "recompute" ? pd::HandoffFailure::kRecompute : pd::HandoffFailure::kFail;
     // The model's identity by content (the two instances may load it from different paths or hosts).
     auto fp = cache_fingerprint(dir, kernels::bf16_acts_opt_in() || kernels::mxfp4_int8_enabled(), /*shared_tiers=*/true,
                                 !a->has("quiet"));

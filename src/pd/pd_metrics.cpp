@@ -77,4 +77,14 @@ std::string decode_metrics_text(const DecodeCounts& c) {
   return o;
 }
 
+std::string recompute_metrics_text(const RecomputeCounts& c) {
+  std::string o;
+  metric(o, "kestrel_pd_handoffs_recomputed_total", "counter",
+         "Requests run on this decode instance from their prompt after their hand-off failed or could not start.",
+         double(c.recomputed));
+  metric(o, "kestrel_pd_recompute_refused_total", "counter",
+         "Of those, the ones this instance could not run either (the client got both reasons).", double(c.failed));
+  return o;
+}
+
 }  // namespace kestrel::pd

@@ -7,10 +7,13 @@
 
 #include "pd/decode_handoff.h"
 #include "pd/prefill_handoff.h"
+#include "pd/recompute.h"
 
 namespace kestrel::pd {
 
 std::string prefill_metrics_text(const PrefillCounts& c);
 std::string decode_metrics_text(const DecodeCounts& c);
+// The decode role under --handoff-failure recompute (pd/recompute.h).
+std::string recompute_metrics_text(const RecomputeCounts& c);
 
 }  // namespace kestrel::pd

@@ -23,11 +23,13 @@ Result<std::unique_ptr<PdService>> PdService::create(Scheduler& scheduler, const
     auto s = DecodeHandoff::create(scheduler, options.decode);
     if (!s) return s.error();
     p->decode_ = std::move(*s);
+    if (options.handoff_failure == HandoffFailure::kRecompute) p->recompute_ = std::make_unique<Recompute>(scheduler);
   }
   return p;
 }
 
 PdService::~PdService() {
+  recompute_.reset();  // first: a hand-off failed while the sides go down reaches its client as an error
   prefill_.reset();
   decode_.reset();
 }
@@ -57,7 +59,15 @@ Result<uint64_t> PdService::submit(GenerationRequest req) {
     id = prefill_->submit(std::move(req), room);
   } else {
     auto peer = prefill_at(req.bootstrap.host, req.bootstrap.port);
-    id = peer ? decode_->submit(std::move(req), room, *peer) : Result<uint64_t>(peer.error());
+    if (!peer) {
+      // A prefill that cannot be reached (not a refused handshake: that is a configuration error).
+      const bool here = recompute_ && peer.error().code() == StatusCode::kUnavailable;
+      id = here ? recompute_->run_here(std::move(req), peer.error()) : Result<uint64_t>(peer.error());
+    } else {
+      std::shared_ptr<Recompute::Ticket> ticket = recompute_ ? recompute_->watch(req) : nullptr;
+      id = decode_->submit(std::move(req), room, *peer);
+      if (id && ticket) recompute_->submitted(ticket, *id);
+    }
   }
   if (!id) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -67,7 +77,10 @@ Result<uint64_t> PdService::submit(GenerationRequest req) {
 }
 
 std::string PdService::extra_metrics() const {
-  return prefill_ ? prefill_metrics_text(prefill_->counts()) : decode_metrics_text(decode_->counts());
+  if (prefill_) return prefill_metrics_text(prefill_->counts());
+  std::string text = decode_metrics_text(decode_->counts());
+  if (recompute_) text += recompute_metrics_text(recompute_->counts());
+  return text;
 }
 
 // The scheduler's cancel first: a parked or reserved request that its hand-off side releases then ends as
@@ -76,6 +89,7 @@ void PdService::cancel(uint64_t id) {
   sched_.cancel(id);
   if (prefill_) prefill_->cancel(id);
   if (decode_) decode_->cancel(id);
+  if (recompute_) recompute_->cancel(id);
 }
 
 void PdService::abandon() {

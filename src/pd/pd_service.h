@@ -6,7 +6,8 @@
 //   decode:  before the first request from a prefill, the bootstrap handshake (bootstrap.h) with it; then the
 //            request waits for its state (DecodeHandoff) and generates the rest.
 // A request without bootstrap fields, a room already in use, or a handshake refused (fingerprint mismatch) is
-// rejected with a clear error. Destroy this before the scheduler.
+// rejected with a clear error. A decode instance can run a request whose hand-off failed itself
+// (PdServiceOptions::handoff_failure). Destroy this before the scheduler.
 #pragma once
 
 #include <chrono>
@@ -18,6 +19,7 @@
 
 #include "pd/decode_handoff.h"
 #include "pd/prefill_handoff.h"
+#include "pd/recompute.h"
 #include "server/http_server.h"
 
 namespace kestrel::pd {
@@ -33,6 +35,9 @@ struct PdServiceOptions {
   PrefillHandoffOptions prefill;
   DecodeHandoffOptions decode;
   std::chrono::milliseconds handshake_timeout{5000};
+  // Decode: a request whose hand-off failed, or whose prefill cannot be reached, ends with the error (kFail) or
+  // runs here from its prompt (kRecompute, pd/recompute.h). A fingerprint mismatch is an error either way.
+  HandoffFailure handoff_failure = HandoffFailure::kFail;
 };
 
 class PdService final : public EngineService {
@@ -68,6 +73,7 @@ class PdService final : public EngineService {
   std::string fingerprint_;
   std::unique_ptr<PrefillHandoff> prefill_;
   std::unique_ptr<DecodeHandoff> decode_;
+  std::unique_ptr<Recompute> recompute_;  // decode under kRecompute
   std::mutex mu_;
   std::map<std::string, uint64_t> prefills_;  // "host:port" → instance
   std::mutex handshake_mu_;                   // one handshake at a time

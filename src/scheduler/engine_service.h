@@ -15,8 +15,10 @@ namespace kestrel {
 
 struct ServiceStats {
   int64_t waiting = 0;        // queued, not yet admitted
+  int64_t waiting_prompt_tokens = 0;  // the tokens they must feed (prompts; a preempted one's generated tokens too)
   int64_t running = 0;        // admitted sequences
   int64_t kv_blocks_used = 0, kv_blocks_total = 0;
+  int64_t page_tokens = 0;  // tokens per KV block
   int64_t state_slots_used = 0, state_slots_total = 0;  // in a cell: over all its ranks
   // A cell (data-parallel attention): per rank, the sequences it holds and its pages in use; each rank's cache
   // pools hold rank_cache_bytes. Empty / 0 in one process.

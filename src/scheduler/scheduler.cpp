@@ -119,10 +119,21 @@ void Scheduler::cancel(uint64_t id) {
   cv_.notify_all();
 }
 
+// Scheduler thread: the tokens the waiting sequences must feed (a preempted one's generated tokens too), for
+// stats()' mirror.
+int64_t Scheduler::waiting_prompt_tokens() const {
+  int64_t n = 0;
+  for (const auto& p : waiting_) n += static_cast<int64_t>(p->tokens.size());
+  return n;
+}
+
 ServiceStats Scheduler::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   ServiceStats s;
   s.waiting = waiting_count_ + static_cast<int64_t>(inbox_.size());
+  s.waiting_prompt_tokens = waiting_tokens_;
+  for (const GenerationRequest& r : inbox_) s.waiting_prompt_tokens += static_cast<int64_t>(r.prompt.size());
+  s.page_tokens = pools_->page_tokens();
   s.running = running_count_;
   s.kv_blocks_used = blocks_used_;
   s.kv_blocks_total = pools_->num_blocks() * static_cast<int64_t>(ledgers_.size());
@@ -667,6 +678,7 @@ bool Scheduler::step() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     waiting_count_ = static_cast<int64_t>(waiting_.size());
+    waiting_tokens_ = waiting_prompt_tokens();
     running_count_ = static_cast<int64_t>(running_.size());
     publish_pools_locked();
   }
@@ -774,6 +786,7 @@ void Scheduler::loop(std::stop_token stop) {
       std::lock_guard<std::mutex> lk(mu_);
       if (prefix_) prefix_stats_ = prefix_->stats();
       waiting_count_ = static_cast<int64_t>(waiting_.size());
+      waiting_tokens_ = waiting_prompt_tokens();
       running_count_ = static_cast<int64_t>(running_.size());
       publish_pools_locked();
     }

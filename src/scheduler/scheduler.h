@@ -138,6 +138,7 @@ class Scheduler final : public EngineService {
   bool forward();
   // Under mu_: the pools' occupancy for stats().
   void publish_pools_locked();
+  int64_t waiting_prompt_tokens() const;
   Status check_media(const GenerationRequest& req) const;
   bool step();
   void finish(Seq& s, FinishReason r, const std::string& error = "");
@@ -179,6 +180,7 @@ class Scheduler final : public EngineService {
   bool draining_ = false;
   std::string failure_;  // set once by fail_cell
   int64_t waiting_count_ = 0, running_count_ = 0;  // mirrors for stats()
+  int64_t waiting_tokens_ = 0;                      // mirror: waiting_prompt_tokens()
   int64_t blocks_used_ = 0, slots_used_ = 0;
   std::vector<int64_t> rank_blocks_used_, rank_sequences_;  // a cell: per rank
   Metrics metrics_;

@@ -1,6 +1,7 @@
 #include "server/api_handlers.h"
 
 #include <atomic>
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -100,6 +101,7 @@ std::shared_ptr<Router> ApiServer::make_router() const {
   r->add("GET", "/health", [this](auto& q, auto ex) { health(q, ex, q.query == "ready"); });
   r->add("GET", "/health/ready", [this](auto& q, auto ex) { health(q, ex, true); });
   r->add("GET", "/metrics", [this](auto& q, auto ex) { metrics(q, ex); });
+  r->add("GET", "/get_load", [this](auto& q, auto ex) { load(q, ex); });
   // Admin: drop every cached prefix (the name vLLM's server uses). Needs the API key like every other route.
   r->add("POST", "/reset_prefix_cache", [this](auto&, auto ex) {
     engine_.flush_prefix_cache();
@@ -293,6 +295,20 @@ void ApiServer::metrics(const HttpRequest&, const std::shared_ptr<HttpExchange>&
   if (config_.images != nullptr)
     text += prometheus_image_text(config_.images->service().metrics(), config_.images->metrics());
   ex->respond(HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", std::move(text), {}});
+}
+
+// SGLang's shape (one entry per data-parallel rank; a Kestrel server is one): num_tokens = the tokens its cache
+// holds for running sequences (pages in use × page size) plus the tokens its waiting requests must feed, as
+// SGLang's scheduler counts it; sglang-router's load monitor reads num_tokens.
+void ApiServer::load(const HttpRequest&, const std::shared_ptr<HttpExchange>& ex) const {
+  const ServiceStats s = engine_.stats();
+  const double tic = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  send_json(ex, 200, json::array({json{{"dp_rank", 0},
+                                       {"num_reqs", s.running + s.waiting},
+                                       {"num_waiting_reqs", s.waiting},
+                                       {"num_tokens", s.kv_blocks_used * s.page_tokens + s.waiting_prompt_tokens},
+                                       {"num_pending_tokens", s.waiting_prompt_tokens},
+                                       {"ts_tic", tic}}}));
 }
 
 void ApiServer::tokenize(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const {

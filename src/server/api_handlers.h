@@ -54,6 +54,8 @@ class ApiServer {
   void models(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
   void health(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex, bool ready_check) const;
   void metrics(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
+  // SGLang's load report, polled by sglang-router's load-aware policies (power_of_two, cache_aware).
+  void load(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
   void tokenize(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
   void detokenize(const HttpRequest& req, const std::shared_ptr<HttpExchange>& ex) const;
   bool authorized(const HttpRequest& req) const;

@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   }
   for (const auto& b : data) sources.emplace_back(b);
   OutgoingTransfer out(id, *ep, std::move(*dst), sources);
-  kestrel::Status st = out.run(Deadline::after(milliseconds(5000)));
+  kestrel::Status st = out.run(Deadline::after(milliseconds(30000)));
   if (!st.is_ok()) return fail(st.message());
   // Until the decode side is done with us.
   Deadline limit = Deadline::after(milliseconds(10000));

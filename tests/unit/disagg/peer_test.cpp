@@ -83,7 +83,9 @@ class KillBeforeUnpack : public FaultPolicy {
 
 class DisaggPeer : public ::testing::Test {
  protected:
-  void start(const std::string& behaviour) {
+  // The test's pool: 32 KiB of heap memory with four small scattered ranges, unless `layout` names others (then
+  // the pool is allocated through UCX, as a decode's pools are, with `bytes` bytes).
+  void start(const std::string& behaviour, std::vector<std::pair<size_t, size_t>> layout = {}, size_t bytes = 0) {
     WorkerOptions options;
     options.faults = faults.get();
     worker = std::move(Worker::create(options).value());
@@ -106,16 +108,25 @@ class DisaggPeer : public ::testing::Test {
       ep = std::move(*e);
     }
     ep->set_peer(instance);
-    pool.assign(32 * 1024, std::byte{0xee});
-    region = std::move(Region::map(*worker, pool.data(), pool.size()).value());
-    const std::pair<size_t, size_t> layout[] = {{20000, 3000}, {64, 1000}, {5000, 1}, {9000, 7777}};
+    if (layout.empty()) {
+      pool.assign(32 * 1024, std::byte{0xee});
+      region = std::move(Region::map(*worker, pool.data(), pool.size()).value());
+      mem = pool.data();
+      layout = {{20000, 3000}, {64, 1000}, {5000, 1}, {9000, 7777}};
+    } else {
+      auto r = Region::allocate(worker->shared_context(), bytes);
+      ASSERT_TRUE(r) << r.error().message();
+      region = std::move(*r);
+      mem = region->base();
+      std::fill(mem, mem + bytes, std::byte{0xee});
+    }
     for (auto [off, len] : layout) ranges.push_back({region.get(), off, len});
   }
 
   bool landed() const {
     for (size_t i = 0; i < ranges.size(); ++i) {
       for (size_t j = 0; j < ranges[i].length; ++j) {
-        if (pool[ranges[i].offset + j] != static_cast<std::byte>((7 * i + 13 * j + 1) % 256)) return false;
+        if (mem[ranges[i].offset + j] != static_cast<std::byte>((7 * i + 13 * j + 1) % 256)) return false;
       }
     }
     return true;
@@ -126,7 +137,7 @@ class DisaggPeer : public ::testing::Test {
     EXPECT_EQ(c.in_flight, 0u);
     EXPECT_EQ(c.quarantined, 0u);
     EXPECT_EQ(c.held_ranges, 0u);
-    for (const DestinationRange& r : ranges) EXPECT_FALSE(registry.held(pool.data() + r.offset, r.length));
+    for (const DestinationRange& r : ranges) EXPECT_FALSE(registry.held(mem + r.offset, r.length));
   }
 
   void TearDown() override {
@@ -152,6 +163,7 @@ class DisaggPeer : public ::testing::Test {
   std::unique_ptr<Worker> worker;
   std::unique_ptr<Endpoint> ep;
   std::vector<std::byte> pool;
+  std::byte* mem = nullptr;  // the pool's bytes: `pool` or UCX-allocated
   std::unique_ptr<Region> region;
   std::vector<DestinationRange> ranges;
   RegionRegistry registry;
@@ -171,6 +183,35 @@ TEST_F(DisaggPeer, TransferBetweenProcessesLandsAndVerifies) {
   expect_nothing_held();
   EXPECT_TRUE(ep->close(Deadline::after(milliseconds(2000))).is_ok());
   int status = child.reap(milliseconds(5000));
+  ASSERT_NE(status, -1) << "disagg_peer did not exit";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+// 64 MiB in two ranges between two processes, into UCX-allocated memory (over shared memory the put lanes write
+// into it directly): puts, flush and the completion, every byte verified, the bytes around the ranges untouched.
+TEST_F(DisaggPeer, SixtyFourMiBBetweenProcessesLandsBitExact) {
+  constexpr size_t kMiB = size_t{1} << 20, kGap = 4096;
+  ASSERT_NO_FATAL_FAILURE(start("normal", {{kGap, 40 * kMiB}, {40 * kMiB + 2 * kGap, 24 * kMiB}}, 64 * kMiB + 3 * kGap));
+  size_t total = 0;
+  for (const DestinationRange& r : ranges) total += r.length;
+  ASSERT_EQ(total, 64 * kMiB);
+  IncomingTransfer in(kTransfer, *ep, registry, ranges);
+  ASSERT_TRUE(in.advertise(Deadline::after(milliseconds(5000))).is_ok());
+  Status st = in.wait(Deadline::after(milliseconds(30000)), kSilence);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_EQ(in.state(), TransferState::kCompleted);
+  EXPECT_TRUE(landed());
+  for (size_t at : {size_t{0}, kGap - 1, 40 * kMiB + kGap, 40 * kMiB + 2 * kGap - 1, 64 * kMiB + 2 * kGap})
+    EXPECT_EQ(mem[at], std::byte{0xee}) << "byte " << at << " outside the ranges was written";
+  testing::expect_transports(*ep);
+  if (by_address()) {
+    // Shared memory: the lanes are the segment-writing transports, not active-message emulation over another.
+    for (const std::string& t : ep->transports()) EXPECT_TRUE(t == "sysv" || t == "posix" || t == "cma") << t;
+  }
+  EXPECT_EQ(registry.counts().completed, 1u);
+  expect_nothing_held();
+  EXPECT_TRUE(ep->close(Deadline::after(milliseconds(2000))).is_ok());
+  int status = child.reap(milliseconds(10000));
   ASSERT_NE(status, -1) << "disagg_peer did not exit";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }

@@ -2,7 +2,8 @@
 families through the router. 1 prefill + 2 decode and 2 prefill + 1 decode (round-robin, so every instance
 takes hand-offs): several concurrent requests each give the colocated server's text and logprobs (as float32,
 see test_pd_router.py). Kimi Linear (KDA + MLA, no MoE routing of K3's kind) and DeepSeek V3.2 with sparse
-attention from position 8 on (DSA indexer pages move with the MLA pages): the same parity through 1P+1D."""
+attention from position 8 on (DSA indexer pages move with the MLA pages), and K3 with DSA layers (two of its
+layers sparse, top-16 of the context): the same parity through 1P+1D."""
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -66,13 +67,13 @@ def test_topology_equals_colocated(colocated, n_prefill, n_decode):
         teardown(prefills, decodes, router)
 
 
-@pytest.mark.parametrize("preset", ["kimi-linear-tiny", "deepseek-v32-sparse-tiny"])
+@pytest.mark.parametrize("preset", ["kimi-linear-tiny", "deepseek-v32-sparse-tiny", "k3-tiny-dsa"])
 def test_family_equals_colocated(preset):
     model = ("--preset", preset)
     alone = Server(GRID, model_args=model)
     prefills, decodes, router = deployment(model, 1, 1)
     try:
-        # Long enough that the V3.2 indexer selects (top-8 of more than 8 positions) on both sides.
+        # Long enough that the indexers select (V3.2: top-8, K3 DSA layers: top-16) on both sides.
         through(router, alone, CONCURRENT, max_tokens=12)
         for s in prefills + decodes:
             assert held(s) == (0, 0, 0), s.base

@@ -21,6 +21,10 @@ namespace {
 
 constexpr int64_t kHalf = 16;  // keys per score tile
 
+// Keeps a loaded vector in its register: without it GCC folds the load into every FMA that uses it (one load
+// per FMA instead of one per vector, more loads than the load ports sustain).
+#define KESTREL_IN_REGISTER(x) __asm__("" : "+x"(x))
+
 // Lanes [8w, 8w + 8) of a row of n floats, as a maskload / maskstore mask.
 KESTREL_AVX2 inline __m256i lanes8(int64_t n, int64_t w) {
   const int32_t k = static_cast<int32_t>(std::clamp<int64_t>(n - 8 * w, 0, 8));
@@ -53,7 +57,9 @@ KESTREL_AVX2 void score_half(const float* const* qp, const float* blk, int64_t k
   for (auto& x : acc) x[0] = x[1] = _mm256_setzero_ps();
   for (int64_t d = 0; d < Dk; ++d) {
     const float* kd = blk + d * kKeyBlock + k0;
-    const __m256 ka = _mm256_loadu_ps(kd), kb = _mm256_loadu_ps(kd + 8);
+    __m256 ka = _mm256_loadu_ps(kd), kb = _mm256_loadu_ps(kd + 8);
+    KESTREL_IN_REGISTER(ka);
+    KESTREL_IN_REGISTER(kb);
     for (int64_t u = 0; u < kQueryTile; ++u) {
       const __m256 b = _mm256_broadcast_ss(qp[u] + d);
       acc[u][0] = _mm256_fmadd_ps(b, ka, acc[u][0]);
@@ -66,6 +72,14 @@ KESTREL_AVX2 void score_half(const float* const* qp, const float* blk, int64_t k
   }
 }
 
+// l_u += p_u[j] for the whole block, j ascending: each query's sum is its own chain of 32 adds, the four chains
+// interleaved so their latencies overlap.
+inline void add_weights(const float (*p)[kKeyBlock], float* l) {
+  float l0 = l[0], l1 = l[1], l2 = l[2], l3 = l[3];
+  for (int64_t j = 0; j < kKeyBlock; ++j) l0 += p[0][j], l1 += p[1][j], l2 += p[2][j], l3 += p[3][j];
+  l[0] = l0, l[1] = l1, l[2] = l2, l[3] = l3;
+}
+
 // o_u[c, c + 8W) = fma(p_u[j], v_j, o_u) for j < n, j ascending, the U queries' rows o[u] (all lanes present).
 template <int U, int W>
 KESTREL_AVX2 inline void accumulate_chunk(float* const* o, const float (*p)[kKeyBlock], int64_t n, const float* v,
@@ -76,7 +90,10 @@ KESTREL_AVX2 inline void accumulate_chunk(float* const* o, const float (*p)[kKey
   for (int64_t j = 0; j < n; ++j) {
     const float* vj = v + j * Dv + c;
     __m256 vv[W];
-    for (int w = 0; w < W; ++w) vv[w] = _mm256_loadu_ps(vj + 8 * w);
+    for (int w = 0; w < W; ++w) {
+      vv[w] = _mm256_loadu_ps(vj + 8 * w);
+      KESTREL_IN_REGISTER(vv[w]);
+    }
     for (int u = 0; u < U; ++u) {
       const __m256 b = _mm256_broadcast_ss(p[u] + j);
       for (int w = 0; w < W; ++w) acc[u][w] = _mm256_fmadd_ps(b, vv[w], acc[u][w]);
@@ -152,15 +169,15 @@ KESTREL_AVX2 void item_avx2(const PrefillAttentionArgs& a, int64_t h, int64_t t0
         }
         const __m256 mv = _mm256_set1_ps(mu);
         for (int w = 0; w < 4; ++w) _mm256_store_ps(p[u] + 8 * w, exp8(_mm256_sub_ps(s[w], mv)));
-        float& lu = l[i + u];
-        for (int64_t j = 0; j < nv[u]; ++j) lu += p[u][j];
       }
       const float* vb = vh + kb * Dv;
       if (nt == kQueryTile && nv[0] == kKeyBlock) {  // every query of the tile sees the whole block
+        add_weights(p, l + i);
         float* o[kQueryTile] = {out_row(i), out_row(i + 1), out_row(i + 2), out_row(i + 3)};
         accumulate_values<kQueryTile>(o, p, kKeyBlock, vb, Dv);
       } else {
         for (int64_t u = 0; u < nt; ++u) {
+          for (int64_t j = 0; j < nv[u]; ++j) l[i + u] += p[u][j];
           float* o[1] = {out_row(i + u)};
           accumulate_values<1>(o, p + u, nv[u], vb, Dv);
         }

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/avx2_lanes.h"
 #include "kernels/cpu/prefill_attention_tiles.h"
 
 #define KESTREL_AVX2 __attribute__((target("avx2,fma")))
@@ -21,15 +22,6 @@ namespace {
 
 constexpr int64_t kHalf = 16;  // keys per score tile
 
-// Keeps a loaded vector in its register: without it GCC folds the load into every FMA that uses it (one load
-// per FMA instead of one per vector, more loads than the load ports sustain).
-#define KESTREL_IN_REGISTER(x) __asm__("" : "+x"(x))
-
-// Lanes [8w, 8w + 8) of a row of n floats, as a maskload / maskstore mask.
-KESTREL_AVX2 inline __m256i lanes8(int64_t n, int64_t w) {
-  const int32_t k = static_cast<int32_t>(std::clamp<int64_t>(n - 8 * w, 0, 8));
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
 
 // prefill_exp on 8 lanes: the same operations in the same order (0 below kExpMin, as the scalar form).
 KESTREL_AVX2 inline __m256 exp8(__m256 x) {

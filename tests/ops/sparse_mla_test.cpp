@@ -184,10 +184,15 @@ TEST(LaneDot, VectorFormEqualsTheDefinitionAndTheDefinitionIsADot) {
     for (auto& v : x) v = nd(rng);
     for (auto& v : w) v = nd(rng);
     const float* rows[4] = {w.data(), w.data() + n, w.data() + 2 * n, w.data() + 3 * n};
-    float out[4];
+    float out[4], out2[4] = {};
     kernels::lane_dot4(x.data(), rows, n, out);
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (avx2) kernels::lane_dot4_avx2(x.data(), rows, n, out2);
     for (int r = 0; r < 4; ++r) {
       EXPECT_EQ(out[r], kernels::lane_dot(x.data(), rows[r], n)) << n << " row " << r;
+      if (avx2) {
+        EXPECT_EQ(out2[r], kernels::lane_dot(x.data(), rows[r], n)) << "AVX2 form, n " << n << " row " << r;
+      }
       double d = 0, mag = 0;
       for (int64_t k = 0; k < n; ++k) {
         d += static_cast<double>(x[static_cast<size_t>(k)]) * rows[r][k];

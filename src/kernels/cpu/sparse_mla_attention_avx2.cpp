@@ -15,6 +15,7 @@
 
 #include "base/check.h"
 #include "kernels/cpu/avx2_lanes.h"
+#include "kernels/cpu/lane_dot.h"
 #include "kernels/cpu/prefill_attention.h"
 #include "kernels/cpu/sparse_mla_tiles.h"
 
@@ -24,14 +25,6 @@ namespace kestrel::kernels::sparse_tiles {
 namespace {
 
 constexpr int64_t kRows = 2;  // rows per score pass
-
-// lane_dot's sum tree over lanes 0–7 (lo) and 8–15 (hi): (l, l + 8), (l, l + 4), (0, 2) and (1, 3), the two.
-KESTREL_AVX2 inline float lane_sum(__m256 lo, __m256 hi) {
-  const __m256 h = _mm256_add_ps(lo, hi);
-  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  const __m128 p = _mm_add_ps(q, _mm_movehl_ps(q, q));  // lanes 0, 1: q0 + q2, q1 + q3
-  return _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 1)));
-}
 
 // s[u][j + r] = lane_dot(q[u], rows[r], Dk) for the U heads and the 2 rows (unscaled).
 template <int U>
@@ -67,7 +60,7 @@ KESTREL_AVX2 void scores(const float* const* q, const float* const* rows, int64_
     }
   }
   for (int u = 0; u < U; ++u)
-    for (int r = 0; r < kRows; ++r) s[u][j + r] = lane_sum(acc[u][r][0], acc[u][r][1]);
+    for (int r = 0; r < kRows; ++r) s[u][j + r] = lane_sum_avx2(acc[u][r][0], acc[u][r][1]);
 }
 
 // o_u[c, c + 8W) = rescaled o_u, then fma(p_u[j], row_j, ·) for j < n ascending.

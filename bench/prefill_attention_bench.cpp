@@ -62,10 +62,9 @@ int main(int argc, char** argv) {
   };
   // The definition runs one (query, head) at a time on every thread, as prefill_attention does without a vector path.
   auto reference = [](const k::PrefillAttentionArgs& x) {
-    k::PrefillAttentionArgs one = x;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t t = 0; t < x.T; ++t) {
-      k::PrefillAttentionArgs r = one;
+      k::PrefillAttentionArgs r = x;
       r.T = 1, r.L = x.L - x.T + t + 1, r.q = x.q + t * x.H * x.Dk, r.out = x.out + t * x.H * x.Dv;
       k::prefill_attention_reference(r);
     }

@@ -1,6 +1,6 @@
 // The tiled prefill attention (kernels/cpu/prefill_attention.h): its exp against libm, the kernel against its
-// scalar definition bit for bit (shapes around every tile edge, 1 and 2 threads), a query's bits independent of
-// the chunk it arrives in, nothing past a query's position read, and the result against softmax attention in
+// scalar definition bit for bit (shapes around every tile edge, 1 and 2 threads; the CPU's own path and the
+// AVX2 + FMA path forced), a query's bits independent of the chunk it arrives in, nothing past a query's position read, and the result against softmax attention in
 // double precision.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -70,18 +70,22 @@ TEST(PrefillAttention, ExpWithinTwoUlpOfLibm) {
   EXPECT_EQ(kernels::prefill_exp(-87.5f), 0.0f);
 }
 
-TEST(PrefillAttention, KernelEqualsItsDefinitionBitForBit) {
+using Kernel = void (*)(const PrefillAttentionArgs&);
+
+// `kernel` equals the scalar definition bit for bit over shapes at every tile and block edge (T around 4 and 64,
+// contexts around the 32-key blocks, Dk and Dv off the vector widths), on 1 and 2 threads.
+void expect_definition_bits(Kernel kernel) {
   struct Shape { int64_t T, ctx, H, Dk, Dv; };
   const Shape shapes[] = {{1, 0, 1, 8, 16},    {3, 5, 2, 24, 20},   {17, 0, 3, 40, 16},  {31, 33, 2, 24, 8},
                           {64, 0, 1, 192, 128}, {65, 31, 2, 192, 128}, {70, 32, 3, 56, 72}, {200, 100, 2, 24, 130},
-                          {5, 64, 4, 16, 64},   {129, 1, 1, 17, 3}};
+                          {5, 64, 4, 16, 64},   {129, 1, 1, 17, 3},    {6, 15, 2, 9, 23},   {36, 60, 1, 192, 136}};
   uint32_t seed = 1;
   for (const Shape& s : shapes)
     for (int threads : {1, 2}) {
       omp_set_num_threads(threads);
       const Problem p(s.T, s.T + s.ctx, s.H, s.Dk, s.Dv, seed++);
       std::vector<float> got(s.T * s.H * s.Dv, -1.0f), want(got.size(), -2.0f);
-      kernels::prefill_attention(p.args(got.data()));
+      kernel(p.args(got.data()));
       kernels::prefill_attention_reference(p.args(want.data()));
       EXPECT_TRUE(same_bits(got, want)) << "T " << s.T << " ctx " << s.ctx << " H " << s.H << " Dk " << s.Dk << " Dv " << s.Dv
                                         << " threads " << threads;
@@ -91,18 +95,34 @@ TEST(PrefillAttention, KernelEqualsItsDefinitionBitForBit) {
 }
 
 // A query gives the same bits whether it arrives in one chunk of 300 or in chunks of 1, 17, 64 or 100.
-TEST(PrefillAttention, AQueryHasTheSameBitsInEveryChunking) {
+void expect_same_bits_in_every_chunking(Kernel kernel) {
   const Problem p(300, 340, 2, 48, 32, 7);
   std::vector<float> whole(p.T * p.H * p.Dv);
-  kernels::prefill_attention(p.args(whole.data()));
+  kernel(p.args(whole.data()));
   for (int64_t chunk : {1, 17, 64, 100}) {
     std::vector<float> pieces(whole.size());
     for (int64_t t0 = 0; t0 < p.T; t0 += chunk) {
       const int64_t t1 = std::min(p.T, t0 + chunk);
-      kernels::prefill_attention(p.args(pieces.data() + t0 * p.H * p.Dv, t0, t1));
+      kernel(p.args(pieces.data() + t0 * p.H * p.Dv, t0, t1));
     }
     EXPECT_TRUE(same_bits(whole, pieces)) << "chunk " << chunk;
   }
+}
+
+// The path the CPU takes (AVX-512, else AVX2 + FMA, else the definition itself).
+TEST(PrefillAttention, KernelEqualsItsDefinitionBitForBit) { expect_definition_bits(kernels::prefill_attention); }
+
+TEST(PrefillAttention, AQueryHasTheSameBitsInEveryChunking) { expect_same_bits_in_every_chunking(kernels::prefill_attention); }
+
+// The AVX2 + FMA work item, forced (on AVX-512 CPUs too).
+TEST(PrefillAttention, Avx2KernelEqualsItsDefinitionBitForBit) {
+  if (!kernels::prefill_attention_avx2_supported()) GTEST_SKIP() << "AVX2 path: this CPU lacks AVX2 or FMA";
+  expect_definition_bits(kernels::prefill_attention_avx2);
+}
+
+TEST(PrefillAttention, Avx2AQueryHasTheSameBitsInEveryChunking) {
+  if (!kernels::prefill_attention_avx2_supported()) GTEST_SKIP() << "AVX2 path: this CPU lacks AVX2 or FMA";
+  expect_same_bits_in_every_chunking(kernels::prefill_attention_avx2);
 }
 
 // Softmax attention in double precision over keys 0..pos: the float kernel is within 1e-5 of each output's scale.

@@ -1,6 +1,6 @@
 // The key-tiled sparse MLA kernel (kernels/cpu/sparse_mla_attention.cpp) and its fixed-order dot product
-// (kernels/cpu/lane_dot.h): the AVX-512 form equals the scalar definition bit for bit over shapes at every
-// tile and lane edge, −1 entries anywhere, every cache dtype; a query's output does not depend on the other
+// (kernels/cpu/lane_dot.h): the AVX-512 form and the AVX2 + FMA form each equal the scalar definition bit for
+// bit over shapes at every tile and lane edge, −1 entries anywhere, every cache dtype; a query's output does not depend on the other
 // queries, the head grouping or the thread count; the definition itself agrees with double-precision
 // softmax attention over the selected rows. (The reference comparison against DeepSeek's own sparse
 // attention is tests/ops/dsa_test.cpp.)
@@ -66,12 +66,15 @@ Paged make(const Case& c, uint32_t seed) {
   return s;
 }
 
-std::vector<float> run(kernels::SparseMlaArgs a, bool reference) {
+std::vector<float> run(kernels::SparseMlaArgs a, void (*kernel)(const kernels::SparseMlaArgs&)) {
   std::vector<float> out(static_cast<size_t>(a.T * a.H * a.Dv), -7.0f);
   a.out = out.data();
-  if (reference) kernels::sparse_mla_attention_reference(a);
-  else kernels::sparse_mla_attention(a);
+  kernel(a);
   return out;
+}
+
+std::vector<float> run(kernels::SparseMlaArgs a, bool reference) {
+  return run(a, reference ? kernels::sparse_mla_attention_reference : kernels::sparse_mla_attention);
 }
 
 bool cpu_has_avx512() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"); }
@@ -83,15 +86,34 @@ const Case kCases[] = {
     {5, 4, 512, 64, 300, 100, KvCacheDtype::kBF16},  // DeepSeek widths
     {3, 2, 512, 64, 200, 33, KvCacheDtype::kFP8},
     {1, 1, 16, 0, 1, 1, KvCacheDtype::kF32},        // one key
+    {3, 3, 21, 7, 50, 23, KvCacheDtype::kF32},      // Dv 21, Dk 28: masked 8-lane value and dot tails
 };
 
+// The path the CPU takes (AVX-512, else AVX2 + FMA).
 TEST(SparseMla, KernelEqualsItsScalarDefinitionBitForBit) {
-  if (!cpu_has_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU: the kernel runs the scalar definition itself";
+  if (!cpu_has_avx512() && !kernels::sparse_mla_attention_avx2_supported())
+    GTEST_SKIP() << "neither AVX-512 nor AVX2 + FMA on this CPU: the kernel runs the scalar definition itself";
   uint32_t seed = 1;
   for (const Case& c : kCases) {
     const Paged s = make(c, seed++);
     EXPECT_EQ(run(s.a, false), run(s.a, true)) << "T " << c.T << " H " << c.H << " lora " << c.lora;
   }
+}
+
+// The AVX2 + FMA tile step, forced (on AVX-512 CPUs too): the same cases, on 1 and 2 threads (other head
+// groupings, so pairs of heads and single heads both run).
+TEST(SparseMla, Avx2KernelEqualsItsScalarDefinitionBitForBit) {
+  if (!kernels::sparse_mla_attention_avx2_supported()) GTEST_SKIP() << "AVX2 path: this CPU lacks AVX2 or FMA";
+  uint32_t seed = 1;
+  for (const Case& c : kCases) {
+    const Paged s = make(c, seed++);
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      EXPECT_EQ(run(s.a, kernels::sparse_mla_attention_avx2), run(s.a, true))
+          << "T " << c.T << " H " << c.H << " lora " << c.lora << " threads " << threads;
+    }
+  }
+  omp_set_num_threads(2);
 }
 
 TEST(SparseMla, AQuerysBitsDependOnNothingElse) {
@@ -162,10 +184,15 @@ TEST(LaneDot, VectorFormEqualsTheDefinitionAndTheDefinitionIsADot) {
     for (auto& v : x) v = nd(rng);
     for (auto& v : w) v = nd(rng);
     const float* rows[4] = {w.data(), w.data() + n, w.data() + 2 * n, w.data() + 3 * n};
-    float out[4];
+    float out[4], out2[4] = {};
     kernels::lane_dot4(x.data(), rows, n, out);
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (avx2) kernels::lane_dot4_avx2(x.data(), rows, n, out2);
     for (int r = 0; r < 4; ++r) {
       EXPECT_EQ(out[r], kernels::lane_dot(x.data(), rows[r], n)) << n << " row " << r;
+      if (avx2) {
+        EXPECT_EQ(out2[r], kernels::lane_dot(x.data(), rows[r], n)) << "AVX2 form, n " << n << " row " << r;
+      }
       double d = 0, mag = 0;
       for (int64_t k = 0; k < n; ++k) {
         d += static_cast<double>(x[static_cast<size_t>(k)]) * rows[r][k];

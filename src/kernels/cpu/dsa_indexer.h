@@ -63,8 +63,13 @@ struct SparseMlaArgs {
   float scale = 1.0f;
   float* out = nullptr;  // [T, H, Dv]
 };
+// AVX-512 where the CPU has it, else AVX2 + FMA, else the scalar definition; the same bits on every path.
 void sparse_mla_attention(const SparseMlaArgs& a);
-// The same in scalar code: the test oracle (bit for bit) and the path on CPUs without AVX-512.
+// The same in scalar code: the test oracle (bit for bit) and the path on CPUs with neither AVX-512 nor AVX2.
 void sparse_mla_attention_reference(const SparseMlaArgs& a);
+// The AVX2 + FMA path whatever else the CPU has (so it is tested on AVX-512 CPUs too); fails (KCHECK) on a CPU
+// without AVX2 + FMA.
+void sparse_mla_attention_avx2(const SparseMlaArgs& a);
+bool sparse_mla_attention_avx2_supported();
 
 }  // namespace kestrel::kernels

@@ -1,4 +1,5 @@
-// Tiled causal attention for prefill chunks (prefill_attention.h): the scalar definition and its AVX-512 form.
+// Tiled causal attention for prefill chunks (prefill_attention.h): the scalar definition, its AVX-512 form and the
+// dispatch between them and the AVX2 form (prefill_attention_avx2.cpp).
 // GCC 12 false positive in its AVX-512 headers (GCC PR105593), as in w4a8_avx512.cpp.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -6,6 +7,7 @@
 #endif
 #include "kernels/cpu/avx512_mask.h"
 #include "kernels/cpu/prefill_attention.h"
+#include "kernels/cpu/prefill_attention_tiles.h"
 
 #include <immintrin.h>
 
@@ -13,6 +15,7 @@
 #include <bit>
 #include <cmath>
 
+#include "base/check.h"
 #include "kernels/cpu/parallel.h"
 
 #define KESTREL_AVX512 __attribute__((target("avx512f,avx512dq,fma")))
@@ -20,17 +23,7 @@
 namespace kestrel::kernels {
 namespace {
 
-// exp(x) = 2^n · e^r, n = round(x · log2 e), r = x − n · ln 2 in two parts (Cody–Waite; n · kLn2Hi is exact),
-// e^r by its degree-7 Taylor polynomial (|r| ≤ ln2/2: truncation < 5e-9 relative, under float rounding).
-// Below −87 the result is 0 (there 2^n would leave the normal range; the weights are < 2e-38 of the largest).
-constexpr float kLog2e = 1.44269504088896341f;
-constexpr float kLn2Hi = 0.693145751953125f;
-constexpr float kLn2Lo = 1.42860676533018704e-6f;
-constexpr float kExpMin = -87.0f;
-constexpr float kTaylor[8] = {1.0f, 1.0f, 1.0f / 2, 1.0f / 6, 1.0f / 24, 1.0f / 120, 1.0f / 720, 1.0f / 5040};
-
-constexpr int64_t kQueryBlock = 64;  // queries per work item (their m, l and outputs stay in L1 with a key block)
-constexpr int64_t kQueryTile = 4;    // queries per register tile
+using namespace prefill_tiles;
 
 void reference_one(const PrefillAttentionArgs& a, int64_t t, int64_t h) {
   const int64_t pos = a.L - a.T + t;
@@ -178,6 +171,16 @@ bool has_avx512() {
   return yes;
 }
 
+// Work items of one head × kQueryBlock queries, the latest query blocks first (they see the most keys).
+template <typename Item>
+void run_items(const PrefillAttentionArgs& a, Item item) {
+  const int64_t blocks = (a.T + kQueryBlock - 1) / kQueryBlock;
+  parallel_for_dynamic(blocks * a.H, 1, [&](int64_t i) {
+    const int64_t b = blocks - 1 - i / a.H, t0 = b * kQueryBlock;
+    item(a, i % a.H, t0, std::min(a.T, t0 + kQueryBlock));
+  });
+}
+
 }  // namespace
 
 float prefill_exp(float x) {
@@ -195,18 +198,22 @@ void prefill_attention_reference(const PrefillAttentionArgs& a) {
     for (int64_t h = 0; h < a.H; ++h) reference_one(a, t, h);
 }
 
+bool prefill_attention_avx2_supported() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+
+void prefill_attention_avx2(const PrefillAttentionArgs& a) {
+  KCHECK(prefill_attention_avx2_supported(), "prefill_attention_avx2: this CPU lacks AVX2 or FMA");
+  if (a.T <= 0 || a.H <= 0) return;
+  run_items(a, item_avx2);
+}
+
 void prefill_attention(const PrefillAttentionArgs& a) {
   if (a.T <= 0 || a.H <= 0) return;
-  const int64_t blocks = (a.T + kQueryBlock - 1) / kQueryBlock;
-  if (!has_avx512()) {
-    parallel_for_dynamic(a.T * a.H, 4, [&](int64_t i) { reference_one(a, i / a.H, i % a.H); });
-    return;
-  }
-  // Latest query blocks first: they see the most keys.
-  parallel_for_dynamic(blocks * a.H, 1, [&](int64_t i) {
-    const int64_t b = blocks - 1 - i / a.H, t0 = b * kQueryBlock;
-    item_avx512(a, i % a.H, t0, std::min(a.T, t0 + kQueryBlock));
-  });
+  if (has_avx512()) return run_items(a, item_avx512);
+  if (prefill_attention_avx2_supported()) return run_items(a, item_avx2);
+  parallel_for_dynamic(a.T * a.H, 4, [&](int64_t i) { reference_one(a, i / a.H, i % a.H); });
 }
 
 }  // namespace kestrel::kernels

@@ -11,7 +11,8 @@
 //   out   = o · (1 / l)
 // with exp the one polynomial below (Cody–Waite range reduction, degree-7 Taylor, 0 under −87). So a
 // query's bits do not depend on the chunk it arrives in, the batch, the thread count or the ISA path:
-// prefill_attention (AVX-512 where the CPU has it) equals prefill_attention_reference bit for bit (tested).
+// prefill_attention (AVX-512 where the CPU has it, else AVX2 + FMA, else the scalar definition) equals
+// prefill_attention_reference bit for bit (tested, each vector path on its own).
 #pragma once
 
 #include <cstdint>
@@ -42,9 +43,13 @@ struct PrefillAttentionArgs {
 
 void prefill_attention(const PrefillAttentionArgs& a);
 // The definition above in scalar code, one (query, head) at a time: the test oracle and the path on CPUs
-// without AVX-512.
+// with neither AVX-512 nor AVX2 + FMA.
 void prefill_attention_reference(const PrefillAttentionArgs& a);
-// The exp of the definition (x ≤ 0 in use), scalar; the AVX-512 lanes compute the same bits.
+// The tiled kernel on its AVX2 + FMA work item (prefill_attention_avx2.cpp) whatever else the CPU has, so the
+// AVX2 path is tested on AVX-512 CPUs too; fails (KCHECK) on a CPU without AVX2 + FMA.
+void prefill_attention_avx2(const PrefillAttentionArgs& a);
+bool prefill_attention_avx2_supported();
+// The exp of the definition (x ≤ 0 in use), scalar; the AVX-512 and AVX2 lanes compute the same bits.
 float prefill_exp(float x);
 
 }  // namespace kestrel::kernels

@@ -2,8 +2,9 @@
 // of a query are taken kSparseKeyTile at a time (decoded once per tile for the whole group of heads when
 // the cache is not fp32), every head scores the tile four rows per pass over its query (lane_dot.h), takes one
 // online-softmax step for the tile (one rescale, one exp per key) and accumulates the tile's values into its
-// output once per tile. The scalar definition below and the AVX-512 form compute the same bits; a head's
-// result does not depend on the head grouping, the thread count or the other queries.
+// output once per tile. The scalar definition below, the AVX-512 form and the AVX2 + FMA form
+// (sparse_mla_attention_avx2.cpp) compute the same bits; a head's result does not depend on the head grouping,
+// the thread count or the other queries.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "base/check.h"
 #include "kernels/cpu/avx512_mask.h"
 #include "kernels/cpu/dsa_indexer.h"
 #include "kernels/cpu/kv_row.h"
@@ -21,6 +23,7 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/prefill_attention.h"
 #include "kernels/cpu/scratch.h"
+#include "kernels/cpu/sparse_mla_tiles.h"
 
 #define KESTREL_AVX512 __attribute__((target("avx512f,avx512dq,fma")))
 
@@ -141,8 +144,10 @@ bool has_avx512() {
   return yes;
 }
 
+enum class Path { kScalar, kAvx2, kAvx512 };
+
 // Heads [h0, h0 + nh) of query t.
-void sparse_heads(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh, bool avx512) {
+void sparse_heads(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh, Path path) {
   const int32_t* idx = a.idx + t * a.topk;
   const int64_t row_bytes = a.row.bytes(), row_n = std::max(a.Dk, a.Dv);
   float* buf = a.row.dtype != KvCacheDtype::kF32
@@ -172,14 +177,20 @@ void sparse_heads(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh, boo
       q[k - g] = a.q + (t * a.H + h0 + k) * a.Dk;
       o[k - g] = a.out + (t * a.H + h0 + k) * a.Dv;
     };
-    if (avx512)
+    if (path == Path::kAvx512)
       for (; g + 4 <= nh; g += 4) {  // four heads per pass over the tile's rows
         for (int64_t k = g; k < g + 4; ++k) at(k);
         tile_step_avx512<4>(q, rows, n, a, m + g, l + g, o);
       }
+    if (path == Path::kAvx2)
+      for (; g + 2 <= nh; g += 2) {  // two heads per pass
+        at(g), at(g + 1);
+        sparse_tiles::tile_step_avx2(2, q, rows, n, a, m + g, l + g, o);
+      }
     for (; g < nh; ++g) {
       at(g);
-      if (avx512) tile_step_avx512<1>(q, rows, n, a, m + g, l + g, o);
+      if (path == Path::kAvx512) tile_step_avx512<1>(q, rows, n, a, m + g, l + g, o);
+      else if (path == Path::kAvx2) sparse_tiles::tile_step_avx2(1, q, rows, n, a, m + g, l + g, o);
       else tile_step_reference(q[0], rows, n, a, m[g], l[g], o[0]);
     }
   }
@@ -190,7 +201,7 @@ void sparse_heads(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh, boo
   }
 }
 
-void run(const SparseMlaArgs& a, bool avx512) {
+void run(const SparseMlaArgs& a, Path path) {
   if (a.H <= 0 || a.T <= 0) return;
   // Work items are (query, group of heads): as many heads as still leave two items per thread, so a
   // tile of decoded rows serves the whole group.
@@ -198,14 +209,26 @@ void run(const SparseMlaArgs& a, bool avx512) {
   const int64_t groups = (a.H + G - 1) / G;
   parallel_for(0, a.T * groups, 1, true, [&](int64_t i) {
     const int64_t t = i / groups, h0 = (i % groups) * G;
-    sparse_heads(a, t, h0, std::min(G, a.H - h0), avx512);
+    sparse_heads(a, t, h0, std::min(G, a.H - h0), path);
   });
 }
 
 }  // namespace
 
-void sparse_mla_attention(const SparseMlaArgs& a) { run(a, has_avx512()); }
+bool sparse_mla_attention_avx2_supported() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
 
-void sparse_mla_attention_reference(const SparseMlaArgs& a) { run(a, false); }
+void sparse_mla_attention(const SparseMlaArgs& a) {
+  run(a, has_avx512() ? Path::kAvx512 : sparse_mla_attention_avx2_supported() ? Path::kAvx2 : Path::kScalar);
+}
+
+void sparse_mla_attention_avx2(const SparseMlaArgs& a) {
+  KCHECK(sparse_mla_attention_avx2_supported(), "sparse_mla_attention_avx2: this CPU lacks AVX2 or FMA");
+  run(a, Path::kAvx2);
+}
+
+void sparse_mla_attention_reference(const SparseMlaArgs& a) { run(a, Path::kScalar); }
 
 }  // namespace kestrel::kernels

@@ -1,0 +1,27 @@
+// What the forms of the tiled prefill attention share (prefill_attention.cpp: the scalar definition, the AVX-512
+// work item and the dispatch; prefill_attention_avx2.cpp: the AVX2 + FMA work item): the constants of the one
+// exp, and the shape of a work item. Internal to those files.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/prefill_attention.h"
+
+namespace kestrel::kernels::prefill_tiles {
+
+// exp(x) = 2^n · e^r, n = round(x · log2 e), r = x − n · ln 2 in two parts (Cody–Waite; n · kLn2Hi is exact),
+// e^r by its degree-7 Taylor polynomial (|r| ≤ ln2/2: truncation < 5e-9 relative, under float rounding).
+// Below −87 the result is 0 (there 2^n would leave the normal range; the weights are < 2e-38 of the largest).
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2Hi = 0.693145751953125f;
+inline constexpr float kLn2Lo = 1.42860676533018704e-6f;
+inline constexpr float kExpMin = -87.0f;
+inline constexpr float kTaylor[8] = {1.0f, 1.0f, 1.0f / 2, 1.0f / 6, 1.0f / 24, 1.0f / 120, 1.0f / 720, 1.0f / 5040};
+
+inline constexpr int64_t kQueryBlock = 64;  // queries per work item (their m, l and outputs stay in L1 with a key block)
+inline constexpr int64_t kQueryTile = 4;    // queries per register tile
+
+// Work item: head h, queries [t0, t1) (at most kQueryBlock), every output row of them written.
+void item_avx2(const PrefillAttentionArgs& a, int64_t h, int64_t t0, int64_t t1);
+
+}  // namespace kestrel::kernels::prefill_tiles

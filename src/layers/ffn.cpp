@@ -10,6 +10,7 @@
 #include "dist/tp_partition.h"
 #include "kernels/cpu/elementwise.h"
 #include "layers/moe_combine.h"
+#include "layers/shared_temps.h"
 
 namespace kestrel {
 
@@ -71,14 +72,15 @@ void GatedMlp::activate(float* g, const float* u, int64_t n) const {
 
 void GatedMlp::forward(const float* x, int64_t T, float* y) {
   if (tp_ != nullptr) return forward_tp(x, T, y);
+  Temps& ts = shared_temps<Temps>();
   const int64_t n = T * wg_.out;
-  g_.resize(static_cast<size_t>(n));
-  u_.resize(static_cast<size_t>(n));
+  ts.g.resize(static_cast<size_t>(n));
+  ts.u.resize(static_cast<size_t>(n));
   tasks_.clear();
-  gate_up_tasks(x, T, g_.data(), u_.data(), tasks_);
+  gate_up_tasks(x, T, ts.g.data(), ts.u.data(), tasks_);
   kernels::matmul_many(tasks_);
-  activate(g_.data(), u_.data(), n);
-  matmul(wd_, g_.data(), T, y);
+  activate(ts.g.data(), ts.u.data(), n);
+  matmul(wd_, ts.g.data(), T, y);
 }
 
 // Three all_to_all_v inside the TP group (ranks outside it get nothing): each member's row count; its hidden
@@ -86,6 +88,7 @@ void GatedMlp::forward(const float* x, int64_t T, float* y) {
 // m's tokens back to m. Each rank then sums the partials of members 0, 1, …, T−1 left to right. The slice
 // kernels are row-invariant, so a token's result does not depend on the other tokens of the group.
 void GatedMlp::forward_tp(const float* x, int64_t T, float* y) {
+  Temps& ts = shared_temps<Temps>();
   ExpertShard& sh = *tp_;
   dist::Communicator& comm = *sh.comm;
   const int P = sh.size, me = sh.rank, G = sh.tp, g0 = dist::tp_group_first(me, G);
@@ -116,28 +119,28 @@ void GatedMlp::forward_tp(const float* x, int64_t T, float* y) {
     rc[p] = rows[p] * static_cast<size_t>(hid), rd[p] = N * static_cast<size_t>(hid);
     N += rows[p];
   }
-  tp_x_.resize(N * static_cast<size_t>(hid));
-  st = comm.all_to_all_v<float>(std::span<const float>(x, static_cast<size_t>(T * hid)), sc, sd, tp_x_, rc, rd);
+  ts.tp_x.resize(N * static_cast<size_t>(hid));
+  st = comm.all_to_all_v<float>(std::span<const float>(x, static_cast<size_t>(T * hid)), sc, sd, ts.tp_x, rc, rd);
   if (!st.is_ok()) cell_failure(sh, st, "tensor-parallel MLP");
 
   const auto n = static_cast<int64_t>(N);
-  tp_part_.assign(N * static_cast<size_t>(hid), 0.0f);  // a member without columns contributes zeros
+  ts.tp_part.assign(N * static_cast<size_t>(hid), 0.0f);  // a member without columns contributes zeros
   if (n > 0 && inter > 0) {
-    g_.resize(static_cast<size_t>(n * inter));
-    u_.resize(static_cast<size_t>(n * inter));
+    ts.g.resize(static_cast<size_t>(n * inter));
+    ts.u.resize(static_cast<size_t>(n * inter));
     tasks_.clear();
-    gate_up_tasks(tp_x_.data(), n, g_.data(), u_.data(), tasks_);
+    gate_up_tasks(ts.tp_x.data(), n, ts.g.data(), ts.u.data(), tasks_);
     kernels::matmul_many(tasks_);
-    activate(g_.data(), u_.data(), n * inter);
-    matmul(wd_, g_.data(), n, tp_part_.data());
+    activate(ts.g.data(), ts.u.data(), n * inter);
+    matmul(wd_, ts.g.data(), n, ts.tp_part.data());
   }
   for (int m = 0; m < G; ++m) {
     const auto p = static_cast<size_t>(g0 + m);
     sc[p] = rc[p], sd[p] = rd[p];  // member m's rows of this partial go back to m
     rc[p] = static_cast<size_t>(T * hid), rd[p] = static_cast<size_t>(m * T * hid);
   }
-  tp_recv_.resize(static_cast<size_t>(G * T * hid));
-  st = comm.all_to_all_v<float>(tp_part_, sc, sd, tp_recv_, rc, rd);
+  ts.tp_recv.resize(static_cast<size_t>(G * T * hid));
+  st = comm.all_to_all_v<float>(ts.tp_part, sc, sd, ts.tp_recv, rc, rd);
   if (!st.is_ok()) cell_failure(sh, st, "tensor-parallel MLP");
   for (int m = 0; m < G; ++m) {
     if (g0 + m == me) continue;
@@ -149,8 +152,8 @@ void GatedMlp::forward_tp(const float* x, int64_t T, float* y) {
 
   // The members' partials in group order: ((p_0 + p_1) + p_2) + …
   if (T == 0) return;
-  std::copy_n(tp_recv_.data(), T * hid, y);
-  for (int m = 1; m < G; ++m) add_partial(y, tp_recv_.data() + m * T * hid, T * hid);
+  std::copy_n(ts.tp_recv.data(), T * hid, y);
+  for (int m = 1; m < G; ++m) add_partial(y, ts.tp_recv.data() + m * T * hid, T * hid);
 }
 
 Status MoeBlock::bind(Binder& b, const std::string& p, const TextConfig& c, const ExpertNames& names) {
@@ -191,12 +194,14 @@ Status MoeBlock::bind(Binder& b, const std::string& p, const TextConfig& c, cons
 }
 
 void MoeBlock::route(const float* x, int64_t T, std::vector<int>& ids, std::vector<float>& weights) {
-  logits_.resize(static_cast<size_t>(T * E_));
-  matmul(router_, x, T, logits_.data());
+  Temps& ts = shared_temps<Temps>();
+  ts.logits.resize(static_cast<size_t>(T * E_));
+  matmul(router_, x, T, ts.logits.data());
   select(T, ids, weights);
 }
 
 void MoeBlock::select(int64_t T, std::vector<int>& ids, std::vector<float>& weights) {
+  Temps& ts = shared_temps<Temps>();
   ids.resize(static_cast<size_t>(T * K_));
   weights.resize(static_cast<size_t>(T * K_));
   std::vector<int>& order = ids_;
@@ -215,7 +220,7 @@ void MoeBlock::select(int64_t T, std::vector<int>& ids, std::vector<float>& weig
     };
   };
   for (int64_t t = 0; t < T; ++t) {
-    const float* l = logits_.data() + t * E_;
+    const float* l = ts.logits.data() + t * E_;
     if (c_->router_scoring == RouterScoring::kSoftmax) {
       const float mx = *std::max_element(l, l + E_);
       float sum = 0;
@@ -264,15 +269,16 @@ void MoeBlock::select(int64_t T, std::vector<int>& ids, std::vector<float>& weig
 // (forward_fused, moe_fused.cpp), otherwise grouped through matmul_many (forward_grouped), then latent up.
 // In a cell the routed experts run in routed_ep() and the shared experts in their own two regions.
 void MoeBlock::forward(const float* x, int64_t T, float* out) {
+  Temps& ts = shared_temps<Temps>();
   const int64_t hid = c_->hidden_size, inter = c_->moe_intermediate_size;
-  logits_.resize(static_cast<size_t>(T * E_));
+  ts.logits.resize(static_cast<size_t>(T * E_));
   const float* in = x;
   tasks_.clear();
-  tasks_.push_back({&router_, x, T, logits_.data()});
+  tasks_.push_back({&router_, x, T, ts.logits.data()});
   if (c_->latent_moe()) {
-    z_.resize(static_cast<size_t>(T * in_));
-    tasks_.push_back({&lat_down_, x, T, z_.data()});
-    in = z_.data();
+    ts.z.resize(static_cast<size_t>(T * in_));
+    tasks_.push_back({&lat_down_, x, T, ts.z.data()});
+    in = ts.z.data();
   }
   if (T > 0) kernels::matmul_many(tasks_);
   std::vector<int>& ids = route_ids_;
@@ -280,21 +286,21 @@ void MoeBlock::forward(const float* x, int64_t T, float* out) {
 
   const int64_t sh_inter = has_shared_ ? static_cast<int64_t>(c_->num_shared_experts) * inter : 0;
   if (has_shared_) {
-    sg_.resize(static_cast<size_t>(T * sh_inter));
-    su_.resize(static_cast<size_t>(T * sh_inter));
-    shared_out_.resize(static_cast<size_t>(T * hid));
+    ts.sg.resize(static_cast<size_t>(T * sh_inter));
+    ts.su.resize(static_cast<size_t>(T * sh_inter));
+    ts.shared_out.resize(static_cast<size_t>(T * hid));
   }
   if (sharded()) {
     routed_ep(in, T);
     if (has_shared_ && shared_.tensor_parallel()) {
-      shared_.forward(x, T, shared_out_.data());  // every rank, T = 0 included: the group exchanges rows
+      shared_.forward(x, T, ts.shared_out.data());  // every rank, T = 0 included: the group exchanges rows
     } else if (has_shared_ && T > 0) {
       tasks_.clear();
       down_.clear();
-      shared_.gate_up_tasks(x, T, sg_.data(), su_.data(), tasks_);
-      down_.push_back(shared_.down_task(sg_.data(), T, shared_out_.data()));
+      shared_.gate_up_tasks(x, T, ts.sg.data(), ts.su.data(), tasks_);
+      down_.push_back(shared_.down_task(ts.sg.data(), T, ts.shared_out.data()));
       kernels::matmul_many(tasks_);
-      shared_.activate(sg_.data(), su_.data(), T * sh_inter);
+      shared_.activate(ts.sg.data(), ts.su.data(), T * sh_inter);
       kernels::matmul_many(down_);
     }
   } else {
@@ -313,25 +319,26 @@ void MoeBlock::forward(const float* x, int64_t T, float* out) {
   if (T == 0) return;
   if (c_->latent_moe()) {
     if (c_->latent_moe_use_norm)
-      kernels::rms_norm(acc_.data(), lat_norm_.data(), T, in_, c_->rms_norm_eps, acc_.data());
-    matmul(lat_up_, acc_.data(), T, out);
+      kernels::rms_norm(ts.acc.data(), lat_norm_.data(), T, in_, c_->rms_norm_eps, ts.acc.data());
+    matmul(lat_up_, ts.acc.data(), T, out);
   } else {
-    std::copy(acc_.begin(), acc_.end(), out);
+    std::copy(ts.acc.begin(), ts.acc.end(), out);
   }
   if (has_shared_)
-    for (int64_t i = 0; i < T * hid; ++i) out[i] += shared_out_[static_cast<size_t>(i)];
+    for (int64_t i = 0; i < T * hid; ++i) out[i] += ts.shared_out[static_cast<size_t>(i)];
 }
 
 // The experts through matmul_many: (gate/up of every routed expert over its gathered tokens + the shared
 // experts'), the activation, (every down projection), then the weighted combine. Each expert's weights are
 // read once per call.
 void MoeBlock::forward_grouped(const float* x, const float* in, int64_t T) {
+  Temps& ts = shared_temps<Temps>();
   const int64_t inter = c_->moe_intermediate_size, sh_inter = has_shared_ ? static_cast<int64_t>(c_->num_shared_experts) * inter : 0;
   const int64_t rows = T * K_;
-  gathered_.resize(static_cast<size_t>(rows * in_));
-  g_.resize(static_cast<size_t>(rows * inter));
-  u_.resize(static_cast<size_t>(rows * inter));
-  eout_.resize(static_cast<size_t>(rows * in_));
+  ts.gathered.resize(static_cast<size_t>(rows * in_));
+  ts.g.resize(static_cast<size_t>(rows * inter));
+  ts.u.resize(static_cast<size_t>(rows * inter));
+  ts.eout.resize(static_cast<size_t>(rows * in_));
   tasks_.clear();
   down_.clear();
   int64_t off = 0;
@@ -340,29 +347,29 @@ void MoeBlock::forward_grouped(const float* x, const float* in, int64_t T) {
     if (toks.empty()) continue;
     const int64_t n = static_cast<int64_t>(toks.size());
     for (int64_t i = 0; i < n; ++i)
-      std::copy_n(in + toks[static_cast<size_t>(i)].first * in_, in_, gathered_.data() + (off + i) * in_);
+      std::copy_n(in + toks[static_cast<size_t>(i)].first * in_, in_, ts.gathered.data() + (off + i) * in_);
     const GatedMlp& ex = experts_[static_cast<size_t>(e)];
-    ex.gate_up_tasks(gathered_.data() + off * in_, n, g_.data() + off * inter, u_.data() + off * inter, tasks_);
-    down_.push_back(ex.down_task(g_.data() + off * inter, n, eout_.data() + off * in_));
+    ex.gate_up_tasks(ts.gathered.data() + off * in_, n, ts.g.data() + off * inter, ts.u.data() + off * inter, tasks_);
+    down_.push_back(ex.down_task(ts.g.data() + off * inter, n, ts.eout.data() + off * in_));
     off += n;
   }
   if (has_shared_) {
-    shared_.gate_up_tasks(x, T, sg_.data(), su_.data(), tasks_);
-    down_.push_back(shared_.down_task(sg_.data(), T, shared_out_.data()));
+    shared_.gate_up_tasks(x, T, ts.sg.data(), ts.su.data(), tasks_);
+    down_.push_back(shared_.down_task(ts.sg.data(), T, ts.shared_out.data()));
   }
   kernels::matmul_many(tasks_);
-  if (off > 0) experts_[0].activate(g_.data(), u_.data(), off * inter);
-  if (has_shared_) shared_.activate(sg_.data(), su_.data(), T * sh_inter);
+  if (off > 0) experts_[0].activate(ts.g.data(), ts.u.data(), off * inter);
+  if (has_shared_) shared_.activate(ts.sg.data(), ts.su.data(), T * sh_inter);
   kernels::matmul_many(down_);
 
   // Weighted sum per token, experts in ascending order (the order does not depend on the batch).
-  acc_.assign(static_cast<size_t>(T * in_), 0.0f);
+  ts.acc.assign(static_cast<size_t>(T * in_), 0.0f);
   off = 0;
   for (int64_t e = 0; e < E_; ++e) {
     const auto& toks = by_expert_[static_cast<size_t>(e)];
     for (size_t i = 0; i < toks.size(); ++i, ++off) {
       const auto [t, w] = toks[i];
-      add_weighted(acc_.data() + t * in_, eout_.data() + off * in_, w, in_);
+      add_weighted(ts.acc.data() + t * in_, ts.eout.data() + off * in_, w, in_);
     }
   }
 }
@@ -376,6 +383,7 @@ void MoeBlock::forward_grouped(const float* x, const float* in, int64_t T) {
 // Owned experts run in ascending id over the rows that reached them, as in one process; the expert kernels
 // are row-invariant, so each output row has the bits it would have in one process.
 void MoeBlock::routed_ep(const float* in, int64_t T) {
+  Temps& ts = shared_temps<Temps>();
   ExpertShard& sh = *shard_;
   dist::Communicator& comm = *sh.comm;
   const int P = sh.size, me = sh.rank;
@@ -396,7 +404,7 @@ void MoeBlock::routed_ep(const float* in, int64_t T) {
   for (int64_t s = 0; s < T * K_; ++s) owner[static_cast<size_t>(s)] = sh.owner(ids[static_cast<size_t>(s)], E_);
 
   // Records, grouped by destination rank; ep_slot_row_[slot] = the slot's row within its rank's returned block.
-  ep_send_.clear();
+  ts.ep_send.clear();
   ep_slot_row_.assign(static_cast<size_t>(T * K_), -1);
   for (int p = 0; p < P; ++p) {
     int64_t rows = 0;
@@ -407,10 +415,10 @@ void MoeBlock::routed_ep(const float* in, int64_t T) {
         const int32_t e = o[i] == p ? ids[static_cast<size_t>(t * K_ + i)] : -1;
         float bits;
         std::memcpy(&bits, &e, sizeof bits);
-        ep_send_.push_back(bits);
+        ts.ep_send.push_back(bits);
         if (o[i] == p) ep_slot_row_[static_cast<size_t>(t * K_ + i)] = rows++;
       }
-      ep_send_.insert(ep_send_.end(), in + t * in_, in + (t + 1) * in_);
+      ts.ep_send.insert(ts.ep_send.end(), in + t * in_, in + (t + 1) * in_);
       ++n_send[static_cast<size_t>(p)];
     }
     ret_rows_in[static_cast<size_t>(p)] = static_cast<size_t>(rows);
@@ -426,8 +434,8 @@ void MoeBlock::routed_ep(const float* in, int64_t T) {
   if (!st.is_ok()) cell_failure(sh, st);
   fill(n_send, static_cast<size_t>(rec), cnt, dsp);
   const size_t recv_floats = fill(n_recv, static_cast<size_t>(rec), cnt2, dsp2);
-  ep_recv_.resize(recv_floats);
-  st = comm.all_to_all_v<float>(ep_send_, cnt, dsp, ep_recv_, cnt2, dsp2);
+  ts.ep_recv.resize(recv_floats);
+  st = comm.all_to_all_v<float>(ts.ep_send, cnt, dsp, ts.ep_recv, cnt2, dsp2);
   if (!st.is_ok()) cell_failure(sh, st);
 
   // Rows that arrived, by owned expert; return rows numbered in (source rank, record, slot) order.
@@ -437,7 +445,7 @@ void MoeBlock::routed_ep(const float* in, int64_t T) {
   size_t src = 0;
   for (int64_t j = 0; j < n_rec; ++j) {
     while (static_cast<size_t>(j) * static_cast<size_t>(rec) >= dsp2[src] + cnt2[src]) ++src;
-    const float* head = ep_recv_.data() + j * rec;
+    const float* head = ts.ep_recv.data() + j * rec;
     for (int64_t i = 0; i < K_; ++i) {
       int32_t e;
       std::memcpy(&e, head + i, sizeof e);
@@ -449,10 +457,10 @@ void MoeBlock::routed_ep(const float* in, int64_t T) {
       ++ret_rows_out[src];
     }
   }
-  gathered_.resize(static_cast<size_t>(r * in_));
-  g_.resize(static_cast<size_t>(r * inter));
-  u_.resize(static_cast<size_t>(r * inter));
-  eout_.resize(static_cast<size_t>(r * in_));
+  ts.gathered.resize(static_cast<size_t>(r * in_));
+  ts.g.resize(static_cast<size_t>(r * inter));
+  ts.u.resize(static_cast<size_t>(r * inter));
+  ts.eout.resize(static_cast<size_t>(r * in_));
   tasks_.clear();
   down_.clear();
   int64_t off = 0;
@@ -461,27 +469,27 @@ void MoeBlock::routed_ep(const float* in, int64_t T) {
     if (rows.empty()) continue;
     const int64_t n = static_cast<int64_t>(rows.size());
     for (int64_t i = 0; i < n; ++i)
-      std::copy_n(ep_recv_.data() + rows[static_cast<size_t>(i)].first * rec + K_, in_,
-                  gathered_.data() + (off + i) * in_);
+      std::copy_n(ts.ep_recv.data() + rows[static_cast<size_t>(i)].first * rec + K_, in_,
+                  ts.gathered.data() + (off + i) * in_);
     const GatedMlp& ex = experts_[static_cast<size_t>(e)];
-    ex.gate_up_tasks(gathered_.data() + off * in_, n, g_.data() + off * inter, u_.data() + off * inter, tasks_);
-    down_.push_back(ex.down_task(g_.data() + off * inter, n, eout_.data() + off * in_));
+    ex.gate_up_tasks(ts.gathered.data() + off * in_, n, ts.g.data() + off * inter, ts.u.data() + off * inter, tasks_);
+    down_.push_back(ex.down_task(ts.g.data() + off * inter, n, ts.eout.data() + off * in_));
     off += n;
   }
-  ep_ret_send_.resize(static_cast<size_t>(r * in_));
+  ts.ep_ret_send.resize(static_cast<size_t>(r * in_));
   if (off > 0) {
     kernels::matmul_many(tasks_);
-    experts_[static_cast<size_t>(sh.first(E_, me))].activate(g_.data(), u_.data(), off * inter);
+    experts_[static_cast<size_t>(sh.first(E_, me))].activate(ts.g.data(), ts.u.data(), off * inter);
     kernels::matmul_many(down_);
     off = 0;
     for (int64_t e = sh.first(E_, me); e < sh.first(E_, me + 1); ++e)
       for (const auto& [j, row] : ep_by_expert_[static_cast<size_t>(e)])
-        std::copy_n(eout_.data() + (off++) * in_, in_, ep_ret_send_.data() + row * in_);
+        std::copy_n(ts.eout.data() + (off++) * in_, in_, ts.ep_ret_send.data() + row * in_);
   }
   fill(ret_rows_out, static_cast<size_t>(in_), cnt, dsp);
   const size_t ret_floats = fill(ret_rows_in, static_cast<size_t>(in_), cnt2, dsp2);
-  ep_ret_recv_.resize(ret_floats);
-  st = comm.all_to_all_v<float>(ep_ret_send_, cnt, dsp, ep_ret_recv_, cnt2, dsp2);
+  ts.ep_ret_recv.resize(ret_floats);
+  st = comm.all_to_all_v<float>(ts.ep_ret_send, cnt, dsp, ts.ep_ret_recv, cnt2, dsp2);
   if (!st.is_ok()) cell_failure(sh, st);
 
   // Traffic to other ranks.
@@ -494,7 +502,7 @@ void MoeBlock::routed_ep(const float* in, int64_t T) {
   ++sh.traffic.exchanges;
 
   // Combine: per token, its slots in ascending expert id (the single-process order).
-  acc_.assign(static_cast<size_t>(T * in_), 0.0f);
+  ts.acc.assign(static_cast<size_t>(T * in_), 0.0f);
   int slot[kMaxEpTopK];
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t i = 0; i < K_; ++i) slot[i] = static_cast<int>(i);
@@ -503,7 +511,7 @@ void MoeBlock::routed_ep(const float* in, int64_t T) {
     for (int64_t k = 0; k < K_; ++k) {
       const size_t s = static_cast<size_t>(t * K_ + slot[k]);
       const size_t row = dsp2[static_cast<size_t>(owner[s])] / static_cast<size_t>(in_) + static_cast<size_t>(ep_slot_row_[s]);
-      add_weighted(acc_.data() + t * in_, ep_ret_recv_.data() + row * static_cast<size_t>(in_), w_[s], in_);
+      add_weighted(ts.acc.data() + t * in_, ts.ep_ret_recv.data() + row * static_cast<size_t>(in_), w_[s], in_);
     }
   }
 }

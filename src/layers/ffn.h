@@ -45,13 +45,16 @@ class GatedMlp {
 
   const TextConfig* c_ = nullptr;
   kernels::WeightMatrix wg_, wu_, wd_;
-  std::vector<float> g_, u_;
   std::vector<kernels::MatmulTask> tasks_;
   // Tensor parallel (null: every column bound). The down slice is a copy (a row's slice is not contiguous).
   ExpertShard* tp_ = nullptr;
   std::vector<uint64_t> down_store_;
-  std::vector<float> tp_x_, tp_part_, tp_recv_;
   std::vector<size_t> tp_counts_[7];
+  // A call's temporaries, shared by the MLPs of the calling thread (layers/shared_temps.h): gate and up
+  // rows; in a TP group the gathered rows, this slice's partials and the partials received.
+  struct Temps {
+    std::vector<float> g, u, tp_x, tp_part, tp_recv;
+  };
 };
 
 // The single-process MoE experts on GGUF int8 weights run in one parallel region (moe_fused.cpp) unless
@@ -91,12 +94,12 @@ class MoeBlock {
   void route(const float* x, int64_t T, std::vector<int>& ids, std::vector<float>& weights);
 
  private:
-  // Top-k selection from router logits already in logits_ [T, E].
+  // Top-k selection from router logits already in Temps::logits [T, E].
   void select(int64_t T, std::vector<int>& ids, std::vector<float>& weights);
-  // The routed experts of a cell: dispatch, owned experts, combine into acc_ [T, in_].
+  // The routed experts of a cell: dispatch, owned experts, combine into Temps::acc [T, in_].
   void routed_ep(const float* in, int64_t T);
-  // One process, tokens already listed per expert in by_expert_: routed experts' weighted sum into acc_
-  // [T, in_] and the shared experts into shared_out_ [T, hidden]; x is the layer input, in the routed input.
+  // One process, tokens already listed per expert in by_expert_: routed experts' weighted sum into Temps::acc
+  // [T, in_] and the shared experts into Temps::shared_out [T, hidden]; x is the layer input, in the routed input.
   void forward_grouped(const float* x, const float* in, int64_t T);
   // The same in one parallel region on GGUF int8 weights (moe_fused.cpp), where fused_applies(T).
   void bind_fused();
@@ -113,17 +116,26 @@ class MoeBlock {
   GatedMlp shared_;
   bool has_shared_ = false;
   ExpertShard* shard_ = nullptr;  // cells: this rank's experts and the communicator
-  // Scratch.
-  std::vector<float> logits_, z_, acc_, gathered_, eout_, shared_out_, g_, u_, sg_, su_;
+  // A call's temporaries, shared by the MoE blocks of the calling thread (layers/shared_temps.h): router
+  // logits, the latent input, the combined routed output, gathered expert inputs, expert outputs, the
+  // shared experts' output, gate/up rows (routed, shared); the fused path's quantized inputs and rows and
+  // each routed row's token, index and weight; the cell's send / receive buffers.
+  struct Temps {
+    std::vector<float> logits, z, acc, gathered, eout, shared_out, g, u, sg, su;
+    kernels::Q8Acts fx, fxs, fh, fsh;
+    std::vector<int32_t> fused_tok, fused_row;
+    std::vector<float> fused_w;
+    std::vector<float> ep_send, ep_recv, ep_ret_send, ep_ret_recv;
+  };
+  // Small per-call lists, kept with the block.
   std::vector<kernels::MatmulTask> tasks_, down_;
   std::vector<int> ids_, route_ids_;
   std::vector<float> w_, sel_, score_, group_score_;
   std::vector<int> group_order_;
   std::vector<std::vector<std::pair<int64_t, float>>> by_expert_;
-  // Fused-path scratch (moe_fused.cpp): whether every expert matrix is a GGUF int8 format with
-  // 128-aligned intermediate widths; the quantized layer input (fx_; fxs_ for the shared experts when
-  // their input differs), the quantized activated rows (fh_ routed, fsh_ shared), the active experts,
-  // each routed row's token and weight, row indices, and the work items of the two phases.
+  // Fused path (moe_fused.cpp): whether every expert matrix is a GGUF int8 format with 128-aligned
+  // intermediate widths; the active experts and the work items of the two phases (its quantized inputs
+  // and rows are in Temps: fx; fxs for the shared experts when their input differs; fh routed, fsh shared).
   struct FusedExpert {
     int64_t e, off, n;
   };
@@ -132,14 +144,10 @@ class MoeBlock {
     int64_t r0, r1;
   };
   bool fused_formats_ = false;
-  kernels::Q8Acts fx_, fxs_, fh_, fsh_;
   std::vector<FusedExpert> fused_experts_;
-  std::vector<int32_t> fused_tok_, fused_row_;
-  std::vector<float> fused_w_;
   std::vector<FusedItem> fused_items_;
-  // Cell scratch: send / receive buffers (records, expert outputs), per-rank counts and displacements,
+  // Cell scratch: per-rank counts and displacements,
   // received (record row, return row) pairs per owned expert, and each local slot's output row.
-  std::vector<float> ep_send_, ep_recv_, ep_ret_send_, ep_ret_recv_;
   std::vector<size_t> ep_counts_[8];
   std::vector<std::vector<std::pair<int64_t, int64_t>>> ep_by_expert_;
   std::vector<int64_t> ep_slot_row_;

@@ -6,6 +6,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/kda.h"
 #include "kernels/cpu/parallel.h"
+#include "layers/shared_temps.h"
 
 namespace kestrel {
 
@@ -83,7 +84,7 @@ void KdaLayer::short_conv(const float* in, int64_t T, int which, float* conv_sta
     kernels::silu_inplace(o, P_);
   });
   // Advance the history: new state row r holds input at time T - hist + r.
-  std::vector<float>& next = conv_next_;
+  std::vector<float>& next = shared_temps<Temps>().conv_next;  // on the calling thread
   next.resize(static_cast<size_t>(hist * P_));
   for (int64_t r = 0; r < hist; ++r)
     for (int64_t c = 0; c < P_; ++c) next[static_cast<size_t>(r * P_ + c)] = input_at(T - hist + r, c);
@@ -93,43 +94,44 @@ void KdaLayer::short_conv(const float* in, int64_t T, int which, float* conv_sta
 void KdaLayer::forward(const float* x, int64_t T, std::span<const Segment<KdaState>> segs, float* out,
                        bool force_recurrent) {
   const size_t TP = static_cast<size_t>(T * P_);
+  Temps& ts = shared_temps<Temps>();
   // Every product that reads x runs in one parallel region: q, k, v, the decay gate's low-rank
   // input, beta and the output gate (full rank, or its low-rank input).
   const kernels::WeightMatrix* w[3] = {&wq_, &wk_, &wv_};
   for (int i = 0; i < 3; ++i) {
-    proj_[i].resize(TP);
-    act_[i].resize(TP);
+    ts.proj[i].resize(TP);
+    ts.act[i].resize(TP);
   }
-  f_low_.resize(static_cast<size_t>(T * D_));
-  f_.resize(TP);
-  beta_.resize(static_cast<size_t>(T * H_));
-  gate_.resize(TP);
+  ts.f_low.resize(static_cast<size_t>(T * D_));
+  ts.f.resize(TP);
+  ts.beta.resize(static_cast<size_t>(T * H_));
+  ts.gate.resize(TP);
   const bool full_gate = c_->linear_attn.use_full_rank_gate;
-  if (!full_gate) gate_low_.resize(static_cast<size_t>(T * D_));
+  if (!full_gate) ts.gate_low.resize(static_cast<size_t>(T * D_));
   const kernels::MatmulTask from_x[6] = {
-      {w[0], x, T, proj_[0].data()}, {w[1], x, T, proj_[1].data()}, {w[2], x, T, proj_[2].data()},
-      {&wfa_, x, T, f_low_.data()},  {&wb_, x, T, beta_.data()},
-      full_gate ? kernels::MatmulTask{&wg_, x, T, gate_.data()} : kernels::MatmulTask{&wga_, x, T, gate_low_.data()}};
+      {w[0], x, T, ts.proj[0].data()}, {w[1], x, T, ts.proj[1].data()}, {w[2], x, T, ts.proj[2].data()},
+      {&wfa_, x, T, ts.f_low.data()},  {&wb_, x, T, ts.beta.data()},
+      full_gate ? kernels::MatmulTask{&wg_, x, T, ts.gate.data()} : kernels::MatmulTask{&wga_, x, T, ts.gate_low.data()}};
   kernels::matmul_many(from_x);
   if (full_gate) {
-    kernels::matmul(wfb_, f_low_.data(), T, f_.data());
+    kernels::matmul(wfb_, ts.f_low.data(), T, ts.f.data());
   } else {
-    const kernels::MatmulTask up[2] = {{&wfb_, f_low_.data(), T, f_.data()}, {&wgb_, gate_low_.data(), T, gate_.data()}};
+    const kernels::MatmulTask up[2] = {{&wfb_, ts.f_low.data(), T, ts.f.data()}, {&wgb_, ts.gate_low.data(), T, ts.gate.data()}};
     kernels::matmul_many(up);
   }
   for (int i = 0; i < 3; ++i)
     for (const auto& sg : segs)
-      short_conv(proj_[i].data() + sg.offset * P_, sg.T, i, sg.state->conv + i * (W_ - 1) * P_,
-                 act_[i].data() + sg.offset * P_);
-  kernels::l2_norm(act_[0].data(), T * H_, D_, 1e-6f);
-  kernels::l2_norm(act_[1].data(), T * H_, D_, 1e-6f);
+      short_conv(ts.proj[i].data() + sg.offset * P_, sg.T, i, sg.state->conv + i * (W_ - 1) * P_,
+                 ts.act[i].data() + sg.offset * P_);
+  kernels::l2_norm(ts.act[0].data(), T * H_, D_, 1e-6f);
+  kernels::l2_norm(ts.act[1].data(), T * H_, D_, 1e-6f);
 
-  // Decay gate g [T, H, D] (log space), in f_.
+  // Decay gate g [T, H, D] (log space), in ts.f.
   const bool bounded = c_->linear_attn.gate_lower_bound.has_value();
   const float lb = bounded ? *c_->linear_attn.gate_lower_bound : 0.0f;
   kernels::parallel_for(0, T * P_, 1, T * P_ >= (1 << 14), [&](int64_t i) {  // i = t·P + c
     const int64_t c = i % P_;
-    float& g = f_[static_cast<size_t>(i)];
+    float& g = ts.f[static_cast<size_t>(i)];
     const float a = a_exp_[static_cast<size_t>(c / D_)];
     const float z = g + dt_bias_[static_cast<size_t>(c)];
     if (bounded) {
@@ -139,12 +141,12 @@ void KdaLayer::forward(const float* x, int64_t T, std::span<const Segment<KdaSta
       g = -a * sp;
     }
   });
-  for (float& v : beta_) v = kernels::sigmoid(v);
+  for (float& v : ts.beta) v = kernels::sigmoid(v);
 
-  o_.resize(TP);
+  ts.o.resize(TP);
   // Recurrent segments (decode) of all sequences run in one parallel region; chunked ones each
   // parallelise over heads.
-  std::vector<kernels::KdaArgs>& rec = rec_args_;
+  std::vector<kernels::KdaArgs>& rec = ts.rec;
   rec.clear();
   for (const auto& sg : segs) {
     kernels::KdaArgs a;
@@ -152,24 +154,24 @@ void KdaLayer::forward(const float* x, int64_t T, std::span<const Segment<KdaSta
     a.H = H_;
     a.K = D_;
     a.V = D_;
-    a.q = act_[0].data() + sg.offset * P_;
-    a.k = act_[1].data() + sg.offset * P_;
-    a.v = act_[2].data() + sg.offset * P_;
-    a.g = f_.data() + sg.offset * P_;
-    a.beta = beta_.data() + sg.offset * H_;
+    a.q = ts.act[0].data() + sg.offset * P_;
+    a.k = ts.act[1].data() + sg.offset * P_;
+    a.v = ts.act[2].data() + sg.offset * P_;
+    a.g = ts.f.data() + sg.offset * P_;
+    a.beta = ts.beta.data() + sg.offset * H_;
     a.scale = 1.0f / std::sqrt(static_cast<float>(D_));
     a.state = sg.state->recurrent;
-    a.out = o_.data() + sg.offset * P_;
+    a.out = ts.o.data() + sg.offset * P_;
     if (sg.T == 1 || force_recurrent) rec.push_back(a);
     else kernels::kda_chunked(a, 64);
   }
   if (!rec.empty()) kernels::kda_recurrent_many(rec);
 
   // Output gate (computed above) and per-head gated RMSNorm (sigmoid).
-  kernels::rms_norm(o_.data(), o_norm_.data(), T * H_, D_, c_->rms_norm_eps, o_.data());
+  kernels::rms_norm(ts.o.data(), o_norm_.data(), T * H_, D_, c_->rms_norm_eps, ts.o.data());
   kernels::parallel_for(0, static_cast<int64_t>(TP), 1, TP >= (1u << 14),
-                        [&](int64_t i) { o_[static_cast<size_t>(i)] *= kernels::sigmoid(gate_[static_cast<size_t>(i)]); });
-  matmul(wo_, o_.data(), T, out);
+                        [&](int64_t i) { ts.o[static_cast<size_t>(i)] *= kernels::sigmoid(ts.gate[static_cast<size_t>(i)]); });
+  matmul(wo_, ts.o.data(), T, out);
 }
 
 }  // namespace kestrel

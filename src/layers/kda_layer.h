@@ -48,9 +48,11 @@ class KdaLayer {
   std::vector<float> a_exp_;      // exp(A_log[h]) for h < H
   std::vector<float> dt_bias_;    // [P]
   std::vector<float> o_norm_;     // [D]
-  // Scratch, reused across calls (the layer is not reentrant).
-  std::vector<float> proj_[3], act_[3], conv_next_, f_low_, f_, beta_, gate_low_, gate_, o_;
-  std::vector<kernels::KdaArgs> rec_args_;
+  // A call's temporaries, shared by the KDA layers of the calling thread (layers/shared_temps.h).
+  struct Temps {
+    std::vector<float> proj[3], act[3], conv_next, f_low, f, beta, gate_low, gate, o;
+    std::vector<kernels::KdaArgs> rec;
+  };
 };
 
 }  // namespace kestrel

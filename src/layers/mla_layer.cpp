@@ -14,6 +14,7 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/prefill_attention.h"
 #include "kernels/cpu/scratch.h"
+#include "layers/shared_temps.h"
 
 namespace kestrel {
 
@@ -100,32 +101,33 @@ Status MlaLayer::bind(Binder& b, const std::string& p, const TextConfig& c, bool
 
 void MlaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCache>> segs, float* out,
                        MlaMode mode) {
+  Temps& ts = shared_temps<Temps>();
   // Queries [T, nh, qk], latent rows for the new tokens [T, lora + rope] and the output gate: the
   // products that read x run in one parallel region.
-  q_.resize(static_cast<size_t>(T * nh_ * qk_));
+  ts.q.resize(static_cast<size_t>(T * nh_ * qk_));
   const int64_t row = lora_ + dr_;
-  ckv_.resize(static_cast<size_t>(T * row));
-  attn_.resize(static_cast<size_t>(T * nh_ * dv_));
-  if (c_->mla_use_output_gate) gate_.resize(attn_.size());
+  ts.ckv.resize(static_cast<size_t>(T * row));
+  ts.attn.resize(static_cast<size_t>(T * nh_ * dv_));
+  if (c_->mla_use_output_gate) ts.gate.resize(ts.attn.size());
   const bool lora_q = c_->q_lora_rank > 0;
-  if (lora_q) qa_.resize(static_cast<size_t>(T * c_->q_lora_rank));
-  kernels::MatmulTask from_x[3] = {{&wkva_, x, T, ckv_.data()},
-                                   lora_q ? kernels::MatmulTask{&wqa_, x, T, qa_.data()} : kernels::MatmulTask{&wq_, x, T, q_.data()},
-                                   {&wg_, x, T, gate_.data()}};
+  if (lora_q) ts.qa.resize(static_cast<size_t>(T * c_->q_lora_rank));
+  kernels::MatmulTask from_x[3] = {{&wkva_, x, T, ts.ckv.data()},
+                                   lora_q ? kernels::MatmulTask{&wqa_, x, T, ts.qa.data()} : kernels::MatmulTask{&wq_, x, T, ts.q.data()},
+                                   {&wg_, x, T, ts.gate.data()}};
   kernels::matmul_many(std::span<const kernels::MatmulTask>(from_x, c_->mla_use_output_gate ? 3 : 2));
   if (lora_q) {
-    kernels::rms_norm(qa_.data(), q_norm_.data(), T, c_->q_lora_rank, c_->mla_q_norm_eps, qa_.data());
-    matmul(wqb_, qa_.data(), T, q_.data());
+    kernels::rms_norm(ts.qa.data(), q_norm_.data(), T, c_->q_lora_rank, c_->mla_q_norm_eps, ts.qa.data());
+    matmul(wqb_, ts.qa.data(), T, ts.q.data());
   }
   for (int64_t t = 0; t < T; ++t)
-    kernels::rms_norm(ckv_.data() + t * row, kv_norm_.data(), 1, lora_, c_->mla_kv_norm_eps, ckv_.data() + t * row);
+    kernels::rms_norm(ts.ckv.data() + t * row, kv_norm_.data(), 1, lora_, c_->mla_kv_norm_eps, ts.ckv.data() + t * row);
 
   // DSA: every segment's queries pick their top-k cached positions (keys appended first).
   if (indexer_) {
     idx_segs_.clear();
     for (const auto& sg : segs) idx_segs_.push_back({sg.offset, sg.T, &sg.state->indexer});
     idx_.resize(static_cast<size_t>(T * indexer_->dims().topk));
-    indexer_->forward(x, qa_.data(), T, idx_segs_, idx_.data());
+    indexer_->forward(x, ts.qa.data(), T, idx_segs_, idx_.data());
   }
 
   absorbed_.clear();
@@ -135,7 +137,7 @@ void MlaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCac
     KCHECK(cache.row.lora == lora_ && cache.row.rope == dr_, "MLA cache rows do not match the layer's latent shape");
     if (has_rope_) apply_rope(sg.offset, sg.T, cache.n_tokens, row);
     for (int64_t t = 0; t < sg.T; ++t)
-      kernels::kv_store_row(cache.row, ckv_.data() + (sg.offset + t) * row, cache.row_ptr(cache.n_tokens + t));
+      kernels::kv_store_row(cache.row, ts.ckv.data() + (sg.offset + t) * row, cache.row_ptr(cache.n_tokens + t));
     cache.n_tokens += sg.T;
     if (indexer_) {  // sparse MLA runs in the absorbed (MQA) form only, gathering the selected rows
       absorbed_.push_back(sg);
@@ -148,22 +150,23 @@ void MlaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCac
   if (!absorbed_.empty()) attend_absorbed(T, absorbed_);
 
   if (c_->mla_use_output_gate) {
-    kernels::parallel_for(0, static_cast<int64_t>(attn_.size()), 1, attn_.size() >= (1u << 14),
-                          [&](int64_t i) { attn_[static_cast<size_t>(i)] *= kernels::sigmoid(gate_[static_cast<size_t>(i)]); });
+    kernels::parallel_for(0, static_cast<int64_t>(ts.attn.size()), 1, ts.attn.size() >= (1u << 14),
+                          [&](int64_t i) { ts.attn[static_cast<size_t>(i)] *= kernels::sigmoid(ts.gate[static_cast<size_t>(i)]); });
   }
-  matmul(wo_, attn_.data(), T, out);
+  matmul(wo_, ts.attn.data(), T, out);
 }
 
 // Rotates q_pe of every head and k_pe of tokens [off, off+T) of the batch, which sit at absolute
 // positions pos0.. of their sequence (the cache length before they are appended).
 void MlaLayer::apply_rope(int64_t off, int64_t T, int64_t pos0, int64_t row) {
-  cos_.resize(static_cast<size_t>(rope_.pairs()));
-  sin_.resize(static_cast<size_t>(rope_.pairs()));
+  Temps& ts = shared_temps<Temps>();
+  ts.cos.resize(static_cast<size_t>(rope_.pairs()));
+  ts.sin.resize(static_cast<size_t>(rope_.pairs()));
   for (int64_t t = 0; t < T; ++t) {
-    rope_.angles(pos0 + t, cos_.data(), sin_.data());
-    rope_.rotate(ckv_.data() + (off + t) * row + lora_, cos_.data(), sin_.data());
+    rope_.angles(pos0 + t, ts.cos.data(), ts.sin.data());
+    rope_.rotate(ts.ckv.data() + (off + t) * row + lora_, ts.cos.data(), ts.sin.data());
     for (int64_t h = 0; h < nh_; ++h)
-      rope_.rotate(q_.data() + ((off + t) * nh_ + h) * qk_ + dn_, cos_.data(), sin_.data());
+      rope_.rotate(ts.q.data() + ((off + t) * nh_ + h) * qk_ + dn_, ts.cos.data(), ts.sin.data());
   }
 }
 
@@ -175,6 +178,7 @@ void MlaLayer::apply_rope(int64_t off, int64_t T, int64_t pos0, int64_t row) {
 // its row's bytes (kv_b is row-invariant), so reused ones have the bits a fresh up-projection gives. kv_b
 // runs over slices of kExpandSlice latents, each scattered straight into the kernel's per-head layouts.
 void MlaLayer::attend_expanded(int64_t off, int64_t T, const MlaCache& cache) {
+  Temps& ts = shared_temps<Temps>();
   constexpr int64_t kExpandSlice = 256;
   const int64_t L = cache.n_tokens, row = lora_ + dr_, per_head = dn_ + dv_;
   const int64_t row_bytes = cache.row.bytes();
@@ -187,25 +191,25 @@ void MlaLayer::attend_expanded(int64_t off, int64_t T, const MlaCache& cache) {
   exp_rows_.resize(static_cast<size_t>(exp_cap_ * row_bytes));
   const int64_t kt_stride = kernels::packed_key_floats(exp_cap_, qk_), v_stride = exp_cap_ * dv_;
   const int64_t slice = std::min(L - reuse, kExpandSlice);
-  olat_.resize(static_cast<size_t>(slice * lora_));
-  kv_.resize(static_cast<size_t>(slice * nh_ * per_head));
-  row_buf_.resize(static_cast<size_t>(slice * row));
+  ts.olat.resize(static_cast<size_t>(slice * lora_));
+  ts.kv.resize(static_cast<size_t>(slice * nh_ * per_head));
+  ts.row_buf.resize(static_cast<size_t>(slice * row));
   for (int64_t j0 = reuse; j0 < L; j0 += kExpandSlice) {
     const int64_t n = std::min(kExpandSlice, L - j0);
     for (int64_t j = 0; j < n; ++j) {  // rows decoded from the page dtype: latent for kv_b, k_r kept aside
-      float* r = row_buf_.data() + j * row;
+      float* r = ts.row_buf.data() + j * row;
       kernels::kv_load_row(cache.row, cache.row_ptr(j0 + j), row, r);
-      std::copy_n(r, lora_, olat_.data() + j * lora_);
+      std::copy_n(r, lora_, ts.olat.data() + j * lora_);
       std::memcpy(exp_rows_.data() + (j0 + j) * row_bytes, cache.row_ptr(j0 + j), static_cast<size_t>(row_bytes));
     }
-    matmul(wkvb_, olat_.data(), n, kv_.data());
+    matmul(wkvb_, ts.olat.data(), n, ts.kv.data());
     kernels::parallel_for(0, nh_, 1, n * nh_ >= 64, [&](int64_t h) {
       float* kt = kt_.data() + h * kt_stride;
       float* v = v_.data() + h * v_stride;
       for (int64_t j = 0; j < n; ++j) {
-        const float* src = kv_.data() + (j * nh_ + h) * per_head;
+        const float* src = ts.kv.data() + (j * nh_ + h) * per_head;
         kernels::pack_key_part(kt, qk_, j0 + j, 0, src, dn_);
-        kernels::pack_key_part(kt, qk_, j0 + j, dn_, row_buf_.data() + j * row + lora_, dr_);
+        kernels::pack_key_part(kt, qk_, j0 + j, dn_, ts.row_buf.data() + j * row + lora_, dr_);
         std::copy_n(src + dn_, dv_, v + (j0 + j) * dv_);
       }
     });
@@ -213,11 +217,11 @@ void MlaLayer::attend_expanded(int64_t off, int64_t T, const MlaCache& cache) {
   exp_rows_valid_ = L;
   kernels::PrefillAttentionArgs a;
   a.T = T, a.L = L, a.H = nh_, a.Dk = qk_, a.Dv = dv_;
-  a.q = q_.data() + off * nh_ * qk_;
+  a.q = ts.q.data() + off * nh_ * qk_;
   a.kt = kt_.data(), a.kt_head_stride = kt_stride;
   a.v = v_.data(), a.v_head_stride = v_stride;
   a.scale = scale_;
-  a.out = attn_.data() + off * nh_ * dv_;
+  a.out = ts.attn.data() + off * nh_ * dv_;
   kernels::prefill_attention(a);
 }
 
@@ -252,9 +256,10 @@ const float* MlaLayer::head_rows(int64_t r0, int64_t n) const {
 }
 
 void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> segs) {
+  Temps& ts = shared_temps<Temps>();
   const int64_t row = lora_ + dr_, per_head = dn_ + dv_;
-  qlat_.resize(static_cast<size_t>(T * nh_ * row));
-  olat_.resize(static_cast<size_t>(T * nh_ * lora_));
+  ts.qlat.resize(static_cast<size_t>(T * nh_ * row));
+  ts.olat.resize(static_cast<size_t>(T * nh_ * lora_));
   const bool native = native_absorbed();
   if (native) {
     absorb_q_native(segs);
@@ -263,8 +268,8 @@ void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> seg
       const float* wblk = head_rows(h * per_head, dn_);
       for (const auto& sg : segs)
         for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t) {
-          const float* qn = q_.data() + (t * nh_ + h) * qk_;
-          float* ql = qlat_.data() + (t * nh_ + h) * row;
+          const float* qn = ts.q.data() + (t * nh_ + h) * qk_;
+          float* ql = ts.qlat.data() + (t * nh_ + h) * row;
           std::fill(ql, ql + lora_, 0.0f);
           for (int64_t d = 0; d < dn_; ++d) {
             const float s = qn[d];
@@ -280,11 +285,11 @@ void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> seg
       const MlaCache& cache = *sg.state;
       kernels::SparseMlaArgs a;
       a.T = sg.T, a.H = nh_, a.Dk = row, a.Dv = lora_, a.topk = indexer_->dims().topk;
-      a.q = qlat_.data() + sg.offset * nh_ * row;
+      a.q = ts.qlat.data() + sg.offset * nh_ * row;
       a.pages = cache.pages.data(), a.page_tokens = cache.page_tokens, a.row = cache.row;
       a.idx = idx_.data() + sg.offset * indexer_->dims().topk;
       a.scale = scale_;
-      a.out = olat_.data() + sg.offset * nh_ * lora_;
+      a.out = ts.olat.data() + sg.offset * nh_ * lora_;
       kernels::sparse_mla_attention(a);
     }
   }
@@ -295,10 +300,10 @@ void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> seg
     const MlaCache& cache = *sg.state;
     kernels::AttentionArgs a;
     a.T = sg.T, a.L = cache.n_tokens, a.H = nh_, a.Dk = row, a.Dv = lora_;
-    a.q = qlat_.data() + sg.offset * nh_ * row;
+    a.q = ts.qlat.data() + sg.offset * nh_ * row;
     a.pages = cache.pages.data(), a.page_tokens = cache.page_tokens, a.row = cache.row;
     a.scale = scale_;
-    a.out = olat_.data() + sg.offset * nh_ * lora_;
+    a.out = ts.olat.data() + sg.offset * nh_ * lora_;
     args.push_back(a);
   }
   kernels::causal_attention_many(args);
@@ -307,8 +312,8 @@ void MlaLayer::attend_absorbed(int64_t T, std::span<const Segment<MlaCache>> seg
     const float* wblk = head_rows(h * per_head + dn_, dv_);
     for (const auto& sg : segs)
       for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t) {
-        const float* ol = olat_.data() + (t * nh_ + h) * lora_;
-        float* o = attn_.data() + (t * nh_ + h) * dv_;
+        const float* ol = ts.olat.data() + (t * nh_ + h) * lora_;
+        float* o = ts.attn.data() + (t * nh_ + h) * dv_;
         int64_t e = 0;
         for (; e + 4 <= dv_; e += 4) {  // four rows of W_UV per pass over the latent output (lane_dot.h)
           const float* wr[4] = {wblk + e * lora_, wblk + (e + 1) * lora_, wblk + (e + 2) * lora_, wblk + (e + 3) * lora_};
@@ -332,37 +337,40 @@ bool MlaLayer::native_absorbed() const {
 void MlaLayer::per_head_products(const std::vector<kernels::WeightMatrix>& w, const float* src, int64_t src_stride,
                                  int64_t in, float* dst, int64_t dst_stride, int64_t out,
                                  std::span<const Segment<MlaCache>> segs) {
+  Temps& ts = shared_temps<Temps>();
   int64_t n = 0;
   for (const auto& sg : segs) n += sg.T;
-  hin_.resize(static_cast<size_t>(nh_ * n * in));
-  hout_.resize(static_cast<size_t>(nh_ * n * out));
+  ts.hin.resize(static_cast<size_t>(nh_ * n * in));
+  ts.hout.resize(static_cast<size_t>(nh_ * n * out));
   int64_t i = 0;
   for (const auto& sg : segs)
     for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t, ++i)
-      for (int64_t h = 0; h < nh_; ++h) std::copy_n(src + (t * nh_ + h) * src_stride, in, hin_.data() + (h * n + i) * in);
+      for (int64_t h = 0; h < nh_; ++h) std::copy_n(src + (t * nh_ + h) * src_stride, in, ts.hin.data() + (h * n + i) * in);
   head_tasks_.clear();
   for (int64_t h = 0; h < nh_; ++h)
-    head_tasks_.push_back({&w[static_cast<size_t>(h)], hin_.data() + h * n * in, n, hout_.data() + h * n * out});
+    head_tasks_.push_back({&w[static_cast<size_t>(h)], ts.hin.data() + h * n * in, n, ts.hout.data() + h * n * out});
   kernels::matmul_many(head_tasks_);
   i = 0;
   for (const auto& sg : segs)
     for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t, ++i)
-      for (int64_t h = 0; h < nh_; ++h) std::copy_n(hout_.data() + (h * n + i) * out, out, dst + (t * nh_ + h) * dst_stride);
+      for (int64_t h = 0; h < nh_; ++h) std::copy_n(ts.hout.data() + (h * n + i) * out, out, dst + (t * nh_ + h) * dst_stride);
 }
 
 // q_lat[t, h] = k_b[h] q_nope[t, h] ‖ q_rope[t, h], the k_b halves as int8 products per head.
 void MlaLayer::absorb_q_native(std::span<const Segment<MlaCache>> segs) {
+  Temps& ts = shared_temps<Temps>();
   const int64_t row = lora_ + dr_;
-  per_head_products(kb_heads_, q_.data(), qk_, dn_, qlat_.data(), row, lora_, segs);
+  per_head_products(kb_heads_, ts.q.data(), qk_, dn_, ts.qlat.data(), row, lora_, segs);
   for (const auto& sg : segs)
     for (int64_t t = sg.offset; t < sg.offset + sg.T; ++t)
       for (int64_t h = 0; h < nh_; ++h)
-        std::copy_n(q_.data() + (t * nh_ + h) * qk_ + dn_, dr_, qlat_.data() + (t * nh_ + h) * row + lora_);
+        std::copy_n(ts.q.data() + (t * nh_ + h) * qk_ + dn_, dr_, ts.qlat.data() + (t * nh_ + h) * row + lora_);
 }
 
 // out[t, h] = v_b[h] o_lat[t, h], the same way.
 void MlaLayer::expand_out_native(std::span<const Segment<MlaCache>> segs) {
-  per_head_products(vb_heads_, olat_.data(), lora_, lora_, attn_.data(), dv_, dv_, segs);
+  Temps& ts = shared_temps<Temps>();
+  per_head_products(vb_heads_, ts.olat.data(), lora_, lora_, ts.attn.data(), dv_, dv_, segs);
 }
 
 }  // namespace kestrel

@@ -80,13 +80,18 @@ class MlaLayer {
   std::unique_ptr<DsaIndexer> indexer_;
   std::vector<Segment<IndexerCache>> idx_segs_;
   std::vector<int32_t> idx_;
-  // Scratch (not reentrant).
-  std::vector<float> qa_, q_, ckv_, kv_, kt_, v_, attn_, qlat_, olat_, wblk_, gate_, cos_, sin_, hin_, hout_, row_buf_;
+  // A call's temporaries, shared by the MLA layers of the calling thread (layers/shared_temps.h): q_a rows,
+  // queries, latent rows, up-projected rows of a slice, attention output, latent queries / outputs (absorbed),
+  // the output gate, RoPE tables, per-head gathered inputs / outputs, cache rows of a slice.
+  struct Temps {
+    std::vector<float> qa, q, ckv, kv, attn, qlat, olat, gate, cos, sin, hin, hout, row_buf;
+  };
   std::vector<kernels::MatmulTask> head_tasks_;
   std::vector<Segment<MlaCache>> absorbed_;
   std::vector<kernels::AttentionArgs> attn_args_;
-  // Expanded form: per-head keys (kt_, packed) and values (v_) of exp_rows_valid_ cached tokens, room for
+  // Expanded form, kept between calls: per-head keys (kt_, packed) and values (v_) of exp_rows_valid_ cached tokens, room for
   // exp_cap_, and the bytes of the cache rows they were up-projected from (attend_expanded).
+  std::vector<float> kt_, v_;
   std::vector<uint8_t> exp_rows_;
   int64_t exp_rows_valid_ = 0, exp_cap_ = 0, exp_row_bytes_ = 0;
 };

@@ -23,6 +23,7 @@
 #include "kernels/cpu/parallel.h"
 #include "layers/ffn.h"
 #include "layers/moe_combine.h"
+#include "layers/shared_temps.h"
 
 namespace kestrel {
 
@@ -95,13 +96,14 @@ bool MoeBlock::fused_applies(int64_t T) const {
 }
 
 void MoeBlock::forward_fused(const float* x, const float* in, int64_t T) {
+  Temps& ts = shared_temps<Temps>();
   const int64_t hid = c_->hidden_size, inter = c_->moe_intermediate_size;
   const int64_t sh_inter = has_shared_ ? static_cast<int64_t>(c_->num_shared_experts) * inter : 0;
-  // Active experts ascending; routed row off + i is token fused_tok_[off + i] of expert fused_experts_[j].
+  // Active experts ascending; routed row off + i is token ts.fused_tok[off + i] of expert fused_experts_[j].
   const int64_t rows = T * K_;
-  fused_tok_.resize(static_cast<size_t>(rows));
-  fused_w_.resize(static_cast<size_t>(rows));
-  fused_row_.resize(static_cast<size_t>(rows));
+  ts.fused_tok.resize(static_cast<size_t>(rows));
+  ts.fused_w.resize(static_cast<size_t>(rows));
+  ts.fused_row.resize(static_cast<size_t>(rows));
   fused_experts_.clear();
   int64_t off = 0;
   for (int64_t e = 0; e < E_; ++e) {
@@ -109,9 +111,9 @@ void MoeBlock::forward_fused(const float* x, const float* in, int64_t T) {
     if (toks.empty()) continue;
     fused_experts_.push_back({e, off, static_cast<int64_t>(toks.size())});
     for (const auto& [t, w] : toks) {
-      fused_tok_[static_cast<size_t>(off)] = static_cast<int32_t>(t);
-      fused_w_[static_cast<size_t>(off)] = w;
-      fused_row_[static_cast<size_t>(off)] = static_cast<int32_t>(off);
+      ts.fused_tok[static_cast<size_t>(off)] = static_cast<int32_t>(t);
+      ts.fused_w[static_cast<size_t>(off)] = w;
+      ts.fused_row[static_cast<size_t>(off)] = static_cast<int32_t>(off);
       ++off;
     }
   }
@@ -132,15 +134,15 @@ void MoeBlock::forward_fused(const float* x, const float* in, int64_t T) {
   }
   Layouts fxl = rx;
   if (same_input) fxl.q4 = fxl.q4 || xl.q4, fxl.q8 = fxl.q8 || xl.q8, fxl.mx = fxl.mx || xl.mx;
-  prepare(fx_, T, in_, fxl);
-  if (has_shared_ && !same_input) prepare(fxs_, T, hid, xl);
-  const Q8Acts& xs = same_input ? fx_ : fxs_;
-  prepare(fh_, rows, inter, rh);
-  if (has_shared_) prepare(fsh_, T, sh_inter, hl);
-  g_.resize(static_cast<size_t>(rows * inter));
-  u_.resize(static_cast<size_t>(rows * inter));
-  eout_.resize(static_cast<size_t>(rows * in_));
-  acc_.resize(static_cast<size_t>(T * in_));
+  prepare(ts.fx, T, in_, fxl);
+  if (has_shared_ && !same_input) prepare(ts.fxs, T, hid, xl);
+  const Q8Acts& xs = same_input ? ts.fx : ts.fxs;
+  prepare(ts.fh, rows, inter, rh);
+  if (has_shared_) prepare(ts.fsh, T, sh_inter, hl);
+  ts.g.resize(static_cast<size_t>(rows * inter));
+  ts.u.resize(static_cast<size_t>(rows * inter));
+  ts.eout.resize(static_cast<size_t>(rows * in_));
+  ts.acc.resize(static_cast<size_t>(T * in_));
 
   // Phase B items, the shared experts (all T tokens) first, then every active expert's stripes.
   fused_items_.clear();
@@ -156,46 +158,46 @@ void MoeBlock::forward_fused(const float* x, const float* in, int64_t T) {
   auto quantize = [&](int64_t k) {
     const bool shared_in = k >= n_quant;
     const int64_t t0 = (shared_in ? k - n_quant : k) * kQuantTokens, t1 = std::min(T, t0 + kQuantTokens);
-    if (shared_in) return kernels::q8_acts_fill(x, t0, t1, fxs_);
-    kernels::q8_acts_fill(in, t0, t1, fx_);
+    if (shared_in) return kernels::q8_acts_fill(x, t0, t1, ts.fxs);
+    kernels::q8_acts_fill(in, t0, t1, ts.fx);
   };
   auto up = [&](int64_t k) {
     const FusedItem& it = fused_items_[static_cast<size_t>(k)];
     const int64_t r0 = it.r0, r1 = it.r1, c0 = r0 / 128, c1 = (r1 + 127) / 128;
     if (it.expert < 0) {
-      all_tokens_rows(shared_.gate_weight(), xs, sg_.data(), sh_inter, r0, r1);
-      all_tokens_rows(shared_.up_weight(), xs, su_.data(), sh_inter, r0, r1);
+      all_tokens_rows(shared_.gate_weight(), xs, ts.sg.data(), sh_inter, r0, r1);
+      all_tokens_rows(shared_.up_weight(), xs, ts.su.data(), sh_inter, r0, r1);
       for (int64_t t = 0; t < T; ++t) {
-        float* g = sg_.data() + t * sh_inter;
-        shared_.activate(g + r0, su_.data() + t * sh_inter + r0, r1 - r0);
-        kernels::q8_acts_fill_chunks(g, t, c0, c1, fsh_);
+        float* g = ts.sg.data() + t * sh_inter;
+        shared_.activate(g + r0, ts.su.data() + t * sh_inter + r0, r1 - r0);
+        kernels::q8_acts_fill_chunks(g, t, c0, c1, ts.fsh);
       }
       return;
     }
     const FusedExpert& fe = fused_experts_[static_cast<size_t>(it.expert)];
     const GatedMlp& ex = experts_[static_cast<size_t>(fe.e)];
-    const int32_t* tok = fused_tok_.data() + fe.off;
-    float* g = g_.data() + fe.off * inter;
-    float* u = u_.data() + fe.off * inter;
-    picked_rows(ex.gate_weight(), fx_, tok, fe.n, g, inter, r0, r1);
-    picked_rows(ex.up_weight(), fx_, tok, fe.n, u, inter, r0, r1);
+    const int32_t* tok = ts.fused_tok.data() + fe.off;
+    float* g = ts.g.data() + fe.off * inter;
+    float* u = ts.u.data() + fe.off * inter;
+    picked_rows(ex.gate_weight(), ts.fx, tok, fe.n, g, inter, r0, r1);
+    picked_rows(ex.up_weight(), ts.fx, tok, fe.n, u, inter, r0, r1);
     for (int64_t i = 0; i < fe.n; ++i) {
       ex.activate(g + i * inter + r0, u + i * inter + r0, r1 - r0);
-      kernels::q8_acts_fill_chunks(g + i * inter, fe.off + i, c0, c1, fh_);
+      kernels::q8_acts_fill_chunks(g + i * inter, fe.off + i, c0, c1, ts.fh);
     }
   };
   auto down = [&](int64_t k) {
     const int64_t d0 = k * kDownStripe, d1 = std::min(in_, d0 + kDownStripe);
-    if (has_shared_ && d0 < hid) all_tokens_rows(shared_.down_weight(), fsh_, shared_out_.data(), hid, d0, std::min(hid, d0 + kDownStripe));
+    if (has_shared_ && d0 < hid) all_tokens_rows(shared_.down_weight(), ts.fsh, ts.shared_out.data(), hid, d0, std::min(hid, d0 + kDownStripe));
     if (d0 >= in_) return;
     for (const FusedExpert& fe : fused_experts_)
-      picked_rows(experts_[static_cast<size_t>(fe.e)].down_weight(), fh_, fused_row_.data() + fe.off, fe.n, eout_.data() + fe.off * in_,
+      picked_rows(experts_[static_cast<size_t>(fe.e)].down_weight(), ts.fh, ts.fused_row.data() + fe.off, fe.n, ts.eout.data() + fe.off * in_,
                   in_, d0, d1);
     // Weighted sum per token, experts in ascending order (forward_grouped's operations, stripe by stripe).
-    for (int64_t t = 0; t < T; ++t) std::fill(acc_.data() + t * in_ + d0, acc_.data() + t * in_ + d1, 0.0f);
+    for (int64_t t = 0; t < T; ++t) std::fill(ts.acc.data() + t * in_ + d0, ts.acc.data() + t * in_ + d1, 0.0f);
     for (int64_t r = 0; r < rows; ++r)
-      add_weighted(acc_.data() + fused_tok_[static_cast<size_t>(r)] * in_ + d0, eout_.data() + r * in_ + d0,
-                   fused_w_[static_cast<size_t>(r)], d1 - d0);
+      add_weighted(ts.acc.data() + ts.fused_tok[static_cast<size_t>(r)] * in_ + d0, ts.eout.data() + r * in_ + d0,
+                   ts.fused_w[static_cast<size_t>(r)], d1 - d0);
   };
 
   if (!kernels::threads_available()) {

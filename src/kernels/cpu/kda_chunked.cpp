@@ -58,18 +58,22 @@ struct Buf {
 // Per-thread scratch for chunks of up to C rows, K and V padded to Kp and Vp.
 struct ChunkScratch {
   int64_t C, Kp, Vp;
-  Buf q, k, kb, gam;  // [C×Kp] each: q·scale, k, −β k, Γ
-  Buf qw;             // [2C×Kp]: rows [0, n) q ⊙ e^Γ, rows [n, 2n) −β k ⊙ e^Γ
+  Buf q, k, gam;      // [C×Kp] each: q·scale, k, Γ
+  Buf nb;             // [C] −β
+  Buf qw;             // [2C×Kp]: rows [0, n) q ⊙ e^Γ, rows [n, 2n) −β k ⊙ e^Γ; then Kd[j] = exp(Γ_last − Γ_j) ⊙ k_j
   Buf oz;             // [2C×Vp]: rows [0, n) O, rows [n, 2n) Z, then V'
-  Buf kd;             // [C×Kp]: exp(Γ_last − Γ_j) ⊙ k_j
   Buf aqk, ln;        // [C×C]: Aqk and −L (lower triangles)
-  Buf rq, rk, ck;     // Gram block operands [C×Kp] each: row-scaled q and −β k, column-scaled k
+  Buf rq, rk, ck;     // Gram block operands [⌈C/2⌉×Kp] each: row-scaled q and −β k, column-scaled k
   Buf S;              // [Kp×Vp] state of the current head
   Buf f;              // [Kp] exp(Γ_last)
+  Buf zero;           // [Kp] zeros
   ChunkScratch(int64_t C_, int64_t K, int64_t V)
-      : C(C_), Kp(round_up(K, kLanes)), Vp(round_up(V, kLanes)), q(C * Kp), k(C * Kp), kb(C * Kp), gam(C * Kp),
-        qw(2 * C * Kp), oz(2 * C * Vp), kd(C * Kp), aqk(C * C), ln(C * C), rq(C * Kp), rk(C * Kp), ck(C * Kp),
-        S(Kp * Vp), f(Kp) {}
+      : C(C_), Kp(round_up(K, kLanes)), Vp(round_up(V, kLanes)), q(C * Kp), k(C * Kp), gam(C * Kp), nb(C),
+        qw(2 * C * Kp), oz(2 * C * Vp), aqk(C * C), ln(C * C), rq((C + 1) / 2 * Kp), rk((C + 1) / 2 * Kp),
+        ck((C + 1) / 2 * Kp),
+        S(Kp * Vp), f(Kp), zero(Kp) {
+    std::fill(zero.p, zero.p + Kp, 0.0f);
+  }
 };
 
 // dst = src ⊙ exp(a − b) over Kp floats (a − b <= 0 elementwise).
@@ -83,25 +87,23 @@ void gram_block(ChunkScratch& w, int64_t s, int64_t e) {
   const int64_t Kp = w.Kp, C = w.C;
   const float* q = w.q.p;
   const float* k = w.k.p;
-  const float* kb = w.kb.p;
   const float* gam = w.gam.p;
   if (e - s <= kGramLeaf) {
     float* ev = w.ck.p;  // one row
     for (int64_t r = s; r < e; ++r) {
       const float* qr = q + r * Kp;
-      const float* kbr = kb + r * Kp;
+      const float* kr = k + r * Kp;
       for (int64_t j = s; j < r; ++j) {
         scale_exp(ev, k + j * Kp, gam + r * Kp, gam + j * Kp, Kp);
         vf aq{}, al{};
         for (int64_t d = 0; d < Kp; d += kLanes) {
           const vf x = kda::load(ev + d);
           aq += kda::load(qr + d) * x;
-          al += kda::load(kbr + d) * x;
+          al += kda::load(kr + d) * x;
         }
         w.aqk.p[r * C + j] = kda::hsum(aq);
-        w.ln.p[r * C + j] = kda::hsum(al);
+        w.ln.p[r * C + j] = w.nb.p[r] * kda::hsum(al);
       }
-      const float* kr = k + r * Kp;
       vf aq{};
       for (int64_t d = 0; d < Kp; d += kLanes) aq += kda::load(qr + d) * kda::load(kr + d);
       w.aqk.p[r * C + r] = kda::hsum(aq);
@@ -114,10 +116,11 @@ void gram_block(ChunkScratch& w, int64_t s, int64_t e) {
     const float* gr = gam + r * Kp;
     float* rq = w.rq.p + (r - m) * Kp;
     float* rk = w.rk.p + (r - m) * Kp;
+    const float nbr = w.nb.p[r];
     for (int64_t d = 0; d < Kp; d += kLanes) {
       const vf x = kda::exp_nonpos(kda::load(gr + d) - kda::load(gm + d));
       kda::store(rq + d, kda::load(q + r * Kp + d) * x);
-      kda::store(rk + d, kda::load(kb + r * Kp + d) * x);
+      kda::store(rk + d, kda::load(k + r * Kp + d) * x * nbr);
     }
   }
   for (int64_t j = s; j < m; ++j) scale_exp(w.ck.p + (j - s) * Kp, k + j * Kp, gm, gam + j * Kp, Kp);
@@ -160,6 +163,19 @@ void substitute_strip(const ChunkScratch& w, int64_t n, float* O, float* Z, int6
   }
 }
 
+// Brings the inputs of tokens [t0, t0 + n) of head h towards the core (into L2).
+void prefetch_chunk(const KdaArgs& a, int64_t h, int64_t t0, int64_t n) {
+  if (h >= a.H) return;
+  n = std::min(n, a.T - t0);
+  constexpr int64_t kLine = 64 / sizeof(float);
+  for (int64_t t = t0; t < t0 + n; ++t) {
+    for (const float* p : {a.q + (t * a.H + h) * a.K, a.k + (t * a.H + h) * a.K, a.g + (t * a.H + h) * a.K})
+      for (int64_t d = 0; d < a.K; d += kLine) __builtin_prefetch(p + d, 0, 2);
+    const float* v = a.v + (t * a.H + h) * a.V;
+    for (int64_t d = 0; d < a.V; d += kLine) __builtin_prefetch(v + d, 0, 2);
+  }
+}
+
 // One chunk of n rows starting at token t0 for head h; the head's state is in w.S.
 void chunk_head(const KdaArgs& a, int64_t h, int64_t t0, int64_t n, ChunkScratch& w) {
   const int64_t H = a.H, K = a.K, V = a.V, Kp = w.Kp, Vp = w.Vp;
@@ -167,6 +183,7 @@ void chunk_head(const KdaArgs& a, int64_t h, int64_t t0, int64_t n, ChunkScratch
   float* Z = w.oz.p + n * Vp;
 
   // 1. Gather (pads stay zero: q = k = Γ = 0 there, and exp(0) · 0 = 0).
+  const int64_t kv = K - K % kLanes, vv = V - V % kLanes;
   for (int64_t r = 0; r < n; ++r) {
     const int64_t t = t0 + r;
     const float* qs = a.q + (t * H + h) * K;
@@ -176,34 +193,36 @@ void chunk_head(const KdaArgs& a, int64_t h, int64_t t0, int64_t n, ChunkScratch
     const float b = a.beta[t * H + h];
     float* qr = w.q.p + r * Kp;
     float* kr = w.k.p + r * Kp;
-    float* kbr = w.kb.p + r * Kp;
     float* gr = w.gam.p + r * Kp;
-    for (int64_t d = 0; d < K; ++d) {
+    const float* gp = r == 0 ? w.zero.p : gr - Kp;  // Γ_{r−1}, 0 before the chunk
+    for (int64_t d = 0; d < kv; d += kLanes) {
+      const vf kd = kda::load(ks + d);
+      kda::store(qr + d, kda::load(qs + d) * a.scale);
+      kda::store(kr + d, kd);
+      kda::store(gr + d, kda::load(gp + d) + kda::load(gs + d));
+    }
+    for (int64_t d = kv; d < K; ++d) {
       qr[d] = qs[d] * a.scale;
       kr[d] = ks[d];
-      kbr[d] = -b * ks[d];
+      gr[d] = gp[d] + gs[d];
     }
-    if (r == 0) {
-      std::memcpy(gr, gs, sizeof(float) * K);
-    } else {
-      const float* gp = gr - Kp;
-      for (int64_t d = 0; d < K; ++d) gr[d] = gp[d] + gs[d];
-    }
-    for (int64_t d = K; d < Kp; ++d) qr[d] = kr[d] = kbr[d] = gr[d] = 0.0f;
+    for (int64_t d = K; d < Kp; ++d) qr[d] = kr[d] = gr[d] = 0.0f;
+    w.nb.p[r] = -b;
     float* zr = Z + r * Vp;
-    for (int64_t x = 0; x < V; ++x) zr[x] = b * vs[x];
+    for (int64_t x = 0; x < vv; x += kLanes) kda::store(zr + x, kda::load(vs + x) * b);
+    for (int64_t x = vv; x < V; ++x) zr[x] = vs[x] * b;
     std::fill(zr + V, zr + Vp, 0.0f);
     std::fill(O + r * Vp, O + (r + 1) * Vp, 0.0f);
   }
-
   // 2. [O; Z] += [q ⊙ e^Γ; −β k ⊙ e^Γ] · S (one pass over S for both).
   const float* glast = w.gam.p + (n - 1) * Kp;
   for (int64_t r = 0; r < n; ++r) {
     const float* gr = w.gam.p + r * Kp;
+    const float nbr = w.nb.p[r];
     for (int64_t d = 0; d < Kp; d += kLanes) {
       const vf e = kda::exp_nonpos(kda::load(gr + d));
       kda::store(w.qw.p + r * Kp + d, kda::load(w.q.p + r * Kp + d) * e);
-      kda::store(w.qw.p + (n + r) * Kp + d, kda::load(w.kb.p + r * Kp + d) * e);
+      kda::store(w.qw.p + (n + r) * Kp + d, kda::load(w.k.p + r * Kp + d) * e * nbr);
       if (r == n - 1) kda::store(w.f.p + d, e);
     }
   }
@@ -212,20 +231,23 @@ void chunk_head(const KdaArgs& a, int64_t h, int64_t t0, int64_t n, ChunkScratch
   // 3. Aqk and −L.
   gram_block(w, 0, n);
 
+  // The next chunk's rows of this head (or the first of the next head) are fetched while this one finishes.
+  prefetch_chunk(a, t0 + n < a.T ? h : h + 1, t0 + n < a.T ? t0 + n : 0, n);
   // 4. Z → V' and O += Aqk V'.
   int64_t c0 = 0;
   for (; c0 + kStripVecs * kLanes <= Vp; c0 += kStripVecs * kLanes) substitute_strip<kStripVecs>(w, n, O, Z, c0);
   for (; c0 < Vp; c0 += kLanes) substitute_strip<1>(w, n, O, Z, c0);
   for (int64_t r = 0; r < n; ++r) std::memcpy(a.out + ((t0 + r) * H + h) * V, O + r * Vp, sizeof(float) * V);
 
+
   // 5. S ← diag(e^Γ_last) S + Kdᵀ V'.
-  for (int64_t j = 0; j < n; ++j) scale_exp(w.kd.p + j * Kp, w.k.p + j * Kp, glast, w.gam.p + j * Kp, Kp);
+  for (int64_t j = 0; j < n; ++j) scale_exp(w.qw.p + j * Kp, w.k.p + j * Kp, glast, w.gam.p + j * Kp, Kp);
   for (int64_t d = 0; d < Kp; ++d) {
     const float fd = w.f.p[d];
     float* Sd = w.S.p + d * Vp;
     for (int64_t x = 0; x < Vp; x += kLanes) kda::store(Sd + x, kda::load(Sd + x) * fd);
   }
-  kda::gemm_acc(Kp, Vp, n, w.kd.p, 1, Kp, Z, Vp, w.S.p, Vp);
+  kda::gemm_acc(Kp, Vp, n, w.qw.p, 1, Kp, Z, Vp, w.S.p, Vp);
 }
 
 }  // namespace

@@ -1,8 +1,7 @@
 // Small fp32 products for the KDA chunked kernel (kda_chunked.cpp), register-tiled at the vector width of
 // kda_vec.h. Any sizes are accepted (columns, or the reduction length of gram_nt, that do not fill a vector are
 // done by a scalar tail); the chunk kernel pads its rows to whole vectors so the tails are not taken there.
-// Every output element is computed by the same sequence of operations wherever it falls in the register tiles,
-// so its bits depend on its own row and column of the inputs only, not on M or N.
+// Deterministic: the same arguments give the same bits (no threads, no dependence on buffer alignment).
 #pragma once
 
 #include <cstdint>

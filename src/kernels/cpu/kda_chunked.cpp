@@ -26,6 +26,7 @@
 // or where the buffers lie), as each head runs on one thread in a fixed order.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <new>
 
 #include "kernels/cpu/kda.h"
@@ -55,9 +56,10 @@ struct Buf {
   Buf& operator=(const Buf&) = delete;
 };
 
-// Per-thread scratch for chunks of up to C rows, K and V padded to Kp and Vp.
+// Per-thread scratch for chunks of up to C rows (C is also the leading dimension of aqk and ln), K and V padded
+// to Kp and Vp.
 struct ChunkScratch {
-  int64_t C, Kp, Vp;
+  int64_t C, K, V, Kp, Vp;
   Buf q, k, gam;      // [C×Kp] each: q·scale, k, Γ
   Buf nb;             // [C] −β
   Buf qw;             // [2C×Kp]: rows [0, n) q ⊙ e^Γ, rows [n, 2n) −β k ⊙ e^Γ; then Kd[j] = exp(Γ_last − Γ_j) ⊙ k_j
@@ -67,14 +69,23 @@ struct ChunkScratch {
   Buf S;              // [Kp×Vp] state of the current head
   Buf f;              // [Kp] exp(Γ_last)
   Buf zero;           // [Kp] zeros
-  ChunkScratch(int64_t C_, int64_t K, int64_t V)
-      : C(C_), Kp(round_up(K, kLanes)), Vp(round_up(V, kLanes)), q(C * Kp), k(C * Kp), gam(C * Kp), nb(C),
+  ChunkScratch(int64_t C_, int64_t K_, int64_t V_)
+      : C(C_), K(K_), V(V_), Kp(round_up(K_, kLanes)), Vp(round_up(V, kLanes)), q(C * Kp), k(C * Kp), gam(C * Kp), nb(C),
         qw(2 * C * Kp), oz(2 * C * Vp), aqk(C * C), ln(C * C), rq((C + 1) / 2 * Kp), rk((C + 1) / 2 * Kp),
         ck((C + 1) / 2 * Kp),
         S(Kp * Vp), f(Kp), zero(Kp) {
     std::fill(zero.p, zero.p + Kp, 0.0f);
   }
 };
+
+// The calling thread's scratch, kept from call to call (a prefill calls once per layer; fresh pages would fault
+// in every time), regrown when a call needs more rows or other head sizes. S is zeroed (its pads must be).
+ChunkScratch& thread_chunk_scratch(int64_t C, int64_t K, int64_t V) {
+  thread_local std::unique_ptr<ChunkScratch> w;
+  if (!w || w->C < C || w->K != K || w->V != V) w = std::make_unique<ChunkScratch>(C, K, V);
+  std::fill(w->S.p, w->S.p + w->Kp * w->Vp, 0.0f);
+  return *w;
+}
 
 // dst = src ⊙ exp(a − b) over Kp floats (a − b <= 0 elementwise).
 inline void scale_exp(float* dst, const float* src, const float* a, const float* b, int64_t Kp) {
@@ -257,8 +268,7 @@ void kda_chunked(const KdaArgs& a, int64_t chunk) {
   const int64_t C = std::max<int64_t>(1, std::min(chunk, a.T));
 #pragma omp parallel
   {
-    ChunkScratch w(C, a.K, a.V);
-    std::fill(w.S.p, w.S.p + w.Kp * w.Vp, 0.0f);
+    ChunkScratch& w = thread_chunk_scratch(C, a.K, a.V);
 #pragma omp for schedule(static)
     for (int64_t h = 0; h < a.H; ++h) {
       float* S = a.state + h * a.K * a.V;

@@ -273,7 +273,9 @@ void kda_chunked(const KdaArgs& a, int64_t chunk) {
     for (int64_t h = 0; h < a.H; ++h) {
       float* S = a.state + h * a.K * a.V;
       for (int64_t d = 0; d < a.K; ++d) std::memcpy(w.S.p + d * w.Vp, S + d * a.V, sizeof(float) * a.V);
-      for (int64_t t0 = 0; t0 < a.T; t0 += C) chunk_head(a, h, t0, std::min(C, a.T - t0), w);
+      for (int64_t t0 = 0; t0 < a.T; t0 += C) {
+        chunk_head(a, h, t0, std::min(C, a.T - t0), w);
+      }
       for (int64_t d = 0; d < a.K; ++d) std::memcpy(S + d * a.V, w.S.p + d * w.Vp, sizeof(float) * a.V);
     }
   }

@@ -10,7 +10,7 @@
 // on V − (exp(Γ) ⊙ K) S gives it without forming W. A tail chunk simply has n < C rows.
 //
 // Steps per chunk, all on per-thread scratch whose rows are padded with zeros to whole vectors (kda_vec.h):
-//   1. gather q·scale, k, −β k, Γ; Z = β v, O = 0;
+//   1. gather q·scale, k, Γ, −β; Z = β v, O = 0;
 //   2. one product [q ⊙ e^Γ; −β k ⊙ e^Γ] · S accumulated into [O; Z] (kda_gemm.h);
 //   3. Gram matrices Aqk and −L by recursive halving (below);
 //   4. forward substitution Z → V' fused with O += Aqk V', row by row over column strips kept in registers;

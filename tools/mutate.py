@@ -42,9 +42,10 @@ MUTATIONS = {
         "GoldenTest.*deepseek",
         "MLA rope dims rotated as NeoX halves instead of DeepSeek's interleaved pairs"),
     "kda_state_reset_per_chunk": (
-        "src/kernels/cpu/kda.cpp",
-        "        kda_chunk_head(a, h, t0, n, C, S, w);",
-        "        if (t0 > 0) std::fill(S, S + a.K * a.V, 0.0f);\n        kda_chunk_head(a, h, t0, n, C, S, w);",
+        "src/kernels/cpu/kda_chunked.cpp",
+        "        chunk_head(a, h, t0, std::min(C, a.T - t0), w);",
+        "        if (t0 > 0) std::fill(w.S.p, w.S.p + w.Kp * w.Vp, 0.0f);\n"
+        "        chunk_head(a, h, t0, std::min(C, a.T - t0), w);",
         "Kda|RecurrentKdaEqualsChunked|ChunkedPrefillEqualsOneChunk|GoldenTest.*(k3|kimi_linear)",
         "KDA recurrent state not carried from one chunk to the next"),
     "indexer_rope_plain_theta": (

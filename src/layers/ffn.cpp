@@ -379,7 +379,7 @@ void MoeBlock::forward_grouped(const float* x, const float* in, int64_t T) {
 //   2. dispatch: one record per (token, destination rank) — K int32 expert ids (−1 where the slot's expert
 //      lives elsewhere) followed by the token's routed-expert input row (in_ floats) — tokens ascending;
 //   3. combine: one output row per valid slot of every received record, in record order then slot order,
-//      sent back to the token's rank, where acc_ sums them per token in ascending expert id.
+//      sent back to the token's rank, where Temps::acc sums them per token in ascending expert id.
 // Owned experts run in ascending id over the rows that reached them, as in one process; the expert kernels
 // are row-invariant, so each output row has the bits it would have in one process.
 void MoeBlock::routed_ep(const float* in, int64_t T) {

@@ -126,7 +126,7 @@ KESTREL_AVX2 __attribute__((always_inline)) inline void chunk_nib(const uint8_t*
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const uint8_t* blk = W[r] + 4 * c * B;
-    _mm_prefetch(reinterpret_cast<const char*>(blk + pfd), _MM_HINT_T0);
+    gguf_blocks::prefetch_chunk<K>(blk + pfd);
     const __m128 dw = block_scales<K>(blk, Full ? 4 : n);
     __m256 sc[U][2];  // d_w·d_x by lanes (the product, then spread: the same values lane by lane)
 #pragma GCC unroll 4
@@ -193,8 +193,7 @@ KESTREL_AVX2 __attribute__((always_inline)) inline void chunk_q8(const uint8_t* 
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const uint8_t* blk = W[r] + 4 * c * B;
-    _mm_prefetch(reinterpret_cast<const char*>(blk + pfd), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(blk + pfd + 64), _MM_HINT_T0);
+    gguf_blocks::prefetch_chunk<Kind::kQ8_0>(blk + pfd);
     const __m128 dw = block_scales<Kind::kQ8_0>(blk, Full ? 4 : n);
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {

@@ -101,6 +101,7 @@ KESTREL_AVX2 void unpack_stripe(const WeightMatrix& w, int64_t nb, int64_t nc, i
       const int cn = static_cast<int>(std::min<int64_t>(4, nb - 4 * c));
       for (int64_t k = 0; k < g; ++k) {
         const uint8_t* blk = static_cast<const uint8_t*>(w.data) + (r0 + r + k) * nb * B + 4 * c * B;
+        gguf_blocks::prefetch_chunk<K>(blk + g * nb * B);  // the same chunk of the next group (gguf_int8_avx2.cpp)
         uint8_t* d = dst + (r * nc + c * g + k) * TB;
         if constexpr (K == Kind::kQ8_0) unpack_q8(blk, cn, d);
         else unpack_nib<K>(blk, cn, d);

@@ -22,11 +22,11 @@
 
 #include "base/check.h"
 #include "kernels/cpu/gguf_int8.h"
+#include "kernels/cpu/gguf_int8_avx2_blocks.h"
 #include "kernels/cpu/gguf_int8_blocks.h"
 #include "kernels/cpu/linear_gguf.h"
 #include "kernels/cpu/scratch.h"
 
-#define KESTREL_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 namespace kestrel::kernels {
 namespace {
@@ -49,44 +49,38 @@ constexpr int64_t kTileBytes = 256 - 64 * (K != Kind::kQ8_0);
 constexpr int kR = 3, kU = 3;
 constexpr int64_t kMaxStripe = 21 * kR, kStripeBytes = 1 << 18;
 
-// fp32 scales of the n (≤ 4) blocks at `blk` (the rest 0).
-template <Kind K>
-inline void scales4(const uint8_t* blk, int n, float (&s)[4]) {
-  constexpr int64_t B = kBlockBytes<K>;
-  for (int k = 0; k < 4; ++k) s[k] = 0.0f;
-  for (int k = 0; k < n; ++k) s[k] = K == Kind::kMxfp4 ? gguf_e8m0_half(blk[k * B]) : gguf_load_f16(blk + k * B);
-}
-
 // One (row, chunk) of Q4_0 / MXFP4 → lo, hi codes (u8; MXFP4 mapped to 2·E2M1 + 12, missing blocks
-// code 0 as the small-T kernel loads them: they meet zero activations and a zero scale), scales.
+// code 0 as the small-T kernel loads them: they meet zero activations and a zero scale), scales: the
+// small-T kernel's own loads (gguf_int8_avx2_blocks.h), stored.
 template <Kind K>
-KESTREL_AVX2 void unpack_nib(const uint8_t* blk, int n, uint8_t* dst) {
-  constexpr int64_t B = kBlockBytes<K>, O = kCodeOffset<K>;
-  alignas(32) uint8_t raw[64] = {};
-  for (int k = 0; k < n; ++k) std::memcpy(raw + 16 * k, blk + k * B + O, 16);
+KESTREL_AVX2 inline void unpack_nib(const uint8_t* blk, int n, uint8_t* dst) {
+  constexpr int64_t B = kBlockBytes<K>;
   const __m256i nib = _mm256_set1_epi8(15);
   const __m256i tbl = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+#pragma GCC unroll 2
   for (int h = 0; h < 2; ++h) {
-    const __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(raw + 32 * h));
+    const __m256i b = gguf_avx2::code_pair<K>(blk + 2 * h * B, std::max(0, n - 2 * h));
     __m256i lo = _mm256_and_si256(b, nib), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), nib);
     if constexpr (K == Kind::kMxfp4) lo = _mm256_shuffle_epi8(tbl, lo), hi = _mm256_shuffle_epi8(tbl, hi);
     _mm256_store_si256(reinterpret_cast<__m256i*>(dst + 32 * h), lo);
     _mm256_store_si256(reinterpret_cast<__m256i*>(dst + 64 + 32 * h), hi);
   }
-  float s[4];
-  scales4<K>(blk, n, s);
+  const __m128 s = gguf_avx2::block_scales<K>(blk, n);
   float* sc = reinterpret_cast<float*>(dst + 128);
-  for (int l = 0; l < 16; ++l) sc[l] = s[l / 4];
+  _mm256_store_ps(sc, gguf_avx2::spread_lo(s));
+  _mm256_store_ps(sc + 8, gguf_avx2::spread_hi(s));
 }
 
 // One (row, chunk) of Q8_0 → codes of blocks 0..3 (missing blocks 0), scales 8 per block.
-KESTREL_AVX2 void unpack_q8(const uint8_t* blk, int n, uint8_t* dst) {
-  std::memset(dst, 0, 128);
-  for (int k = 0; k < n; ++k) std::memcpy(dst + 32 * k, blk + k * 34 + 2, 32);
-  float s[4];
-  scales4<Kind::kQ8_0>(blk, n, s);
+KESTREL_AVX2 inline void unpack_q8(const uint8_t* blk, int n, uint8_t* dst) {
+  const __m128 s = gguf_avx2::block_scales<Kind::kQ8_0>(blk, n);
   float* sc = reinterpret_cast<float*>(dst + 128);
-  for (int l = 0; l < 32; ++l) sc[l] = s[l / 8];
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    const __m256i q = k < n ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + k * 34 + 2)) : _mm256_setzero_si256();
+    _mm256_store_si256(reinterpret_cast<__m256i*>(dst + 32 * k), q);
+    _mm256_store_ps(sc + 8 * k, _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), _mm256_set1_epi32(k)));
+  }
 }
 
 // Rows [r0, r0 + n) into `dst`: groups of kR rows (then single rows), each group chunk-major (chunk c:

@@ -46,10 +46,9 @@ KESTREL_AVX2 inline __m256i ld256(const void* p) { return _mm256_loadu_si256(sta
 
 // Each of a register block's R rows is a separate stream, and a thread's blocks follow each other in
 // memory. Every chunk load is paired with a software prefetch of the same chunk of the next block
-// (R rows further on): it runs one block ahead of the loads, at any row length, and crosses the 4 KiB
-// pages at which the hardware prefetchers stop. Kimi-Linear-shaped Q4_0 tg64, 2 threads, AMD EPYC
-// Zen 3 (docs/PERFORMANCE.md): no prefetch 46.7 tok/s; 1 KiB ahead 49.9; 4 KiB 68.5; one block ahead
-// 70-73; two blocks 73.7. linear_bench 16384 x 7168, T = 1: Q4_0 23.9 (1 KiB) → 33.7 GB/s (one block).
+// (R rows further on): one block ahead of the loads at any row length, more lines in flight than the
+// hardware prefetchers keep for R streams. Kimi-Linear-shaped Q4_0 tg64, 2 threads, AMD EPYC Zen 3:
+// no prefetch 46.7 tok/s, 1 KiB ahead 49.9, 4 KiB 68.5, one block ahead 70-73 (docs/PERFORMANCE.md).
 inline int64_t prefetch_distance(int R, int64_t row_bytes) { return R * row_bytes; }
 
 // One chunk of R rows × U tokens (Q4_0 / MXFP4). Full: all 4 blocks present (every chunk but a ragged

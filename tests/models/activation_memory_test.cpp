@@ -21,17 +21,14 @@
 #include <numeric>
 #include <thread>
 
+#include "common/live_heap.h"
 #include "common/test_util.h"
 #include "runtime/engine.h"
 
 namespace {
-std::atomic<int64_t> g_live{0}, g_peak{0};
-void track(int64_t d) {
-  const int64_t v = g_live.fetch_add(d, std::memory_order_relaxed) + d;
-  int64_t p = g_peak.load(std::memory_order_relaxed);
-  while (v > p && !g_peak.compare_exchange_weak(p, v, std::memory_order_relaxed)) {
-  }
-}
+using kestrel::test::g_live;
+using kestrel::test::g_peak;
+using kestrel::test::track;
 void* counted(void* p) {
   if (!p) throw std::bad_alloc();
   track(static_cast<int64_t>(malloc_usable_size(p)));

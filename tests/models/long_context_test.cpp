@@ -29,19 +29,16 @@
 
 #include "cache/cache_pools.h"
 #include "models/kimi_model.h"
+#include "common/live_heap.h"
 #include "common/test_util.h"
 #include "layers/mla_layer.h"
 #include "loader/checkpoint.h"
 #include "runtime/engine.h"
 
 namespace {
-std::atomic<int64_t> g_live{0}, g_peak{0};
-void track(int64_t d) {
-  const int64_t v = g_live.fetch_add(d, std::memory_order_relaxed) + d;
-  int64_t p = g_peak.load(std::memory_order_relaxed);
-  while (v > p && !g_peak.compare_exchange_weak(p, v, std::memory_order_relaxed)) {
-  }
-}
+using kestrel::test::g_live;
+using kestrel::test::g_peak;
+using kestrel::test::track;
 }  // namespace
 
 void* operator new(std::size_t n) {

@@ -70,9 +70,10 @@ Result<Timed> time_tg(Engine& e, int64_t n, int32_t first, std::vector<float>& l
 }
 }  // namespace
 
-std::vector<int32_t> bench_prompt_ids(int64_t n, int vocab) {
+std::vector<int32_t> bench_prompt_ids(int64_t n, int vocab, int64_t salt) {
   std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13) % static_cast<size_t>(vocab));
+  const size_t shift = static_cast<size_t>(salt) * 104729;
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13 + shift) % static_cast<size_t>(vocab));
   return ids;
 }
 
@@ -81,16 +82,18 @@ Result<nlohmann::json> run_pp_tg(Engine& e, const PpTgOptions& o) {
     return invalid_argument("--pp/--tg must be ≥ 0 (not both 0), --reps ≥ 1, --warmup ≥ 0, --chunk ≥ 1");
   const int vocab = e.config().text.vocab_size;
   std::vector<float> logits;
+  // Every prefill (warm-ups and repetitions) gets a prompt of its own, so none reuses what an earlier one left
+  // behind (MLA keeps the up-projected keys of the rows it last expanded, reused where the rows are the same):
+  // each repetition is a cold prefill of new text, as llama-bench's is after it clears its cache.
   for (int64_t w = 0; w < o.warmup; ++w) {  // faults the mmapped weights in, grows scratch buffers
-    if (auto s = time_pp(e, bench_prompt_ids(std::max<int64_t>(o.pp, 32), vocab), o.kv, o.chunk); !s) return s.error();
+    if (auto s = time_pp(e, bench_prompt_ids(std::max<int64_t>(o.pp, 32), vocab, o.reps + w), o.kv, o.chunk); !s) return s.error();
     if (auto s = time_tg(e, 1, 13, logits, o.kv); !s) return s.error();
   }
   nlohmann::json j = nlohmann::json::object();
   if (o.pp > 0) {
-    const auto ids = bench_prompt_ids(o.pp, vocab);
     std::vector<Timed> secs;
     for (int64_t r = 0; r < o.reps; ++r) {
-      auto s = time_pp(e, ids, o.kv, o.chunk);
+      auto s = time_pp(e, bench_prompt_ids(o.pp, vocab, r), o.kv, o.chunk);
       if (!s) return s.error();
       secs.push_back(*s);
     }

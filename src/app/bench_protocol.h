@@ -24,8 +24,9 @@ struct PpTgOptions {
   int64_t chunk = 512;                   // prefill chunk of pp (--chunk; llama-bench computes in ubatches of 512)
 };
 
-// Token ids of the timed prompts: (i·7919 + 13) mod vocab, as the plain bench uses.
-std::vector<int32_t> bench_prompt_ids(int64_t n, int vocab);
+// Token ids of a timed prompt: (i·7919 + 13 + salt·104729) mod vocab (salt 0: the plain bench's prompt);
+// a different salt per prefill keeps the prompts distinct.
+std::vector<int32_t> bench_prompt_ids(int64_t n, int vocab, int64_t salt);
 
 // {"pp": {"n_tokens", "seconds": [...], "tok_s": [...], "tok_s_mean", "tok_s_sd", "cores_used": [...]},
 //  "tg": {...}} (absent phases skipped); cores_used = process CPU seconds / wall seconds per repetition.

@@ -1,7 +1,7 @@
 // Linear kernel microbenchmark: y[T, out] = x[T, in] W^T for every weight format, best of N calls.
 //   linear_bench [out=4096] [in=4096] [T=1] [reps=20]
 // Reports ms per call, (int or fp) ops per second, and weight bytes read per second (the decode-time limit: T = 1 reads every
-// weight byte once). Formats: BF16, MXFP4 (compressed-tensors: packed + separate E8M0 scales, fused
+// weight byte once). Formats: F32 (fp32 weights used in place), BF16, MXFP4 (compressed-tensors: packed + separate E8M0 scales, fused
 // decode+dot for T ≤ 4), GGUF Q8_0 / Q4_0 / MXFP4 blocks (decode row → fp32 dot).
 #include <chrono>
 #include <cstdio>
@@ -41,14 +41,16 @@ int main(int argc, char** argv) {
   for (auto& v : x) v = d(rng);
   std::printf("linear_bench out %ld in %ld T %ld (best of %d)\n", static_cast<long>(out), static_cast<long>(in),
               static_cast<long>(T), reps);
-  for (const Fmt& f : {Fmt{"BF16", WeightFormat::kBF16}, Fmt{"BF16 x bf16 acts", WeightFormat::kBF16, true}, Fmt{"MXFP4 (compressed-tensors)", WeightFormat::kMxfp4},
+  for (const Fmt& f : {Fmt{"F32", WeightFormat::kF32}, Fmt{"BF16", WeightFormat::kBF16}, Fmt{"BF16 x bf16 acts", WeightFormat::kBF16, true}, Fmt{"MXFP4 (compressed-tensors)", WeightFormat::kMxfp4},
                        Fmt{"GGUF Q8_0", WeightFormat::kGgufQ8_0}, Fmt{"GGUF Q4_0", WeightFormat::kGgufQ4_0},
                        Fmt{"GGUF MXFP4", WeightFormat::kGgufMxfp4}}) {
     const int64_t bb = kestrel::kernels::gguf_block_bytes(f.f);
-    const int64_t bytes = f.f == WeightFormat::kBF16 ? out * in * 2 : f.f == WeightFormat::kMxfp4 ? out * in / 2 : out * in / 32 * bb;
+    const int64_t bytes = f.f == WeightFormat::kF32 ? out * in * 4 : f.f == WeightFormat::kBF16 ? out * in * 2 : f.f == WeightFormat::kMxfp4 ? out * in / 2 : out * in / 32 * bb;
     std::vector<uint8_t> data(static_cast<size_t>(bytes)), scales(static_cast<size_t>(out * in / 32));
     for (auto& b : data) b = static_cast<uint8_t>(rng());
     for (auto& s : scales) s = static_cast<uint8_t>(120 + rng() % 8);
+    if (f.f == WeightFormat::kF32)  // floats in [1, 2) from the random bytes (finite, no denormals)
+      for (int64_t i = 0; i < out * in; ++i) data[static_cast<size_t>(4 * i + 3)] = 0x3f, data[static_cast<size_t>(4 * i + 2)] |= 0x80;
     if (f.f == WeightFormat::kBF16)
       for (int64_t i = 0; i < out * in; ++i) data[static_cast<size_t>(2 * i + 1)] = static_cast<uint8_t>(0x3c + rng() % 2);
     for (int64_t b = 0; bb > 0 && b < out * in / 32; ++b) {  // finite fp16 scales / E8M0 near 2^0

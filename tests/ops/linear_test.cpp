@@ -107,8 +107,9 @@ float fixed_order_dot(const float* w, const float* x, int64_t n) {
 
 class LinearOrder : public ::testing::TestWithParam<WeightFormat> {};
 
-// Every kernel shape — fused few-token paths (T ≤ 4: U = 1..4), many-token blocks (4×4, 4×1, 1×4,
-// 1×1), row tails (out % 4), every tail of `in` mod 16 — equals the scalar formula bit for bit.
+// Every kernel shape — fused few-token paths (T ≤ 4: U = 1..4), many-token tiles (4 rows × 4 tokens, or
+// 4 × 3 on AVX2, and their row / token tails), row panels (out = 70 and 131: more than one panel, the last
+// one ragged), every tail of `in` mod 16 — equals the scalar formula bit for bit.
 TEST_P(LinearOrder, EveryShapeMatchesScalarFormulaBitwise) {
   const WeightFormat f = GetParam();
   std::vector<int64_t> ins;
@@ -120,7 +121,7 @@ TEST_P(LinearOrder, EveryShapeMatchesScalarFormulaBitwise) {
   }
   std::mt19937 rng(11);
   for (const int64_t in : ins)
-    for (const int64_t out : {1, 3, 4, 5, 9}) {
+    for (const int64_t out : {1, 3, 4, 5, 9, 70, 131}) {
       Mat m;
       m.w.format = f, m.w.out = out, m.w.in = in;
       if (f == WeightFormat::kMxfp4) {

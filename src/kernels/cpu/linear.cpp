@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/cpu/avx2_lanes.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/gguf_int8.h"
 #include "kernels/cpu/linear_fp8.h"
@@ -399,29 +400,156 @@ void few_tokens_rows(const WeightMatrix& w, const float* x, float* y, int64_t ld
   }
 }
 
-// y[t, r0..r0+R) for all tokens, rows already in fp32 (`rows` [R, in]).
-template <int R>
-void rows_times_tokens(const float* rows, int64_t in, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0) {
-  int64_t t = 0;
-  for (; t + 4 <= T; t += 4) block_dot<R, 4>(rows, in, x + t * in, in, in, y + t * ldy + r0, ldy);
-  for (; t < T; ++t) block_dot<R, 1>(rows, in, x + t * in, in, in, y + t * ldy + r0, ldy);
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// AVX2: block_dot's per-(row, token) arithmetic on 8-float registers. A v16 accumulator's lanes are
+// independent chains, so lanes 0..7 (elements i ≡ 0..7 mod 16) run in one pass over the row and lanes
+// 8..15 in a second; each lane sees the same FMAs in the same order as in block_dot, and the halves are
+// put back together for the same lane sum and tail. R·U accumulators in 8-float registers (12 for the
+// 4 × 3 tile, plus U token vectors and one weight vector: the 16 ymm registers) instead of 2·R·U
+// (32 for block_dot<4, 4>, which spills on AVX2).
+// 8 × 8 transpose: on return v[k] lane j = (input v[j]) lane k.
+inline __attribute__((always_inline)) void transpose8(__m256* v) {
+  __m256 t[8], u[8];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i) {
+    const int b = 4 * i;
+    u[b] = _mm256_shuffle_ps(t[b], t[b + 2], 0x44);
+    u[b + 1] = _mm256_shuffle_ps(t[b], t[b + 2], 0xEE);
+    u[b + 2] = _mm256_shuffle_ps(t[b + 1], t[b + 3], 0x44);
+    u[b + 3] = _mm256_shuffle_ps(t[b + 1], t[b + 3], 0xEE);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
+    v[4 + i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
+  }
 }
 
-// Prefill / batched shapes (T > 4): a block of kDecodedRows rows is decoded once into a per-thread buffer
-// (L1/L2-resident; fp32 weights are used in place) and reused for every token.
-constexpr int64_t kDecodedRows = 4;
+// Lane sums of n ≤ 16 accumulators held as halves (lo[j]: lanes 0..7, hi[j]: lanes 8..15) in the fixed
+// order out[j] = ((0 + a[j][0]) + a[j][1]) + … + a[j][15]: 8 outputs at a time, transposed so that one
+// vector add per lane runs every output's chain at once.
+template <int N>
+inline __attribute__((always_inline)) void lane_sums_halves(const __m256 (&lo)[N], const __m256 (&hi)[N], float (&out)[N]) {
+#pragma GCC unroll 2
+  for (int g = 0; g < N; g += 8) {
+    __m256 a[8], b[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      a[j] = g + j < N ? lo[g + j] : _mm256_setzero_ps();
+      b[j] = g + j < N ? hi[g + j] : _mm256_setzero_ps();
+    }
+    transpose8(a);
+    transpose8(b);
+    __m256 s = _mm256_setzero_ps();
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) s = _mm256_add_ps(s, a[k]);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) s = _mm256_add_ps(s, b[k]);
+    float tmp[8];
+    _mm256_storeu_ps(tmp, s);
+    for (int j = 0; j < std::min(8, N - g); ++j) out[g + j] = tmp[j];
+  }
+}
+
+template <int R, int U>
+inline void block_dot_halves(const float* w, int64_t ws, const float* x, int64_t xs, int64_t n, float* y, int64_t ys) {
+  const int64_t n16 = n / 16 * 16;
+  __m256 acc[2][R * U];  // [half][u * R + r]: token-major, as block_lane_sums orders them
+#pragma GCC unroll 2
+  for (int half = 0; half < 2; ++half) {
+    __m256 a[R][U];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+      for (int u = 0; u < U; ++u) a[r][u] = _mm256_setzero_ps();
+    for (int64_t i = 8 * half; i < n16; i += 16) {
+      __m256 xv[U];
+#pragma GCC unroll 16
+      for (int u = 0; u < U; ++u) {
+        xv[u] = _mm256_loadu_ps(x + u * xs + i);
+        KESTREL_IN_REGISTER(xv[u]);
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        __m256 wv = _mm256_loadu_ps(w + r * ws + i);
+        KESTREL_IN_REGISTER(wv);
+#pragma GCC unroll 16
+        for (int u = 0; u < U; ++u) a[r][u] = _mm256_fmadd_ps(wv, xv[u], a[r][u]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+      for (int u = 0; u < U; ++u) acc[half][u * R + r] = a[r][u];
+  }
+  float sums[R * U];
+  lane_sums_halves<R * U>(acc[0], acc[1], sums);
+  for (int u = 0; u < U; ++u)
+    for (int r = 0; r < R; ++r) {
+      float s = sums[u * R + r];
+      for (int64_t j = n16; j < n; ++j) s = tail_step(s, w[r * ws + j], x[u * xs + j]);
+      y[u * ys + r] = s;
+    }
+}
+constexpr int kTileRows = 4, kTileTokens = 3;
+template <int R, int U>
+inline void tile_dot(const float* w, int64_t ws, const float* x, int64_t xs, int64_t n, float* y, int64_t ys) {
+  block_dot_halves<R, U>(w, ws, x, xs, n, y, ys);
+}
+#else
+constexpr int kTileRows = 4, kTileTokens = 3;
+template <int R, int U>
+inline void tile_dot(const float* w, int64_t ws, const float* x, int64_t xs, int64_t n, float* y, int64_t ys) {
+  block_dot<R, U>(w, ws, x, xs, n, y, ys);
+}
+#endif
+
+// Prefill / batched shapes (T > 4): the rows are taken a panel at a time (a block of rows sized to stay in
+// L2: decoded once into a per-thread buffer, or used in place when they are fp32), and within the panel
+// token-block by token-block, each token block meeting every row of the panel. So the tokens stream once
+// per panel, not once per 4 rows (with T = 512 and in = 512 that was 1 MB of activations re-read for
+// every 4 output rows). Each (row, token) pair still runs the one fixed order (tile_dot = block_dot's).
+constexpr int64_t kPanelBytes = 96 * 1024;
+
+int64_t panel_rows(int64_t in) {
+  const int64_t rows = kPanelBytes / (in * static_cast<int64_t>(sizeof(float)));
+  return std::clamp<int64_t>(rows / kTileRows * kTileRows, kTileRows, 64);
+}
 
 // The floats of that buffer a product of `w` on the fp32 path may use (0: weights used in place).
 size_t decoded_rows_floats(const WeightMatrix& w) {
-  return w.format == WeightFormat::kF32 ? 0 : static_cast<size_t>(kDecodedRows * w.in);
+  return w.format == WeightFormat::kF32 ? 0 : static_cast<size_t>(panel_rows(w.in) * w.in);
+}
+
+// y[t, r0 + k] for k < n and every token, rows already in fp32 (`rows` [n, in]).
+void panel_times_tokens(const float* rows, int64_t n, int64_t in, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0) {
+  constexpr int R = kTileRows, U = kTileTokens;
+  const int64_t full = n / R * R;
+  int64_t t = 0;
+  for (; t + U <= T; t += U) {
+    const float* xt = x + t * in;
+    float* yt = y + t * ldy + r0;
+    for (int64_t k = 0; k < full; k += R) tile_dot<R, U>(rows + k * in, in, xt, in, in, yt + k, ldy);
+    for (int64_t k = full; k < n; ++k) tile_dot<1, U>(rows + k * in, in, xt, in, in, yt + k, ldy);
+  }
+  for (; t < T; ++t) {
+    const float* xt = x + t * in;
+    float* yt = y + t * ldy + r0;
+    for (int64_t k = 0; k < full; k += R) tile_dot<R, 1>(rows + k * in, in, xt, in, in, yt + k, ldy);
+    for (int64_t k = full; k < n; ++k) tile_dot<1, 1>(rows + k * in, in, xt, in, in, yt + k, ldy);
+  }
 }
 
 void many_tokens_rows(const WeightMatrix& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  constexpr int64_t kRows = kDecodedRows;
-  const int64_t in = w.in;
+  const int64_t in = w.in, P = panel_rows(in);
   float* buf = w.format == WeightFormat::kF32 ? nullptr : thread_scratch(kScratchLinear, decoded_rows_floats(w));
-  for (int64_t r = r0; r < r1; r += kRows) {
-    const int64_t n = std::min(r1, r + kRows) - r;
+  for (int64_t r = r0; r < r1; r += P) {
+    const int64_t n = std::min(r1, r + P) - r;
     const float* rows;
     if (buf == nullptr) {
       rows = static_cast<const float*>(w.data) + r * in;
@@ -429,11 +557,7 @@ void many_tokens_rows(const WeightMatrix& w, const float* x, int64_t T, float* y
       for (int64_t k = 0; k < n; ++k) decode_row(w, r + k, buf + k * in);
       rows = buf;
     }
-    if (n == kRows) {
-      rows_times_tokens<kRows>(rows, in, x, T, y, ldy, r);
-    } else {
-      for (int64_t k = 0; k < n; ++k) rows_times_tokens<1>(rows + k * in, in, x, T, y, ldy, r + k);
-    }
+    panel_times_tokens(rows, n, in, x, T, y, ldy, r);
   }
 }
 

@@ -203,6 +203,7 @@ KESTREL_AVX2 void group_tokens(const uint8_t* wt, const Q8Acts& a, const int32_t
                                int64_t ldy, int64_t r0) {
   int64_t t = t0;
   for (; t + kU <= t1; t += kU) tile<K, R, kU>(wt, a, tok, t, y, ldy, r0);
+  if (t1 - t == 2) return tile<K, R, 2>(wt, a, tok, t, y, ldy, r0);  // two tokens share each weight load
   for (; t < t1; ++t) tile<K, R, 1>(wt, a, tok, t, y, ldy, r0);
 }
 

@@ -230,9 +230,11 @@ def llama_bench(llama_cpp, path, threads, pps, tg, reps, repack=True):
 
     res = {"pp": {}}
     for pp in pps:
-        ids = [(i * 7919 + 13) % vocab for i in range(pp)]
-        run_pp(ids[:max(32, min(pp, 512))])  # warm-up, as for Kestrel
-        res["pp"][str(pp)] = stats(pp, [run_pp(ids) for _ in range(reps)])
+        # Each run its own prompt, as `kestrel bench` salts them (bench_prompt_ids): rep r uses salt r.
+        def ids(salt, n=pp):
+            return [(i * 7919 + 13 + salt * 104729) % vocab for i in range(n)]
+        run_pp(ids(reps, max(32, min(pp, 512))))  # warm-up, as for Kestrel
+        res["pp"][str(pp)] = stats(pp, [run_pp(ids(r)) for r in range(reps)])
     if tg > 0:
         run_tg(tg_ids[:1])
         res["tg"] = stats(tg, [run_tg(tg_ids) for _ in range(reps)])

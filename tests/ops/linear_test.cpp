@@ -109,7 +109,8 @@ class LinearOrder : public ::testing::TestWithParam<WeightFormat> {};
 
 // Every kernel shape — fused few-token paths (T ≤ 4: U = 1..4), many-token tiles (4 rows × 4 tokens, or
 // 4 × 3 on AVX2, and their row / token tails), row panels (out = 70 and 131: more than one panel, the last
-// one ragged), every tail of `in` mod 16 — equals the scalar formula bit for bit.
+// one ragged), rows longer than a K-block (in 1040, 2100) over one and two token blocks, every tail of `in` mod 16 —
+// equals the scalar formula bit for bit.
 TEST_P(LinearOrder, EveryShapeMatchesScalarFormulaBitwise) {
   const WeightFormat f = GetParam();
   std::vector<int64_t> ins;
@@ -117,7 +118,7 @@ TEST_P(LinearOrder, EveryShapeMatchesScalarFormulaBitwise) {
     ins = {32, 64, 96, 384};
   } else {
     for (int64_t t = 0; t < 16; ++t) ins.push_back(384 + t);
-    for (int64_t n : {1, 7, 15, 16, 17, 31, 33, 48}) ins.push_back(n);
+    for (int64_t n : {1, 7, 15, 16, 17, 31, 33, 48, 1040, 2100}) ins.push_back(n);  // (> 1024: K-blocks on AVX2)
   }
   std::mt19937 rng(11);
   for (const int64_t in : ins)
@@ -147,7 +148,7 @@ TEST_P(LinearOrder, EveryShapeMatchesScalarFormulaBitwise) {
       m.w.data = m.data.data();
       std::vector<float> rows(static_cast<size_t>(out * in));
       for (int64_t r = 0; r < out; ++r) decode_row(m.w, r, rows.data() + r * in);
-      for (const int64_t T : {1, 2, 3, 4, 5, 6, 7, 8, 11, 16}) {
+      for (const int64_t T : {1, 2, 3, 4, 5, 6, 7, 8, 11, 16, 29}) {  // (29: two token blocks of the K-blocked form)
         std::vector<float> x(static_cast<size_t>(T * in));
         for (auto& v : x) v = nasty_float(rng, 12);
         const int64_t ldy = out + 3;

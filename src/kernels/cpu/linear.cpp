@@ -32,12 +32,26 @@ typedef float v16f_alias __attribute__((vector_size(64), aligned(4), may_alias))
 inline v16f load16(const float* p) { return *reinterpret_cast<const v16f_alias*>(p); }
 inline void store16(float* p, v16f v) { *reinterpret_cast<v16f_alias*>(p) = v; }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+typedef float v8f __attribute__((vector_size(32)));
+// Two 8-float registers as one v16f (lanes 0-7 from lo), without a trip through memory.
+inline v16f join8(__m256 lo, __m256 hi) {
+  return __builtin_shufflevector(static_cast<v8f>(lo), static_cast<v8f>(hi), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+#endif
+
 // 16 bf16 → 16 fp32 in registers: zero-extend and shift into the high half (exact). AVX-512: one
 // vpmovzxwd from memory (GCC 12 splits the generic conversion into two halves and an insert).
 inline v16f load_bf16x16(const uint16_t* p) {
 #if defined(__AVX512F__)
   const __m512i w = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return (v16f)((v16u32)w << 16);
+#elif defined(__AVX2__)
+  // Two vpmovzxwd from memory and shifts, joined as the register pair a v16f is here. (The generic form went
+  // through the stack twice: bf16 decode GEMVs ran at a third of the memory bandwidth.)
+  const __m256i a = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16);
+  const __m256i b = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8))), 16);
+  return join8(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b));
 #else
   v16u16 h;
   std::memcpy(&h, p, 32);
@@ -316,97 +330,16 @@ inline v16 load_f16x16(const uint16_t* p) {
   // (Masked form: GCC 12 warns on the plain intrinsic's undefined pass-through operand.)
   const __m512 v = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   std::memcpy(&f, &v, 64);
+#elif defined(__AVX2__) && defined(__F16C__)
+  f = join8(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8))));
 #else
   for (int k = 0; k < 16; ++k) f[k] = f16_to_f32(p[k]);
 #endif
   return f;
 }
 
-// Software prefetch distance of the decode GEMV over 16-bit weights, in elements (bytes / 2).
-// 16384×7168 GEMV, 2 threads (bench/linear_bench): none 30.5 GB/s, 256 34.9, 512 39.6, 1024 40.2.
-constexpr int64_t kHalfPrefetchElems = 512;
-
-// Fused 16-bit-float rows × few tokens: R rows of bf16/f16 weights converted in registers (never
-// stored), U tokens.
-template <int R, int U, bool kBf16>
-void half_rows_dot(const uint16_t* W, int64_t in, int64_t r0, const float* x, float* y, int64_t ldy) {
-  v16 acc[R][U];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 16
-    for (int u = 0; u < U; ++u) acc[r][u] = v16{};
-  int64_t i = 0;
-  for (; i + 16 <= in; i += 16) {
-    v16 xv[U];
-#pragma GCC unroll 16
-    for (int u = 0; u < U; ++u) xv[u] = load16(x + u * in + i);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const uint16_t* p = W + (r0 + r) * in + i;
-      // Decode (one token): R row streams; prefetching ahead keeps more lines in flight than the
-      // hardware prefetcher does (one line per 32 elements, so every other step).
-      if constexpr (U == 1) {
-        if ((i & 31) == 0) __builtin_prefetch(p + kHalfPrefetchElems, 0, 3);
-      }
-      const v16 wv = kBf16 ? load_bf16x16(p) : load_f16x16(p);
-#pragma GCC unroll 16
-      for (int u = 0; u < U; ++u) acc[r][u] += wv * xv[u];
-    }
-  }
-  float sums[R * U];
-  block_lane_sums<R, U>(acc, sums);
-  for (int r = 0; r < R; ++r)
-    for (int u = 0; u < U; ++u) {
-      float s = sums[u * R + r];
-      for (int64_t j = i; j < in; ++j) {
-        const uint16_t h = W[(r0 + r) * in + j];
-        s = tail_step(s, kBf16 ? bf16_to_f32(h) : f16_to_f32(h), x[u * in + j]);
-      }
-      y[u * ldy + r0 + r] = s;
-    }
-}
-
-void many_tokens_rows(const WeightMatrix& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1);
-
-// Decode-time shapes (T ≤ 4): every format runs fused, weights read once from memory.
-template <int U>
-void few_tokens_rows(const WeightMatrix& w, const float* x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  const int64_t in = w.in;
-  int64_t r = r0;
-  switch (w.format) {
-    case WeightFormat::kMxfp4:
-      for (; r + 4 <= r1; r += 4) mxfp4_rows_dot<4, U>(w, r, x, y, ldy);
-      for (; r < r1; ++r) mxfp4_rows_dot<1, U>(w, r, x, y, ldy);
-      return;
-    case WeightFormat::kBF16:
-    case WeightFormat::kF16: {
-      const auto* W = static_cast<const uint16_t*>(w.data);
-      const bool bf = w.format == WeightFormat::kBF16;
-      for (; r + 4 <= r1; r += 4)
-        bf ? half_rows_dot<4, U, true>(W, in, r, x, y, ldy) : half_rows_dot<4, U, false>(W, in, r, x, y, ldy);
-      for (; r < r1; ++r)
-        bf ? half_rows_dot<1, U, true>(W, in, r, x, y, ldy) : half_rows_dot<1, U, false>(W, in, r, x, y, ldy);
-      return;
-    }
-    case WeightFormat::kF32: {
-      const float* W = static_cast<const float*>(w.data);
-      for (; r + 4 <= r1; r += 4) block_dot<4, U>(W + r * in, in, x, in, in, y + r, ldy);
-      for (; r < r1; ++r) block_dot<1, U>(W + r * in, in, x, in, in, y + r, ldy);
-      return;
-    }
-    default:  // formats without a fused path: decode rows, then the same dot
-      many_tokens_rows(w, x, U, y, ldy, r0, r1);
-      return;
-  }
-}
-
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-// AVX2: block_dot's per-(row, token) arithmetic on 8-float registers. A v16 accumulator's lanes are
-// independent chains, so lanes 0..7 (elements i ≡ 0..7 mod 16) run in one pass over the row and lanes
-// 8..15 in a second; each lane sees the same FMAs in the same order as in block_dot, and the halves are
-// put back together for the same lane sum and tail. R·U accumulators in 8-float registers (12 for the
-// 4 × 3 tile, plus U token vectors and one weight vector: the 16 ymm registers) instead of 2·R·U
-// (32 for block_dot<4, 4>, which spills on AVX2).
 // 8 × 8 transpose: on return v[k] lane j = (input v[j]) lane k.
 inline __attribute__((always_inline)) void transpose8(__m256* v) {
   __m256 t[8], u[8];
@@ -456,18 +389,160 @@ inline __attribute__((always_inline)) void lane_sums_halves(const __m256 (&lo)[N
   }
 }
 
+#endif
+
+// Software prefetch distance of the decode GEMV over 16-bit weights, in elements (bytes / 2).
+// 16384×7168 GEMV, 2 threads (bench/linear_bench): none 30.5 GB/s, 256 34.9, 512 39.6, 1024 40.2.
+constexpr int64_t kHalfPrefetchElems = 512;
+
+// Fused 16-bit-float rows × few tokens: R rows of bf16/f16 weights converted in registers (never
+// stored), U tokens.
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// AVX2: each 16-lane accumulator as two 8-float registers (lanes 0-7, 8-15), the same FMAs per lane in the
+// same order, lane sums by transposes in the fixed order. (GCC 12 kept the generic form's 64-byte
+// accumulators in memory on AVX2, moving halves through general registers: 11 GB/s on a 16384 × 7168 bf16
+// GEMV where fp32 rows ran at 28.)
+template <int R, int U, bool kBf16>
+void half_rows_dot(const uint16_t* W, int64_t in, int64_t r0, const float* x, float* y, int64_t ldy) {
+  __m256 lo[R][U], hi[R][U];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int u = 0; u < U; ++u) lo[r][u] = hi[r][u] = _mm256_setzero_ps();
+  auto load8 = [](const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if constexpr (kBf16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    else return _mm256_cvtph_ps(h);
+  };
+  int64_t i = 0;
+  for (; i + 16 <= in; i += 16) {
+    __m256 xl[U], xh[U];
+#pragma GCC unroll 16
+    for (int u = 0; u < U; ++u) xl[u] = _mm256_loadu_ps(x + u * in + i), xh[u] = _mm256_loadu_ps(x + u * in + i + 8);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const uint16_t* p = W + (r0 + r) * in + i;
+      if constexpr (U == 1) {
+        if ((i & 31) == 0) __builtin_prefetch(p + kHalfPrefetchElems, 0, 3);
+      }
+      const __m256 wl = load8(p), wh = load8(p + 8);
+#pragma GCC unroll 16
+      for (int u = 0; u < U; ++u) lo[r][u] = _mm256_fmadd_ps(wl, xl[u], lo[r][u]), hi[r][u] = _mm256_fmadd_ps(wh, xh[u], hi[r][u]);
+    }
+  }
+  __m256 L[R * U], H[R * U];
+  for (int u = 0; u < U; ++u)
+    for (int r = 0; r < R; ++r) L[u * R + r] = lo[r][u], H[u * R + r] = hi[r][u];
+  float sums[R * U];
+  lane_sums_halves<R * U>(L, H, sums);
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) {
+      float s = sums[u * R + r];
+      for (int64_t j = i; j < in; ++j) {
+        const uint16_t h = W[(r0 + r) * in + j];
+        s = tail_step(s, kBf16 ? bf16_to_f32(h) : f16_to_f32(h), x[u * in + j]);
+      }
+      y[u * ldy + r0 + r] = s;
+    }
+}
+#else
+template <int R, int U, bool kBf16>
+void half_rows_dot(const uint16_t* W, int64_t in, int64_t r0, const float* x, float* y, int64_t ldy) {
+  v16 acc[R][U];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int u = 0; u < U; ++u) acc[r][u] = v16{};
+  int64_t i = 0;
+  for (; i + 16 <= in; i += 16) {
+    v16 xv[U];
+#pragma GCC unroll 16
+    for (int u = 0; u < U; ++u) xv[u] = load16(x + u * in + i);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const uint16_t* p = W + (r0 + r) * in + i;
+      // Decode (one token): R row streams; prefetching ahead keeps more lines in flight than the
+      // hardware prefetcher does (one line per 32 elements, so every other step).
+      if constexpr (U == 1) {
+        if ((i & 31) == 0) __builtin_prefetch(p + kHalfPrefetchElems, 0, 3);
+      }
+      const v16 wv = kBf16 ? load_bf16x16(p) : load_f16x16(p);
+#pragma GCC unroll 16
+      for (int u = 0; u < U; ++u) acc[r][u] += wv * xv[u];
+    }
+  }
+  float sums[R * U];
+  block_lane_sums<R, U>(acc, sums);
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) {
+      float s = sums[u * R + r];
+      for (int64_t j = i; j < in; ++j) {
+        const uint16_t h = W[(r0 + r) * in + j];
+        s = tail_step(s, kBf16 ? bf16_to_f32(h) : f16_to_f32(h), x[u * in + j]);
+      }
+      y[u * ldy + r0 + r] = s;
+    }
+}
+
+#endif
+
+void many_tokens_rows(const WeightMatrix& w, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1);
+
+// Decode-time shapes (T ≤ 4): every format runs fused, weights read once from memory.
+template <int U>
+void few_tokens_rows(const WeightMatrix& w, const float* x, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  const int64_t in = w.in;
+  int64_t r = r0;
+  switch (w.format) {
+    case WeightFormat::kMxfp4:
+      for (; r + 4 <= r1; r += 4) mxfp4_rows_dot<4, U>(w, r, x, y, ldy);
+      for (; r < r1; ++r) mxfp4_rows_dot<1, U>(w, r, x, y, ldy);
+      return;
+    case WeightFormat::kBF16:
+    case WeightFormat::kF16: {
+      const auto* W = static_cast<const uint16_t*>(w.data);
+      const bool bf = w.format == WeightFormat::kBF16;
+      for (; r + 4 <= r1; r += 4)
+        bf ? half_rows_dot<4, U, true>(W, in, r, x, y, ldy) : half_rows_dot<4, U, false>(W, in, r, x, y, ldy);
+      for (; r < r1; ++r)
+        bf ? half_rows_dot<1, U, true>(W, in, r, x, y, ldy) : half_rows_dot<1, U, false>(W, in, r, x, y, ldy);
+      return;
+    }
+    case WeightFormat::kF32: {
+      const float* W = static_cast<const float*>(w.data);
+      for (; r + 4 <= r1; r += 4) block_dot<4, U>(W + r * in, in, x, in, in, y + r, ldy);
+      for (; r < r1; ++r) block_dot<1, U>(W + r * in, in, x, in, in, y + r, ldy);
+      return;
+    }
+    default:  // formats without a fused path: decode rows, then the same dot
+      many_tokens_rows(w, x, U, y, ldy, r0, r1);
+      return;
+  }
+}
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// AVX2: block_dot's per-(row, token) arithmetic on 8-float registers. A v16 accumulator's lanes are
+// independent chains, so lanes 0..7 (elements i ≡ 0..7 mod 16) run in one pass over the row and lanes
+// 8..15 in a second; each lane sees the same FMAs in the same order as in block_dot, and the halves are
+// put back together for the same lane sum and tail. R·U accumulators in 8-float registers (12 for the
+// 4 × 3 tile, plus U token vectors and one weight vector: the 16 ymm registers) instead of 2·R·U
+// (32 for block_dot<4, 4>, which spills on AVX2).
+// The R × U tile's accumulators as floats in memory: [half][u·R + r][8 lanes] (lanes 0-7 / 8-15 of each v16).
 template <int R, int U>
-inline void block_dot_halves(const float* w, int64_t ws, const float* x, int64_t xs, int64_t n, float* y, int64_t ys) {
-  const int64_t n16 = n / 16 * 16;
-  __m256 acc[2][R * U];  // [half][u * R + r]: token-major, as block_lane_sums orders them
+constexpr int64_t kTileAccFloats = 2 * R * U * 8;
+
+// Advances a tile's accumulators over elements [i0, i1) (multiples of 16): lanes 0-7 of every 16-element
+// step in one pass, lanes 8-15 in a second; each lane sees block_dot's FMAs in block_dot's order.
+template <int R, int U>
+inline void block_fma_halves(const float* w, int64_t ws, const float* x, int64_t xs, int64_t i0, int64_t i1, float* acc) {
 #pragma GCC unroll 2
   for (int half = 0; half < 2; ++half) {
     __m256 a[R][U];
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-      for (int u = 0; u < U; ++u) a[r][u] = _mm256_setzero_ps();
-    for (int64_t i = 8 * half; i < n16; i += 16) {
+      for (int u = 0; u < U; ++u) a[r][u] = _mm256_loadu_ps(acc + ((half * U + u) * R + r) * 8);
+    for (int64_t i = i0 + 8 * half; i < i1; i += 16) {
       __m256 xv[U];
 #pragma GCC unroll 16
       for (int u = 0; u < U; ++u) {
@@ -485,16 +560,39 @@ inline void block_dot_halves(const float* w, int64_t ws, const float* x, int64_t
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-      for (int u = 0; u < U; ++u) acc[half][u * R + r] = a[r][u];
+      for (int u = 0; u < U; ++u) _mm256_storeu_ps(acc + ((half * U + u) * R + r) * 8, a[r][u]);
   }
+}
+
+// y of the tile from its accumulators: the lane sums in the fixed order, then the scalar tail [n16, n).
+template <int R, int U>
+inline void block_finish_halves(const float* acc, const float* w, int64_t ws, const float* x, int64_t xs, int64_t n16, int64_t n,
+                                float* y, int64_t ys) {
+  __m256 lo[R * U], hi[R * U];
+#pragma GCC unroll 16
+  for (int j = 0; j < R * U; ++j) lo[j] = _mm256_loadu_ps(acc + j * 8), hi[j] = _mm256_loadu_ps(acc + (R * U + j) * 8);
   float sums[R * U];
-  lane_sums_halves<R * U>(acc[0], acc[1], sums);
+  lane_sums_halves<R * U>(lo, hi, sums);
   for (int u = 0; u < U; ++u)
     for (int r = 0; r < R; ++r) {
       float s = sums[u * R + r];
       for (int64_t j = n16; j < n; ++j) s = tail_step(s, w[r * ws + j], x[u * xs + j]);
       y[u * ys + r] = s;
     }
+}
+
+// AVX2: block_dot's per-(row, token) arithmetic on 8-float registers. A v16 accumulator's lanes are
+// independent chains, so lanes 0..7 (elements i ≡ 0..7 mod 16) run in one pass over the row and lanes
+// 8..15 in a second; each lane sees the same FMAs in the same order as in block_dot, and the halves are
+// put back together for the same lane sum and tail. R·U accumulators in 8-float registers (12 for the
+// 4 × 3 tile, plus U token vectors and one weight vector: the 16 ymm registers) instead of 2·R·U
+// (32 for block_dot<4, 4>, which spills on AVX2).
+template <int R, int U>
+inline void block_dot_halves(const float* w, int64_t ws, const float* x, int64_t xs, int64_t n, float* y, int64_t ys) {
+  const int64_t n16 = n / 16 * 16;
+  alignas(32) float acc[kTileAccFloats<R, U>] = {};
+  block_fma_halves<R, U>(w, ws, x, xs, 0, n16, acc);
+  block_finish_halves<R, U>(acc, w, ws, x, xs, n16, n, y, ys);
 }
 constexpr int kTileRows = 4, kTileTokens = 3;
 template <int R, int U>
@@ -515,8 +613,12 @@ inline void tile_dot(const float* w, int64_t ws, const float* x, int64_t xs, int
 // per panel, not once per 4 rows (with T = 512 and in = 512 that was 1 MB of activations re-read for
 // every 4 output rows). Each (row, token) pair still runs the one fixed order (tile_dot = block_dot's).
 constexpr int64_t kPanelBytes = 96 * 1024;
+constexpr int64_t kKBlock = 1024;  // AVX2: elements of a row per K-block (panel_times_tokens_kblocked)
 
 int64_t panel_rows(int64_t in) {
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+  in = std::min<int64_t>(in, kKBlock);  // long rows run in K-blocks (panel_times_tokens_kblocked)
+#endif
   const int64_t rows = kPanelBytes / (in * static_cast<int64_t>(sizeof(float)));
   return std::clamp<int64_t>(rows / kTileRows * kTileRows, kTileRows, 64);
 }
@@ -527,7 +629,54 @@ size_t decoded_rows_floats(const WeightMatrix& w) {
 }
 
 // y[t, r0 + k] for k < n and every token, rows already in fp32 (`rows` [n, in]).
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// Long rows (in > kKBlock): a tile's 3 token rows no longer stay in L1 (in = 7168: 84 KiB), so the panel
+// runs K-block by K-block (kKBlock elements of every row), token block by token block (kTokBlock tokens),
+// the tiles' accumulators kept in a per-thread buffer between K-blocks. A lane still adds its products
+// in element order (K-blocks in order), so every (row, token) keeps block_dot's bits.
+constexpr int64_t kTokBlock = 24;
+
+void panel_times_tokens_kblocked(const float* rows, int64_t n, int64_t in, const float* x, int64_t T, float* y, int64_t ldy,
+                                 int64_t r0) {
+  constexpr int R = kTileRows, U = kTileTokens;
+  constexpr int64_t S = kTileAccFloats<R, U>;  // floats per tile slot (the largest tile's)
+  const int64_t full = n / R * R, n_tiles = full / R + (n - full), n16 = in / 16 * 16;
+  const int64_t groups = kTokBlock / U + kTokBlock % U + 1;
+  float* acc = thread_scratch(kScratchLinearAcc, static_cast<size_t>(groups * n_tiles * S));
+  for (int64_t t0 = 0; t0 < T; t0 += kTokBlock) {
+    const int64_t t1 = std::min(T, t0 + kTokBlock), tf = t0 + (t1 - t0) / U * U;
+    const int64_t n_groups = (tf - t0) / U + (t1 - tf);
+    std::fill(acc, acc + n_groups * n_tiles * S, 0.0f);
+    // Each (token group, row tile) pair: its slot, its tile shape.
+    auto each = [&](auto&& f) {
+      int64_t g = 0;
+      for (int64_t t = t0; t < tf; t += U, ++g) {
+        for (int64_t k = 0, i = 0; k < full; k += R, ++i) f(std::integral_constant<int, R>{}, std::integral_constant<int, U>{}, t, k, g * n_tiles + i);
+        for (int64_t k = full, i = full / R; k < n; ++k, ++i) f(std::integral_constant<int, 1>{}, std::integral_constant<int, U>{}, t, k, g * n_tiles + i);
+      }
+      for (int64_t t = tf; t < t1; ++t, ++g) {
+        for (int64_t k = 0, i = 0; k < full; k += R, ++i) f(std::integral_constant<int, R>{}, std::integral_constant<int, 1>{}, t, k, g * n_tiles + i);
+        for (int64_t k = full, i = full / R; k < n; ++k, ++i) f(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{}, t, k, g * n_tiles + i);
+      }
+    };
+    for (int64_t k0 = 0; k0 < n16; k0 += kKBlock) {
+      const int64_t k1 = std::min(n16, k0 + kKBlock);
+      each([&](auto r, auto u, int64_t t, int64_t k, int64_t slot) {
+        block_fma_halves<decltype(r)::value, decltype(u)::value>(rows + k * in, in, x + t * in, in, k0, k1, acc + slot * S);
+      });
+    }
+    each([&](auto r, auto u, int64_t t, int64_t k, int64_t slot) {
+      block_finish_halves<decltype(r)::value, decltype(u)::value>(acc + slot * S, rows + k * in, in, x + t * in, in, n16, in,
+                                                                  y + t * ldy + r0 + k, ldy);
+    });
+  }
+}
+#endif
+
 void panel_times_tokens(const float* rows, int64_t n, int64_t in, const float* x, int64_t T, float* y, int64_t ldy, int64_t r0) {
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+  if (in > kKBlock) return panel_times_tokens_kblocked(rows, n, in, x, T, y, ldy, r0);
+#endif
   constexpr int R = kTileRows, U = kTileTokens;
   const int64_t full = n / R * R;
   int64_t t = 0;

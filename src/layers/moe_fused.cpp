@@ -37,8 +37,6 @@ EnvSwitch g_fused("KESTREL_MOE_FUSED", /*default_on=*/true);
 constexpr int64_t kUpStripe = 128;   // rows of gate/up per item: one 128-element chunk of the activated row
 constexpr int64_t kDownStripe = 64;  // output rows per down/combine item
 constexpr int64_t kQuantTokens = 4;  // tokens per input-quantization piece
-// Rows of the next product prefetched ahead of it (one register block of the small-T kernel's decode form).
-constexpr int64_t kPrefetchRows = 4;
 
 bool int8_mlp(const GatedMlp& m) {
   return kernels::is_gguf_int8_format(m.gate_weight().format) && kernels::is_gguf_int8_format(m.up_weight().format) &&
@@ -181,7 +179,6 @@ void MoeBlock::forward_fused(const float* x, const float* in, int64_t T) {
     const int32_t* tok = ts.fused_tok.data() + fe.off;
     float* g = ts.g.data() + fe.off * inter;
     float* u = ts.u.data() + fe.off * inter;
-    kernels::gguf_prefetch_rows(ex.up_weight(), r0, std::min(r1, r0 + kPrefetchRows));  // up's first rows during gate
     picked_rows(ex.gate_weight(), ts.fx, tok, fe.n, g, inter, r0, r1);
     picked_rows(ex.up_weight(), ts.fx, tok, fe.n, u, inter, r0, r1);
     for (int64_t i = 0; i < fe.n; ++i) {
@@ -193,13 +190,9 @@ void MoeBlock::forward_fused(const float* x, const float* in, int64_t T) {
     const int64_t d0 = k * kDownStripe, d1 = std::min(in_, d0 + kDownStripe);
     if (has_shared_ && d0 < hid) all_tokens_rows(shared_.down_weight(), ts.fsh, ts.shared_out.data(), hid, d0, std::min(hid, d0 + kDownStripe));
     if (d0 >= in_) return;
-    for (size_t j = 0; j < fused_experts_.size(); ++j) {
-      const FusedExpert& fe = fused_experts_[j];
-      if (j + 1 < fused_experts_.size())  // the next expert's first rows of this stripe while this one runs
-        kernels::gguf_prefetch_rows(experts_[static_cast<size_t>(fused_experts_[j + 1].e)].down_weight(), d0, std::min(d1, d0 + kPrefetchRows));
+    for (const FusedExpert& fe : fused_experts_)
       picked_rows(experts_[static_cast<size_t>(fe.e)].down_weight(), ts.fh, ts.fused_row.data() + fe.off, fe.n, ts.eout.data() + fe.off * in_,
                   in_, d0, d1);
-    }
     // Weighted sum per token, experts in ascending order (forward_grouped's operations, stripe by stripe).
     for (int64_t t = 0; t < T; ++t) std::fill(ts.acc.data() + t * in_ + d0, ts.acc.data() + t * in_ + d1, 0.0f);
     for (int64_t r = 0; r < rows; ++r)

@@ -145,12 +145,6 @@ void gguf_int8_product_at(const WeightMatrix& w, const Q8Acts& a, const int32_t*
   gguf_int8_rows_at_avx2(w, a, tok, n, y, ldy, r0, r1);
 }
 
-void gguf_prefetch_rows(const WeightMatrix& w, int64_t r0, int64_t r1) {
-  const int64_t row = w.in / 32 * gguf_block_bytes(w.format);
-  const uint8_t* p = static_cast<const uint8_t*>(w.data) + r0 * row;
-  for (int64_t o = 0; o < (r1 - r0) * row; o += 64) __builtin_prefetch(p + o, 0, 3);
-}
-
 void gguf_int8_rows_scalar(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   KCHECK(is_gguf_int8_format(w.format) && w.in == a.in, "gguf_int8: format or shape mismatch");
   const int64_t bb = gguf_block_bytes(w.format), nb = a.nb, P = a.nc * 128;

@@ -107,10 +107,6 @@ int64_t gguf_int8_gemm_min_tokens();
 void gguf_int8_product(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gguf_int8_product_at(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
                           int64_t r0, int64_t r1);
-// Software prefetch of rows [r0, r1) of a GGUF block matrix (one per 64 bytes): issued before another
-// product runs, so that a product which starts on these rows finds them on the way (a kernel's own
-// prefetch runs one register block ahead of its loads and cannot cover its first block).
-void gguf_prefetch_rows(const WeightMatrix& w, int64_t r0, int64_t r1);
 // Scalar reference: the same integer block sums, blocks summed in order in fp32.
 void gguf_int8_rows_scalar(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 

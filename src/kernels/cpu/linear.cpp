@@ -62,6 +62,22 @@ inline v16f load_bf16x16(const uint16_t* p) {
 #endif
 }
 
+// 16 f16 → 16 fp32 (exact).
+inline v16f load_f16x16(const uint16_t* p) {
+  v16f f;
+#if defined(__AVX512F__)
+  // (Masked form: GCC 12 warns on the plain intrinsic's undefined pass-through operand.)
+  const __m512 v = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  std::memcpy(&f, &v, 64);
+#elif defined(__AVX2__) && defined(__F16C__)
+  f = join8(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8))));
+#else
+  for (int k = 0; k < 16; ++k) f[k] = f16_to_f32(p[k]);
+#endif
+  return f;
+}
+
 // One MXFP4 32-block: 16 bytes (element 2j in the low nibble of byte j, 2j+1 in the high nibble)
 // and one E8M0 scale. Vectorised: a 16-entry byte table lookup (pshufb) maps codes to 2·E2M1 as
 // small integers, an unpack restores element order, then int8 → float × scale/2.
@@ -251,7 +267,9 @@ void decode_row(const WeightMatrix& w, int64_t r, float* dst) {
     }
     case WeightFormat::kF16: {
       const uint16_t* p = static_cast<const uint16_t*>(w.data) + r * n;
-      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(p[i]);
+      int64_t i = 0;
+      for (; i + 16 <= n; i += 16) store16(dst + i, load_f16x16(p + i));
+      for (; i < n; ++i) dst[i] = f16_to_f32(p[i]);
       return;
     }
     case WeightFormat::kMxfp4: {
@@ -324,20 +342,6 @@ inline void block_dot(const float* w, int64_t ws, const float* x, int64_t xs, in
     }
 }
 
-inline v16 load_f16x16(const uint16_t* p) {
-  v16 f;
-#if defined(__AVX512F__)
-  // (Masked form: GCC 12 warns on the plain intrinsic's undefined pass-through operand.)
-  const __m512 v = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  std::memcpy(&f, &v, 64);
-#elif defined(__AVX2__) && defined(__F16C__)
-  f = join8(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8))));
-#else
-  for (int k = 0; k < 16; ++k) f[k] = f16_to_f32(p[k]);
-#endif
-  return f;
-}
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 // 8 × 8 transpose: on return v[k] lane j = (input v[j]) lane k.

@@ -44,11 +44,10 @@ KESTREL_AVX2 inline float reduce16(__m256 lo, __m256 hi) {
 
 KESTREL_AVX2 inline __m256i ld256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-// Each of a register block's R rows is a separate stream, and a thread's blocks follow each other in
-// memory. Every chunk load is paired with a software prefetch of the same chunk of the next block
-// (R rows further on): one block ahead of the loads at any row length, more lines in flight than the
-// hardware prefetchers keep for R streams. Kimi-Linear-shaped Q4_0 tg64, 2 threads, AMD EPYC Zen 3:
-// no prefetch 46.7 tok/s, 1 KiB ahead 49.9, 4 KiB 68.5, one block ahead 70-73 (docs/PERFORMANCE.md).
+// Every chunk load is paired with prefetches of the same chunk one and two register blocks ahead
+// (gguf_blocks::prefetch_chunk_ahead). Kimi-Linear-shaped Q4_0 tg64, 2 threads, AMD EPYC Zen 3: no
+// prefetch 46.7 tok/s, 1 KiB ahead 49.9, 4 KiB 68.5, one block ahead 70-73; the second, two blocks
+// ahead into L2, was measured on Zen 4 running this kernel (docs/PERFORMANCE.md, "Decode prefetch").
 inline int64_t prefetch_distance(int R, int64_t row_bytes) { return R * row_bytes; }
 
 // One chunk of R rows × U tokens (Q4_0 / MXFP4). Full: all 4 blocks present (every chunk but a ragged
@@ -76,7 +75,7 @@ KESTREL_AVX2 __attribute__((always_inline)) inline void chunk_nib(const uint8_t*
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const uint8_t* blk = W[r] + 4 * c * B;
-    gguf_blocks::prefetch_chunk<K>(blk + pfd);
+    gguf_blocks::prefetch_chunk_ahead<K>(blk, pfd);
     const __m128 dw = block_scales<K>(blk, Full ? 4 : n);
     __m256 sc[U][2];  // d_w·d_x by lanes (the product, then spread: the same values lane by lane)
 #pragma GCC unroll 4
@@ -143,7 +142,7 @@ KESTREL_AVX2 __attribute__((always_inline)) inline void chunk_q8(const uint8_t* 
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const uint8_t* blk = W[r] + 4 * c * B;
-    gguf_blocks::prefetch_chunk<Kind::kQ8_0>(blk + pfd);
+    gguf_blocks::prefetch_chunk_ahead<Kind::kQ8_0>(blk, pfd);
     const __m128 dw = block_scales<Kind::kQ8_0>(blk, Full ? 4 : n);
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {

@@ -234,15 +234,6 @@ KESTREL_AVX512_VBMI inline void load_chunk(const uint8_t* p, __m512i ci, __m512i
   }
 }
 
-// Decode (one token): each row is a separate stream; a software prefetch this far ahead of the
-// chunk being read keeps more lines in flight than the hardware prefetcher does for R streams.
-// The same for the 1-3 tokens left after the 4-token blocks (batched MoE decode: most experts get 1-3
-// of a 16-sequence step), which run as one U = 1..3 register block: each row chunk is loaded and
-// unpacked once for them; every token's arithmetic is the U = 1 kernel's (same bits, tested).
-// kimi-linear-bench Q4_0 tg128, 2 threads (EPYC, Zen 4): no prefetch 96 tok/s; 512 B 106; 768 B 110.5;
-// 1024 B 110.5; 1536 B 109; 2048 B 102.
-constexpr int64_t kPrefetchBytes = 1024;
-
 template <Kind K, int R, int U>
 KESTREL_AVX512_VBMI void block_vbmi(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, float* y, int64_t ldy, int64_t r0, int64_t t0) {
   constexpr int64_t CB = 4 * kBlockBytes<K>;
@@ -254,6 +245,7 @@ KESTREL_AVX512_VBMI void block_vbmi(const WeightMatrix& w, const Q8Acts& a, cons
   const float* D[U];
   token_ptrs<K, U>(a, tok, t0, X, C, D);
   const __m512i ci = _mm512_load_si512(kVbmiIdx<K>.codes), si = _mm512_load_si512(kVbmiIdx<K>.scales);
+  const int64_t block_bytes = R * nc * CB;
   __m512 acc[R][U];
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
@@ -264,7 +256,7 @@ KESTREL_AVX512_VBMI void block_vbmi(const WeightMatrix& w, const Q8Acts& a, cons
     for (int r = 0; r < R; ++r) {
       __m512i bytes;
       __m512 dw;
-      if constexpr (U < 4) _mm_prefetch(reinterpret_cast<const char*>(W[r] + c * CB + kPrefetchBytes), _MM_HINT_T0);
+      gguf_blocks::prefetch_chunk_ahead<K>(W[r] + c * CB, block_bytes);
       load_chunk<K>(W[r] + c * CB, ci, si, bytes, dw);
       chunk_dot<K, U>(bytes, dw, xl, xh, nc_, dx, acc[r]);
     }
@@ -300,6 +292,7 @@ KESTREL_AVX512_VBMI void block_vbmi_q8(const WeightMatrix& w, const Q8Acts& a, c
   const float* D[U];
   token_ptrs<Kind::kQ8_0, U>(a, tok, t0, X, C, D);
   const __m512i i0 = _mm512_load_si512(kQ8Idx.w0), i1 = _mm512_load_si512(kQ8Idx.w1), is = _mm512_load_si512(kQ8Idx.sc);
+  const int64_t block_bytes = R * nc * CB;
   __m512 acc[R][U];
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
@@ -308,10 +301,7 @@ KESTREL_AVX512_VBMI void block_vbmi_q8(const WeightMatrix& w, const Q8Acts& a, c
     for (int u = 0; u < U; ++u) dx[u] = _mm512_castps128_ps512(_mm_loadu_ps(D[u] + 4 * c));
     for (int r = 0; r < R; ++r) {
       const uint8_t* p = W[r] + c * CB;
-      if constexpr (U < 4) {
-        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64), _MM_HINT_T0);
-      }
+      gguf_blocks::prefetch_chunk_ahead<Kind::kQ8_0>(p, block_bytes);
       const __m512i A = _mm512_loadu_si512(p), B = _mm512_loadu_si512(p + 64);
       const __m512i Ct = _mm512_zextsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 128)));
       const __m512 dw = _mm512_castps128_ps512(_mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi8(A, is, B))));

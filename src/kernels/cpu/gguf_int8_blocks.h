@@ -19,11 +19,22 @@ constexpr int64_t kCodeOffset = K == Kind::kMxfp4 ? 1 : 2;
 
 // Software prefetch of one 4-block chunk (72 / 136 / 68 bytes) starting at p: one prefetch per 64 bytes
 // from its start. Over consecutive chunks the points are at most 64 bytes apart, so every cache line of
-// a row gets one.
-template <Kind K>
+// a row gets one. Locality 3 fetches into L1 (prefetcht0), 2 into L2 (prefetcht1).
+template <Kind K, int Locality = 3>
 __attribute__((always_inline)) inline void prefetch_chunk(const uint8_t* p) {
 #pragma GCC unroll 4
-  for (int64_t o = 0; o < 4 * kBlockBytes<K>; o += 64) __builtin_prefetch(p + o, 0, 3);
+  for (int64_t o = 0; o < 4 * kBlockBytes<K>; o += 64) __builtin_prefetch(p + o, 0, Locality);
+}
+
+// The small-T kernels read R rows at a time, each a separate stream, and a thread's register blocks
+// follow each other in memory (the next block's rows start block_bytes = R · row bytes further on).
+// Each chunk load is paired with prefetches of the same chunk one block ahead (into L1) and two blocks
+// ahead (into L2): they follow the read pattern at any row length and keep more lines in flight than
+// the hardware prefetchers do for R streams (measurements: docs/PERFORMANCE.md, "Decode prefetch").
+template <Kind K>
+__attribute__((always_inline)) inline void prefetch_chunk_ahead(const uint8_t* chunk, int64_t block_bytes) {
+  prefetch_chunk<K, 3>(chunk + block_bytes);
+  prefetch_chunk<K, 2>(chunk + 2 * block_bytes);
 }
 
 // Token pointers into the activations for output tokens t0..t0+U−1: activation token tok[t0 + u], or

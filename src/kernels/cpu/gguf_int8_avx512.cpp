@@ -234,8 +234,10 @@ KESTREL_AVX512_VBMI inline void load_chunk(const uint8_t* p, __m512i ci, __m512i
   }
 }
 
+// pf: prefetch the next register blocks' rows (the first token block of these rows; later ones find them in cache).
 template <Kind K, int R, int U>
-KESTREL_AVX512_VBMI void block_vbmi(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, float* y, int64_t ldy, int64_t r0, int64_t t0) {
+KESTREL_AVX512_VBMI void block_vbmi(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, float* y, int64_t ldy, int64_t r0, int64_t t0,
+                                    bool pf) {
   constexpr int64_t CB = 4 * kBlockBytes<K>;
   const int64_t nc = a.nc;
   const uint8_t* W[R];
@@ -256,7 +258,7 @@ KESTREL_AVX512_VBMI void block_vbmi(const WeightMatrix& w, const Q8Acts& a, cons
     for (int r = 0; r < R; ++r) {
       __m512i bytes;
       __m512 dw;
-      gguf_blocks::prefetch_chunk_ahead<K>(W[r] + c * CB, block_bytes);
+      if (pf) gguf_blocks::prefetch_chunk_ahead<K>(W[r] + c * CB, block_bytes);
       load_chunk<K>(W[r] + c * CB, ci, si, bytes, dw);
       chunk_dot<K, U>(bytes, dw, xl, xh, nc_, dx, acc[r]);
     }
@@ -282,7 +284,8 @@ struct Q8Idx {
 inline constexpr Q8Idx kQ8Idx{};
 
 template <int R, int U>
-KESTREL_AVX512_VBMI void block_vbmi_q8(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, float* y, int64_t ldy, int64_t r0, int64_t t0) {
+KESTREL_AVX512_VBMI void block_vbmi_q8(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, float* y, int64_t ldy, int64_t r0,
+                                       int64_t t0, bool pf) {
   constexpr int64_t CB = 4 * 34;
   const int64_t nc = a.nc;
   const uint8_t* W[R];
@@ -301,7 +304,7 @@ KESTREL_AVX512_VBMI void block_vbmi_q8(const WeightMatrix& w, const Q8Acts& a, c
     for (int u = 0; u < U; ++u) dx[u] = _mm512_castps128_ps512(_mm_loadu_ps(D[u] + 4 * c));
     for (int r = 0; r < R; ++r) {
       const uint8_t* p = W[r] + c * CB;
-      gguf_blocks::prefetch_chunk_ahead<Kind::kQ8_0>(p, block_bytes);
+      if (pf) gguf_blocks::prefetch_chunk_ahead<Kind::kQ8_0>(p, block_bytes);
       const __m512i A = _mm512_loadu_si512(p), B = _mm512_loadu_si512(p + 64);
       const __m512i Ct = _mm512_zextsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 128)));
       const __m512 dw = _mm512_castps128_ps512(_mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi8(A, is, B))));
@@ -316,15 +319,15 @@ template <Kind K, int R>
 KESTREL_AVX512_VBMI void rows_vbmi(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t T, float* y, int64_t ldy, int64_t r0) {
   int64_t t = 0;
   if constexpr (K == Kind::kQ8_0) {
-    for (; t + 4 <= T; t += 4) block_vbmi_q8<R, 4>(w, a, tok, y, ldy, r0, t);
-    if (T - t == 3) block_vbmi_q8<R, 3>(w, a, tok, y, ldy, r0, t);
-    else if (T - t == 2) block_vbmi_q8<R, 2>(w, a, tok, y, ldy, r0, t);
-    else if (T - t == 1) block_vbmi_q8<R, 1>(w, a, tok, y, ldy, r0, t);
+    for (; t + 4 <= T; t += 4) block_vbmi_q8<R, 4>(w, a, tok, y, ldy, r0, t, t == 0);
+    if (T - t == 3) block_vbmi_q8<R, 3>(w, a, tok, y, ldy, r0, t, t == 0);
+    else if (T - t == 2) block_vbmi_q8<R, 2>(w, a, tok, y, ldy, r0, t, t == 0);
+    else if (T - t == 1) block_vbmi_q8<R, 1>(w, a, tok, y, ldy, r0, t, t == 0);
   } else {
-    for (; t + 4 <= T; t += 4) block_vbmi<K, R, 4>(w, a, tok, y, ldy, r0, t);
-    if (T - t == 3) block_vbmi<K, R, 3>(w, a, tok, y, ldy, r0, t);
-    else if (T - t == 2) block_vbmi<K, R, 2>(w, a, tok, y, ldy, r0, t);
-    else if (T - t == 1) block_vbmi<K, R, 1>(w, a, tok, y, ldy, r0, t);
+    for (; t + 4 <= T; t += 4) block_vbmi<K, R, 4>(w, a, tok, y, ldy, r0, t, t == 0);
+    if (T - t == 3) block_vbmi<K, R, 3>(w, a, tok, y, ldy, r0, t, t == 0);
+    else if (T - t == 2) block_vbmi<K, R, 2>(w, a, tok, y, ldy, r0, t, t == 0);
+    else if (T - t == 1) block_vbmi<K, R, 1>(w, a, tok, y, ldy, r0, t, t == 0);
   }
 }
 

@@ -2,7 +2,7 @@
 //   linear_bench [out=4096] [in=4096] [T=1] [reps=20]
 // Reports ms per call, (int or fp) ops per second, and weight bytes read per second (the decode-time limit: T = 1 reads every
 // weight byte once). Formats: F32 (fp32 weights used in place), BF16, MXFP4 (compressed-tensors: packed + separate E8M0 scales, fused
-// decode+dot for T ≤ 4), GGUF Q8_0 / Q4_0 / MXFP4 blocks (decode row → fp32 dot).
+// decode+dot for T ≤ 4), W4A8 (int4, bf16 scales per 32; int8 activations), GGUF Q8_0 / Q4_0 / MXFP4 blocks (decode row → fp32 dot).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -42,13 +42,15 @@ int main(int argc, char** argv) {
   std::printf("linear_bench out %ld in %ld T %ld (best of %d)\n", static_cast<long>(out), static_cast<long>(in),
               static_cast<long>(T), reps);
   for (const Fmt& f : {Fmt{"F32", WeightFormat::kF32}, Fmt{"BF16", WeightFormat::kBF16}, Fmt{"BF16 x bf16 acts", WeightFormat::kBF16, true}, Fmt{"MXFP4 (compressed-tensors)", WeightFormat::kMxfp4},
+                       Fmt{"W4A8 (group 32)", WeightFormat::kW4A8},
                        Fmt{"GGUF Q8_0", WeightFormat::kGgufQ8_0}, Fmt{"GGUF Q4_0", WeightFormat::kGgufQ4_0},
                        Fmt{"GGUF MXFP4", WeightFormat::kGgufMxfp4}}) {
     const int64_t bb = kestrel::kernels::gguf_block_bytes(f.f);
-    const int64_t bytes = f.f == WeightFormat::kF32 ? out * in * 4 : f.f == WeightFormat::kBF16 ? out * in * 2 : f.f == WeightFormat::kMxfp4 ? out * in / 2 : out * in / 32 * bb;
-    std::vector<uint8_t> data(static_cast<size_t>(bytes)), scales(static_cast<size_t>(out * in / 32));
+    const int64_t bytes = f.f == WeightFormat::kF32 ? out * in * 4 : f.f == WeightFormat::kBF16 ? out * in * 2 : (f.f == WeightFormat::kMxfp4 || f.f == WeightFormat::kW4A8) ? out * in / 2 : out * in / 32 * bb;
+    const int64_t scale_bytes = f.f == WeightFormat::kW4A8 ? out * in / 32 * 2 : out * in / 32;
+    std::vector<uint8_t> data(static_cast<size_t>(bytes)), scales(static_cast<size_t>(scale_bytes));
     for (auto& b : data) b = static_cast<uint8_t>(rng());
-    for (auto& s : scales) s = static_cast<uint8_t>(120 + rng() % 8);
+    for (auto& s : scales) s = static_cast<uint8_t>(120 + rng() % 8);  // E8M0 near 2^0; W4A8: bf16 near 2^-6 .. 2^-5
     if (f.f == WeightFormat::kF32)  // floats in [1, 2) from the random bytes (finite, no denormals)
       for (int64_t i = 0; i < out * in; ++i) data[static_cast<size_t>(4 * i + 3)] = 0x3f, data[static_cast<size_t>(4 * i + 2)] |= 0x80;
     if (f.f == WeightFormat::kBF16)
@@ -60,14 +62,15 @@ int main(int argc, char** argv) {
     }
     WeightMatrix w;
     w.format = f.f, w.out = out, w.in = in, w.data = data.data(), w.act_bf16 = f.act_bf16;
-    if (f.f == WeightFormat::kMxfp4) w.scales = scales.data();
+    if (f.f == WeightFormat::kMxfp4 || f.f == WeightFormat::kW4A8) w.scales = scales.data();
+    if (f.f == WeightFormat::kW4A8) w.group = 32;
     double best = 1e30;
     for (int r = 0; r < reps + 1; ++r) {
       const double t0 = now_s();
       kestrel::kernels::matmul(w, x.data(), T, y.data());
       if (r > 0) best = std::min(best, now_s() - t0);  // first call warms caches / thread pool
     }
-    const double total = static_cast<double>(bytes + (f.f == WeightFormat::kMxfp4 ? out * in / 32 : 0));
+    const double total = static_cast<double>(bytes + (f.f == WeightFormat::kMxfp4 || f.f == WeightFormat::kW4A8 ? scale_bytes : 0));
     std::printf("  %-28s %8.3f ms   %6.2f GB/s of weights   %7.1f G(FL)OP/s\n", f.name, best * 1e3, total / best / 1e9,
                 2.0 * static_cast<double>(out * in * T) / best / 1e9);
   }

@@ -49,8 +49,9 @@ KESTREL_AVX2 inline int32_t comp_mul() {
   return K == Int8Weights::kInt4 ? 8 : 12;
 }
 
+// pf (the first token block of these rows): prefetch the next register blocks' rows (int8_prefetch_ahead).
 template <Int8Weights K, int R, int U>
-KESTREL_AVX2 void block(const Int8GemmTask& t, int64_t r0, int64_t n0) {
+KESTREL_AVX2 void block(const Int8GemmTask& t, int64_t r0, int64_t n0, bool pf) {
   const QuantizedActs& a = *t.acts;
   const int64_t in = t.in, full = in / 128, tails = (in - full * 128) / 32;
   const int64_t G = K == Int8Weights::kInt4 ? t.group : 32, groups = in / G;
@@ -67,6 +68,13 @@ KESTREL_AVX2 void block(const Int8GemmTask& t, int64_t r0, int64_t n0) {
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < U; ++u) acc[r][u] = _mm256_setzero_ps();
   for (int64_t c = 0; c < full; ++c) {
+    if (pf) {
+      const int64_t sc0 = c * 128 / G * sbytes;  // this chunk's first scale byte in the row
+      for (int r = 0; r < R; ++r) {
+        int8_prefetch_ahead(W[r] + c * 64, R * (in / 2));
+        if (sc0 % 64 < 128 / G * sbytes) int8_prefetch_ahead(S[r] + sc0, R * groups * sbytes);
+      }
+    }
     for (int h = 0; h < 2; ++h) {  // elements c·128 + h·64 .. +64: words c·16 + h·8 .. +8
       __m256i xe[U], xo[U], comp[U];
       for (int u = 0; u < U; ++u) {
@@ -126,8 +134,8 @@ template <Int8Weights K, int R>
 KESTREL_AVX2 void rows(const Int8GemmTask& t, int64_t r0) {
   const int64_t T = t.acts->T;
   int64_t n = 0;
-  for (; n + 4 <= T; n += 4) block<K, R, 4>(t, r0, n);
-  for (; n < T; ++n) block<K, R, 1>(t, r0, n);
+  for (; n + 4 <= T; n += 4) block<K, R, 4>(t, r0, n, n == 0);
+  for (; n < T; ++n) block<K, R, 1>(t, r0, n, n == 0);
 }
 
 template <Int8Weights K>

@@ -28,8 +28,9 @@ using w4a8_lanes::scale_at;
 using w4a8_lanes::unpack;
 using w4a8_lanes::unpack_lo128;
 
+// pf (the first token block of these rows): prefetch the next register blocks' rows (int8_prefetch_ahead).
 template <Int8Weights K, int R, int U>
-KESTREL_AVX512 void block(const Int8GemmTask& t, int64_t r0, int64_t n0, __m512i idx) {
+KESTREL_AVX512 void block(const Int8GemmTask& t, int64_t r0, int64_t n0, __m512i idx, bool pf) {
   const QuantizedActs& a = *t.acts;
   const int64_t in = t.in, full = in / 128, tails = (in - full * 128) / 32;
   const int64_t G = K == Int8Weights::kInt4 ? t.group : 32, groups = in / G;
@@ -50,7 +51,13 @@ KESTREL_AVX512 void block(const Int8GemmTask& t, int64_t r0, int64_t n0, __m512i
       xo[u] = _mm512_loadu_si512(X[u] + c * 128 + 64);
       nc[u] = neg_comp<K>(_mm512_loadu_si512(WS[u] + c * 16));
     }
+    const int64_t sc0 = c * 128 / G * sbytes;  // this chunk's first scale byte in the row
+    const bool scale_line = sc0 % 64 < 128 / G * sbytes;
     for (int r = 0; r < R; ++r) {
+      if (pf) {
+        int8_prefetch_ahead(W[r] + c * 64, R * (in / 2));
+        if (scale_line) int8_prefetch_ahead(S[r] + sc0, R * groups * sbytes);
+      }
       __m512i lo, hi;
       unpack<K>(_mm512_loadu_si512(W[r] + c * 64), lo, hi);
       const __m512 sc = chunk_scales<K>(S[r], c, G, idx);
@@ -95,8 +102,8 @@ KESTREL_AVX512 void rows(const Int8GemmTask& t, int64_t r0, __m512i idx) {
   constexpr int U = K == Int8Weights::kMxfp4 ? 2 : 4;
   const int64_t T = t.acts->T;
   int64_t n = 0;
-  for (; n + U <= T; n += U) block<K, R, U>(t, r0, n, idx);
-  for (; n < T; ++n) block<K, R, 1>(t, r0, n, idx);
+  for (; n + U <= T; n += U) block<K, R, U>(t, r0, n, idx, n == 0);
+  for (; n < T; ++n) block<K, R, 1>(t, r0, n, idx, n == 0);
 }
 
 template <Int8Weights K>

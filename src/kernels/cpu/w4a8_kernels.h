@@ -27,6 +27,16 @@ struct Int8GemmTask {
   int64_t ldy = 0;
 };
 
+// The small-T kernels read R rows at a time, each two streams (packed codes, scales), and a thread's
+// register blocks follow each other in memory (the next block's rows start block_bytes further on in
+// each stream). Paired with a load at p: a prefetch of the same point one block ahead into L1 and two
+// blocks ahead into L2, as the GGUF kernels do (gguf_blocks::prefetch_chunk_ahead; docs/PERFORMANCE.md,
+// "Decode prefetch"). The callers issue one per cache line of codes and one where scales cross a line.
+__attribute__((always_inline)) inline void int8_prefetch_ahead(const uint8_t* p, int64_t block_bytes) {
+  __builtin_prefetch(p + block_bytes, 0, 3);
+  __builtin_prefetch(p + 2 * block_bytes, 0, 2);
+}
+
 // 2·E2M1 value of an MXFP4 code (small integers: 0, ±1, ±2, ±3, ±4, ±6, ±8, ±12).
 inline constexpr int8_t kMxfp4Twice[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 

@@ -11,7 +11,7 @@
 // Two barriers (after A, after B) instead of the grouped path's three regions (gate/up, activation, down)
 // with their quantization barriers and serial gather and combine. Items are dynamically scheduled, so
 // both cores stay busy whatever the token count per expert. Every product is the small-T int8 kernel
-// (gguf_int8_rows_at) or, for the shared experts at T ≥ kGgufGemmMinTokens and the routed experts that
+// (gguf_int8_rows_at) or, for the shared experts at T ≥ gguf_int8_gemm_min_tokens and the routed experts that
 // receive that many tokens (prefill), the GEMM form (gguf_int8_gemm_rows / _at), all of which give each
 // token the bits matmul_many gives it: the result equals forward_grouped's bit for bit.
 #include <omp.h>

@@ -442,10 +442,11 @@ TEST_P(GgufInt8Gemm, SameBitsAsSmallTKernelAtEveryT) {
       for (int64_t r = 0; r < out; ++r)
         ASSERT_EQ(y[static_cast<size_t>(t * out + r)], ref[static_cast<size_t>(t * out + r)]) << "T " << T << " t " << t << " r " << r;
   }
-  // matmul() at T ≥ kGgufGemmMinTokens (the GEMM form) and below it: the same bits per token.
+  // matmul() at T ≥ the GEMM threshold (the GEMM form) and below it: the same bits per token.
   set_isa_override(Isa::kAvx512Vnni);
   set_gguf_int8(true);
-  for (const int64_t T : {kGgufGemmMinTokens - 1, kGgufGemmMinTokens, Tmax}) {
+  const int64_t min_t = std::min(gguf_int8_gemm_min_tokens(format), Tmax);
+  for (const int64_t T : {min_t - 1, min_t, Tmax}) {
     std::vector<float> ym(static_cast<size_t>(T * out));
     matmul(w, x.data(), T, ym.data());
     for (size_t i = 0; i < ym.size(); ++i) ASSERT_EQ(ym[i], ref[i]) << "matmul T " << T << " i " << i;
@@ -583,10 +584,11 @@ INSTANTIATE_TEST_SUITE_P(Formats, GgufInt8Gemm,
                          });
 
 // One input shared by a Q4_0, a Q8_0 and an MXFP4 product in one matmul_many call (as q/k/v or gate/up
-// share theirs) on `isa` (its GEMM form at T = 40): the input is quantized once with all three GEMM layouts,
-// and each product keeps the bits of that ISA's small-T kernel.
+// share theirs) on `isa` (its GEMM form at T = 70 for the formats that take it there: all three, or on
+// Zen 4's AVX-512 Q8_0 and MXFP4): the input is quantized once with those GEMM layouts, and each product
+// keeps the bits of that ISA's small-T kernel.
 void shared_input_serves_every_format(Isa isa, RowsFn small_t, uint32_t seed) {
-  const int64_t in = 512, out = 70, T = 40;
+  const int64_t in = 512, out = 70, T = 70;
   std::mt19937 rng(seed);
   const WeightFormat fs[3] = {WeightFormat::kGgufQ4_0, WeightFormat::kGgufQ8_0, WeightFormat::kGgufMxfp4};
   std::vector<uint8_t> d[3];
@@ -600,7 +602,7 @@ void shared_input_serves_every_format(Isa isa, RowsFn small_t, uint32_t seed) {
   for (auto& v : x) v = dist(rng);
   set_isa_override(isa);
   set_gguf_int8(true);
-  ASSERT_TRUE(gguf_int8_gemm_applies(fs[0], T));
+  ASSERT_TRUE(gguf_int8_gemm_applies(fs[1], T) && gguf_int8_gemm_applies(fs[2], T));
   std::vector<float> y[3];
   MatmulTask tasks[3];
   for (int i = 0; i < 3; ++i) {
@@ -678,7 +680,7 @@ TEST(GgufInt8, ModeFollowsSwitchAndIsa) {
     EXPECT_TRUE(gguf_int8_applies(w)) << "the AVX2 kernel runs the int8 mode";
     EXPECT_TRUE(gguf_int8_gemm_applies(w.format, 64)) << "the AVX2 GEMM form runs prefill";
     EXPECT_FALSE(gguf_int8_gemm_applies(w.format, kGgufGemmMinTokensAvx2 - 1));
-    EXPECT_EQ(gguf_int8_gemm_min_tokens(), kGgufGemmMinTokensAvx2);
+    EXPECT_EQ(gguf_int8_gemm_min_tokens(w.format), kGgufGemmMinTokensAvx2);
   }
   set_isa_override(std::nullopt);
   set_gguf_int8(false);

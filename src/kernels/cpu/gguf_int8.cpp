@@ -31,6 +31,20 @@ bool avx2_kernel_runs() {
   return yes;
 }
 
+// AVX-512 executed as two 256-bit halves: AMD family 19h with AVX-512 (Zen 4; Zen 3, the same family,
+// has none). Zen 5 (family 1Ah) and Intel's cores have full-width 512-bit units.
+bool half_width_avx512() {
+  static const bool yes = [] {
+    unsigned a, b, c, d;
+    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+    const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
+    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+    const unsigned family = ((a >> 8) & 15u) + (((a >> 8) & 15u) == 15u ? (a >> 20) & 255u : 0u);
+    return amd && family == 0x19;
+  }();
+  return yes;
+}
+
 }  // namespace
 
 void q8_acts_prepare(Q8Acts& a, int64_t T, int64_t in, bool gemm_q4, bool gemm_q8, bool gemm_mx) {
@@ -120,11 +134,24 @@ bool gguf_int8_applies(const WeightMatrix& w) {
   return isa == Isa::kAvx512Vnni || isa == Isa::kAmx || (isa == Isa::kAvx2 && avx2_kernel_runs());
 }
 
-int64_t gguf_int8_gemm_min_tokens() { return wide_isa() ? kGgufGemmMinTokens : kGgufGemmMinTokensAvx2; }
+int64_t gguf_int8_gemm_min_tokens(WeightFormat f) {
+  if (!wide_isa()) return kGgufGemmMinTokensAvx2;
+  if (!half_width_avx512()) return kGgufGemmMinTokens;
+  // Where each 512-bit op takes two issue slots, the GEMM tile's scale product, conversion and FMA per
+  // pair of vpdpbusd cost more than the small-T kernel's in-register unpack saves: one core of an AMD
+  // EPYC Zen 4, small-T / GEMM ms (`w4a8_bench` BM_GgufInt8, 2048 × 2048): Q4_0 T = 16 0.857 / 0.977,
+  // 32 1.63 / 1.83, 128 6.55 / 7.20, 512 27.2 / 28.0 (the small-T kernel ahead at every T); MXFP4
+  // 16 1.04 / 1.18, 32 2.03 / 2.02, 128 8.36 / 7.16; Q8_0 16 1.49 / 1.33, 512 48.5 / 38.8.
+  switch (f) {
+    case WeightFormat::kGgufQ4_0: return kGgufGemmNever;
+    case WeightFormat::kGgufMxfp4: return 64;
+    default: return kGgufGemmMinTokens;
+  }
+}
 
 bool gguf_int8_gemm_applies(WeightFormat f, int64_t T) {
   if (!gguf_int8_gemm_format(f)) return false;
-  if (wide_isa()) return T >= kGgufGemmMinTokens;
+  if (wide_isa()) return T >= gguf_int8_gemm_min_tokens(f);
   return active_isa() == Isa::kAvx2 && avx2_kernel_runs() && T >= kGgufGemmMinTokensAvx2;
 }
 

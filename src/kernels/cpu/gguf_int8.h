@@ -75,7 +75,7 @@ void gguf_int8_rows_at(const WeightMatrix& w, const Q8Acts& a, const int32_t* to
 // Prefill (convert-then-GEMM) form for Q4_0 / Q8_0 / MXFP4, gguf_int8_gemm_avx512.cpp: the same bits
 // as gguf_int8_rows_avx512 for every token (same lane integers, products and fma order); needs `a`
 // prepared with gemm_q4 (Q4_0) / gemm_q8 (Q8_0) / gemm_mx (MXFP4). matmul takes it from
-// kGgufGemmMinTokens tokens; the _at form (tokens picked by index, as gguf_int8_rows_at) serves the
+// gguf_int8_gemm_min_tokens(format) tokens; the _at form (tokens picked by index, as gguf_int8_rows_at) serves the
 // routed MoE experts that receive that many tokens.
 bool gguf_int8_gemm_format(WeightFormat f);
 // Whether `a` carries the GEMM layout w's format needs.
@@ -97,11 +97,14 @@ void gguf_int8_gemm_rows_avx2(const WeightMatrix& w, const Q8Acts& a, float* y, 
 void gguf_int8_gemm_rows_at_avx2(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
                                  int64_t r0, int64_t r1);
 inline constexpr int64_t kGgufGemmMinTokensAvx2 = 16;
-// Whether a product over T tokens takes the GEMM form: for its formats, from kGgufGemmMinTokens tokens
-// where the active ISA has AVX-512 VNNI, from kGgufGemmMinTokensAvx2 where the AVX2 kernels run.
+// Whether a product over T tokens takes the GEMM form: for its formats, from gguf_int8_gemm_min_tokens(f).
 bool gguf_int8_gemm_applies(WeightFormat f, int64_t T);
-// The token count from which the active ISA takes the GEMM form.
-int64_t gguf_int8_gemm_min_tokens();
+// The token count from which the active ISA takes the GEMM form for format f: kGgufGemmMinTokensAvx2 where
+// the AVX2 kernels run; kGgufGemmMinTokens on AVX-512 VNNI, except on CPUs that run 512-bit ops as two
+// halves (AMD Zen 4), where the small-T kernel is as fast or faster: Q4_0 never (kGgufGemmNever),
+// MXFP4 from 64, Q8_0 from kGgufGemmMinTokens. The bits are the same either way.
+int64_t gguf_int8_gemm_min_tokens(WeightFormat f);
+inline constexpr int64_t kGgufGemmNever = INT64_MAX;
 // The product the active ISA runs for every token of `a` (or n tokens picked by index): the GEMM form
 // where gguf_int8_gemm_applies, else the small-T kernel (AVX-512 or AVX2). The same bits any way.
 void gguf_int8_product(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);

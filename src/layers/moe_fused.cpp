@@ -43,19 +43,14 @@ bool int8_mlp(const GatedMlp& m) {
          kernels::is_gguf_int8_format(m.down_weight().format);
 }
 
-// Whether a product over T tokens takes the GEMM form (for the shared experts, as matmul_many would).
-bool gemm_form(const WeightMatrix& w, int64_t T) {
-  return kernels::gguf_int8_gemm_applies(w.format, T);
-}
-
 // The GEMM layouts an input needs (Q8Acts::gemm_q4 / gemm_q8 / gemm_mx).
 struct Layouts {
   bool q4 = false, q8 = false, mx = false;
 };
 
-// Adds the GEMM layout w's GEMM form over T tokens needs.
+// Adds the GEMM layout a product on w over T tokens wants (its GEMM form, or the small-T kernel's loads).
 void gemm_layouts(const WeightMatrix& w, int64_t T, Layouts& l) {
-  if (!gemm_form(w, T)) return;
+  if (!kernels::gguf_int8_layout_wanted(w, T)) return;
   l.q4 = l.q4 || w.format == WeightFormat::kGgufQ4_0;
   l.q8 = l.q8 || w.format == WeightFormat::kGgufQ8_0;
   l.mx = l.mx || w.format == WeightFormat::kGgufMxfp4;

@@ -229,8 +229,9 @@ float lane_model(const WeightMatrix& w, const Q8Acts& a, int64_t r, int64_t t) {
 // The small-T kernel at the token counts batched MoE decode gives an expert (1-8, and a few more):
 // T = 1..11 covers every tail of 1-3 tokens (one register block of 1, 2 or 3 tokens on the VBMI loader,
 // one-token passes on the generic one) after 0, 1 and 2 register blocks of 4; each token's
-// outputs must be its bits alone with either chunk loader, rows cut at odd places, and the lane
-// model's (the scalar statement of the arithmetic).
+// outputs must be its bits alone with either chunk loader, rows cut at odd places, with the
+// activations carrying their GEMM layout or not (the VBMI loader then reads a chunk's token side from
+// it), and the lane model's (the scalar statement of the arithmetic).
 TEST_P(GgufInt8Kernel, TailTokensInOneBlockKeepEachTokensBits) {
   if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI path: " << isa_unsupported_reason(Isa::kAvx512Vnni);
   const auto [format, in] = GetParam();
@@ -251,25 +252,28 @@ TEST_P(GgufInt8Kernel, TailTokensInOneBlockKeepEachTokensBits) {
     for (int64_t r = 0; r < out; ++r)
       ASSERT_EQ(alone[static_cast<size_t>(t * out + r)], lane_model(w, one, r, 0)) << "t " << t << " r " << r;
   }
-  for (const bool vbmi : {true, false})
-    for (int64_t T = 1; T <= Tmax; ++T) {
-      Q8Acts a;
-      quantize_q8_0_acts(x.data(), T, in, a);
-      std::vector<float> y(static_cast<size_t>(T * out), -1.0f);
-      gguf_int8_rows_avx512(w, a, y.data(), out, 0, 9, vbmi);
-      gguf_int8_rows_avx512(w, a, y.data(), out, 9, 10, vbmi);
-      gguf_int8_rows_avx512(w, a, y.data(), out, 10, out, vbmi);
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t r = 0; r < out; ++r)
-          ASSERT_EQ(y[static_cast<size_t>(t * out + r)], alone[static_cast<size_t>(t * out + r)])
-              << "vbmi " << vbmi << " T " << T << " t " << t << " r " << r;
-    }
+  for (const bool layout : {false, true})
+    for (const bool vbmi : {true, false})
+      for (int64_t T = 1; T <= Tmax; ++T) {
+        Q8Acts a;
+        q8_acts_prepare(a, T, in, layout && format == WeightFormat::kGgufQ4_0, layout && format == WeightFormat::kGgufQ8_0,
+                        layout && format == WeightFormat::kGgufMxfp4);
+        q8_acts_fill(x.data(), 0, T, a);
+        std::vector<float> y(static_cast<size_t>(T * out), -1.0f);
+        gguf_int8_rows_avx512(w, a, y.data(), out, 0, 9, vbmi);
+        gguf_int8_rows_avx512(w, a, y.data(), out, 9, 10, vbmi);
+        gguf_int8_rows_avx512(w, a, y.data(), out, 10, out, vbmi);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t r = 0; r < out; ++r)
+            ASSERT_EQ(y[static_cast<size_t>(t * out + r)], alone[static_cast<size_t>(t * out + r)])
+                << "layout " << layout << " vbmi " << vbmi << " T " << T << " t " << t << " r " << r;
+      }
 }
 
 // gguf_int8_rows_at (routed MoE experts reading their tokens from one quantization of the layer input):
 // each picked token's outputs are the bits it gets alone and the lane model's (the scalar statement of
 // the arithmetic), for 1..11 picked tokens in any order and with repeats, either chunk
-// loader, rows cut at odd places.
+// loader, rows cut at odd places, with and without the activations' GEMM layout.
 TEST_P(GgufInt8Kernel, PickedTokensKeepEachTokensBits) {
   if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI path: " << isa_unsupported_reason(Isa::kAvx512Vnni);
   const auto [format, in] = GetParam();
@@ -281,8 +285,10 @@ TEST_P(GgufInt8Kernel, PickedTokensKeepEachTokensBits) {
   std::uniform_real_distribution<float> dist(-2, 2);
   std::vector<float> x(static_cast<size_t>(T * in));
   for (auto& v : x) v = dist(rng);
-  Q8Acts all;
-  quantize_q8_0_acts(x.data(), T, in, all);
+  Q8Acts plain, laid;
+  quantize_q8_0_acts(x.data(), T, in, plain);
+  q8_acts_prepare(laid, T, in, format == WeightFormat::kGgufQ4_0, format == WeightFormat::kGgufQ8_0, format == WeightFormat::kGgufMxfp4);
+  q8_acts_fill(x.data(), 0, T, laid);
   std::vector<float> alone(static_cast<size_t>(T * out));
   for (int64_t t = 0; t < T; ++t) {
     Q8Acts one;
@@ -291,21 +297,23 @@ TEST_P(GgufInt8Kernel, PickedTokensKeepEachTokensBits) {
   }
   const std::vector<std::vector<int32_t>> picks = {
       {5}, {3, 3}, {10, 0, 7}, {9, 1, 4, 2}, {1, 2, 4, 8, 9}, {6, 5, 4, 3, 2, 1, 0, 10}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}};
-  for (const bool vbmi : {true, false})
-    for (const auto& tok : picks) {
-      const int64_t n = static_cast<int64_t>(tok.size());
-      std::vector<float> y(static_cast<size_t>(n * out), -1.0f);
-      gguf_int8_rows_at(w, all, tok.data(), n, y.data(), out, 0, 9, vbmi);
-      gguf_int8_rows_at(w, all, tok.data(), n, y.data(), out, 9, 10, vbmi);
-      gguf_int8_rows_at(w, all, tok.data(), n, y.data(), out, 10, out, vbmi);
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t r = 0; r < out; ++r) {
-          const float got = y[static_cast<size_t>(i * out + r)];
-          ASSERT_EQ(got, alone[static_cast<size_t>(tok[static_cast<size_t>(i)] * out + r)])
-              << "vbmi " << vbmi << " n " << n << " i " << i << " r " << r;
-          ASSERT_EQ(got, lane_model(w, all, r, tok[static_cast<size_t>(i)])) << "n " << n << " i " << i << " r " << r;
-        }
-    }
+  for (const Q8Acts* acts : {&plain, &laid})
+    for (const bool vbmi : {true, false})
+      for (const auto& tok : picks) {
+        const Q8Acts& all = *acts;
+        const int64_t n = static_cast<int64_t>(tok.size());
+        std::vector<float> y(static_cast<size_t>(n * out), -1.0f);
+        gguf_int8_rows_at(w, all, tok.data(), n, y.data(), out, 0, 9, vbmi);
+        gguf_int8_rows_at(w, all, tok.data(), n, y.data(), out, 9, 10, vbmi);
+        gguf_int8_rows_at(w, all, tok.data(), n, y.data(), out, 10, out, vbmi);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t r = 0; r < out; ++r) {
+            const float got = y[static_cast<size_t>(i * out + r)];
+            ASSERT_EQ(got, alone[static_cast<size_t>(tok[static_cast<size_t>(i)] * out + r)])
+                << "layout " << (acts == &laid) << " vbmi " << vbmi << " n " << n << " i " << i << " r " << r;
+            ASSERT_EQ(got, lane_model(w, all, r, tok[static_cast<size_t>(i)])) << "n " << n << " i " << i << " r " << r;
+          }
+      }
 }
 
 // The AVX2 kernel (CPUs without AVX-512 VNNI) states the same arithmetic with vpmaddubsw/vpmaddwd on two

@@ -149,6 +149,11 @@ int64_t gguf_int8_gemm_min_tokens(WeightFormat f) {
   }
 }
 
+bool gguf_int8_layout_wanted(const WeightMatrix& w, int64_t T) {
+  if (gguf_int8_gemm_applies(w.format, T)) return true;
+  return T > 0 && wide_isa() && w.format != WeightFormat::kGgufQ8_0 && gguf_int8_vbmi_applies(w);
+}
+
 bool gguf_int8_gemm_applies(WeightFormat f, int64_t T) {
   if (!gguf_int8_gemm_format(f)) return false;
   if (wide_isa()) return T >= gguf_int8_gemm_min_tokens(f);

@@ -251,10 +251,27 @@ KESTREL_AVX512_VBMI void block_vbmi(const WeightMatrix& w, const Q8Acts& a, cons
   __m512 acc[R][U];
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
+  // With the GEMM layout prepared (the same lane values, laid out once per token), the token side of a
+  // chunk is four loads: no shifts, subtraction or permute per block call.
+  const bool laid_out = K == Kind::kQ4_0 ? a.gemm_q4 : a.gemm_mx;
+  const int32_t* N[U];
+  const float* DX[U];
+  if (laid_out)
+    for (int u = 0; u < U; ++u) {
+      const int64_t t = tok ? tok[t0 + u] : t0 + u;
+      N[u] = (K == Kind::kQ4_0 ? a.n4.data() : a.n12.data()) + t * nc * 16, DX[u] = a.dx4.data() + t * nc * 16;
+    }
   for (int64_t c = 0; c < nc; ++c) {
     __m512i xl[U], xh[U], nc_[U];
     __m512 dx[U];
-    chunk_acts<K, U>(X, C, D, c, xl, xh, nc_, dx);
+    if (laid_out) {
+      for (int u = 0; u < U; ++u) {
+        xl[u] = _mm512_loadu_si512(X[u] + c * 128), xh[u] = _mm512_loadu_si512(X[u] + c * 128 + 64);
+        nc_[u] = _mm512_loadu_si512(N[u] + c * 16), dx[u] = _mm512_loadu_ps(DX[u] + c * 16);
+      }
+    } else {
+      chunk_acts<K, U>(X, C, D, c, xl, xh, nc_, dx);
+    }
     for (int r = 0; r < R; ++r) {
       __m512i bytes;
       __m512 dw;

@@ -760,11 +760,11 @@ struct QuantInputs {
   size_t n_q8 = 0, n_tok = 0, n_bf = 0;
 
   void clear() { inputs.clear(), task_input.clear(), n_q8 = n_tok = n_bf = 0; }
-  // `w`: the product's weights (a Q4_0 / Q8_0 / MXFP4 prefill product adds its GEMM layout to a Q8 input).
+  // `w`: the product's weights (a Q4_0 / Q8_0 / MXFP4 product adds the GEMM layout it wants to a Q8 input).
   int32_t add(const float* x, int64_t T, int64_t in, ActKind kind, const WeightMatrix& w) {
-    const bool gemm = kind == ActKind::kQ8Blocks && gguf_int8_gemm_applies(w.format, T);
-    const bool q4 = gemm && w.format == WeightFormat::kGgufQ4_0, q8f = gemm && w.format == WeightFormat::kGgufQ8_0;
-    const bool mx = gemm && w.format == WeightFormat::kGgufMxfp4;
+    const bool layout = kind == ActKind::kQ8Blocks && gguf_int8_layout_wanted(w, T);
+    const bool q4 = layout && w.format == WeightFormat::kGgufQ4_0, q8f = layout && w.format == WeightFormat::kGgufQ8_0;
+    const bool mx = layout && w.format == WeightFormat::kGgufMxfp4;
     for (size_t i = 0; i < inputs.size(); ++i)
       if (inputs[i].x == x && inputs[i].T == T && inputs[i].in == in && inputs[i].kind == kind) {
         if (kind == ActKind::kQ8Blocks) {

@@ -395,9 +395,16 @@ inline __attribute__((always_inline)) void lane_sums_halves(const __m256 (&lo)[N
 
 #endif
 
-// Software prefetch distance of the decode GEMV over 16-bit weights, in elements (bytes / 2).
-// 16384×7168 GEMV, 2 threads (bench/linear_bench): none 30.5 GB/s, 256 34.9, 512 39.6, 1024 40.2.
+// Decode (one token) over 16-bit weights: R row streams, and a thread's register blocks follow each
+// other in memory. One prefetch per 64-byte line (every other 16-element step): the point 1 KiB on in
+// the row into L1, and the same point two register blocks (2R rows) on into L2, which follows the read
+// pattern at any row length. 16384 × 7168 GEMV, 2 threads, Xeon: 1 KiB none 30.5 GB/s, 256 B 34.9,
+// 512 B 39.6, 1 KiB 40.2; the L2 prefetch on 32768 × 2304 rows: docs/PERFORMANCE.md, "Decode prefetch".
 constexpr int64_t kHalfPrefetchElems = 512;
+__attribute__((always_inline)) inline void prefetch_half_row(const uint16_t* p, int64_t block_elems) {
+  __builtin_prefetch(p + kHalfPrefetchElems, 0, 3);
+  __builtin_prefetch(p + 2 * block_elems, 0, 2);
+}
 
 // Fused 16-bit-float rows × few tokens: R rows of bf16/f16 weights converted in registers (never
 // stored), U tokens.
@@ -427,7 +434,7 @@ void half_rows_dot(const uint16_t* W, int64_t in, int64_t r0, const float* x, fl
     for (int r = 0; r < R; ++r) {
       const uint16_t* p = W + (r0 + r) * in + i;
       if constexpr (U == 1) {
-        if ((i & 31) == 0) __builtin_prefetch(p + kHalfPrefetchElems, 0, 3);
+        if ((i & 31) == 0) prefetch_half_row(p, R * in);
       }
       const __m256 wl = load8(p), wh = load8(p + 8);
 #pragma GCC unroll 16
@@ -465,10 +472,8 @@ void half_rows_dot(const uint16_t* W, int64_t in, int64_t r0, const float* x, fl
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const uint16_t* p = W + (r0 + r) * in + i;
-      // Decode (one token): R row streams; prefetching ahead keeps more lines in flight than the
-      // hardware prefetcher does (one line per 32 elements, so every other step).
       if constexpr (U == 1) {
-        if ((i & 31) == 0) __builtin_prefetch(p + kHalfPrefetchElems, 0, 3);
+        if ((i & 31) == 0) prefetch_half_row(p, R * in);
       }
       const v16 wv = kBf16 ? load_bf16x16(p) : load_f16x16(p);
 #pragma GCC unroll 16

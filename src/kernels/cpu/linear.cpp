@@ -622,7 +622,7 @@ inline void tile_dot(const float* w, int64_t ws, const float* x, int64_t xs, int
 // per panel, not once per 4 rows (with T = 512 and in = 512 that was 1 MB of activations re-read for
 // every 4 output rows). Each (row, token) pair still runs the one fixed order (tile_dot = block_dot's).
 constexpr int64_t kPanelBytes = 96 * 1024;
-constexpr int64_t kKBlock = 1024;  // AVX2: elements of a row per K-block (panel_times_tokens_kblocked)
+[[maybe_unused]] constexpr int64_t kKBlock = 1024;  // AVX2: elements of a row per K-block (panel_times_tokens_kblocked)
 
 int64_t panel_rows(int64_t in) {
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)

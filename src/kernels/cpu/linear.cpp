@@ -193,7 +193,7 @@ inline __attribute__((always_inline)) void lane_sums4(const v16f* a, int n, floa
 template <int R, int U>
 inline __attribute__((always_inline)) void block_lane_sums(const v16f (&acc)[R][U], float (&sums)[R * U]) {
   static_assert(R * U <= 16);
-  v16f a[R * U];
+  alignas(64) v16f a[R * U];  // alignas: v16f is 4-aligned, but clang addresses array elements with 64-byte-aligned loads
   for (int u = 0; u < U; ++u)
     for (int r = 0; r < R; ++r) a[u * R + r] = acc[r][u];
   if constexpr (R * U <= 4) lane_sums4(a, R * U, sums);
@@ -217,13 +217,13 @@ template <int R, int U>
 void mxfp4_rows_dot(const WeightMatrix& w, int64_t r0, const float* x, float* y, int64_t ldy) {
   const int64_t in = w.in, blocks = in / 32;
   const uint8_t* P = static_cast<const uint8_t*>(w.data);
-  v16f acc[R][U];
+  alignas(64) v16f acc[R][U];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
     for (int u = 0; u < U; ++u) acc[r][u] = v16f{};
   for (int64_t b = 0; b < blocks; ++b) {
-    v16f x1[U], x2[U];
+    alignas(64) v16f x1[U], x2[U];
 #pragma GCC unroll 16
     for (int u = 0; u < U; ++u) {
       x1[u] = load16(x + u * in + b * 32);
@@ -315,14 +315,14 @@ inline float tail_step(float s, float w, float x) {
 
 template <int R, int U>
 inline void block_dot(const float* w, int64_t ws, const float* x, int64_t xs, int64_t n, float* y, int64_t ys) {
-  v16 acc[R][U];
+  alignas(64) v16 acc[R][U];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
     for (int u = 0; u < U; ++u) acc[r][u] = v16{};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    v16 xv[U];
+    alignas(64) v16 xv[U];
 #pragma GCC unroll 16
     for (int u = 0; u < U; ++u) xv[u] = load16(x + u * xs + i);
 #pragma GCC unroll 16
@@ -459,14 +459,14 @@ void half_rows_dot(const uint16_t* W, int64_t in, int64_t r0, const float* x, fl
 #else
 template <int R, int U, bool kBf16>
 void half_rows_dot(const uint16_t* W, int64_t in, int64_t r0, const float* x, float* y, int64_t ldy) {
-  v16 acc[R][U];
+  alignas(64) v16 acc[R][U];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
     for (int u = 0; u < U; ++u) acc[r][u] = v16{};
   int64_t i = 0;
   for (; i + 16 <= in; i += 16) {
-    v16 xv[U];
+    alignas(64) v16 xv[U];
 #pragma GCC unroll 16
     for (int u = 0; u < U; ++u) xv[u] = load16(x + u * in + i);
 #pragma GCC unroll 16

@@ -25,8 +25,7 @@ from mpi_cell import ENV, MPI_FLAGS, MPIEXEC, alive, rank_pids
 BINARY = os.environ.get("KESTREL_BINARY", "build/release/kestrel")
 CACHE = os.environ.get("KESTREL_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "kestrel-it-cache")
 # The random-weight K3 preset with a tokenizer (the tiny presets have none); routed experts in every MoE layer.
-SERVE = ["serve", "--preset", "k3-default", "--quiet", "--cache-mib", "64", "--max-context", "2048",
-         "--max-running", "8"]
+SERVE = ["serve", "--preset", "k3-default", "--quiet", "--max-running", "8"]
 
 if not MPIEXEC:
     if os.environ.get("CI"):
@@ -37,10 +36,11 @@ if not MPIEXEC:
 class Proc:
     """`kestrel serve` alone or as a cell of `ep` ranks, on a free port, healthy on return."""
 
-    def __init__(self, ep, mpi_extra=(), serve_extra=()):
+    def __init__(self, ep, mpi_extra=(), serve_extra=(), max_context=2048, cache_mib=64):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        cmd = [BINARY, *SERVE, "--port", str(self.port), *serve_extra]
+        cmd = [BINARY, *SERVE, "--max-context", str(max_context), "--cache-mib", str(cache_mib),
+               "--port", str(self.port), *serve_extra]
         if ep > 1:
             cmd = [MPIEXEC, "-np", str(ep), *MPI_FLAGS, "-x", "KESTREL_CACHE_DIR", *mpi_extra, *cmd, "--ep", str(ep)]
         self.log = tempfile.NamedTemporaryFile(prefix="kestrel-cell-serve-", suffix=".log", delete=False)
@@ -220,12 +220,16 @@ def test_tensor_parallel_cell_serve_answers_equal_one_process():
 
 
 def test_sigkill_of_rank_1_mid_stream_ends_the_stream_and_the_cell():
-    cell = Proc(2)
+    # The kill must land while the cell is still generating. The server writes chunks ahead of the client's reads,
+    # and a CI box running other suites beside this one starved the client for longer than the ~3 s that 1600
+    # tokens took (the stream completed, 'length', before the client reached its 20th chunk). 7800 tokens took
+    # 41 s on a 2-vCPU Zen 4: far longer than any client stall seen.
+    cell = Proc(2, max_context=8192, cache_mib=128)
     try:
         pids = rank_pids(cell.proc.pid)
         assert sorted(pids) == [0, 1], pids
         stream = cell.client.chat.completions.create(
-            model="kimi-k3", messages=[{"role": "user", "content": "Go on forever"}], max_tokens=1600,
+            model="kimi-k3", messages=[{"role": "user", "content": "Go on forever"}], max_tokens=7800,
             temperature=0, stream=True, extra_body={"ignore_eos": True})
         chunks, killed, ended_by = 0, None, None
         try:

@@ -91,6 +91,14 @@ PROMPTS = ["Hello there", "What is a cell?", "Count: one two three", "Tell me ab
            "Where does the state live?", "x y z", "Data parallel attention", "The sixteenth stream"]
 
 
+# A stream that must still be in flight when a rank is signalled: the cell writes chunks ahead of the client's
+# reads, and a CI box running other suites beside this one starved the client for longer than the ~3 s that 1600
+# tokens took (the stream completed, 'length', before the client reached its 20th chunk). 7800 tokens took 41 s
+# on a 2-vCPU Zen 4: far longer than any client stall seen.
+LONG = dict(max_context=8192, cache_mib=128)
+LONG_TOKENS = 7800
+
+
 def complete(client, i):
     r = client.chat.completions.create(model="kimi-k3", messages=[{"role": "user", "content": PROMPTS[i]}],
                                        max_tokens=24, temperature=0, logprobs=True, top_logprobs=3,
@@ -220,16 +228,12 @@ def test_tensor_parallel_cell_serve_answers_equal_one_process():
 
 
 def test_sigkill_of_rank_1_mid_stream_ends_the_stream_and_the_cell():
-    # The kill must land while the cell is still generating. The server writes chunks ahead of the client's reads,
-    # and a CI box running other suites beside this one starved the client for longer than the ~3 s that 1600
-    # tokens took (the stream completed, 'length', before the client reached its 20th chunk). 7800 tokens took
-    # 41 s on a 2-vCPU Zen 4: far longer than any client stall seen.
-    cell = Proc(2, max_context=8192, cache_mib=128)
+    cell = Proc(2, **LONG)
     try:
         pids = rank_pids(cell.proc.pid)
         assert sorted(pids) == [0, 1], pids
         stream = cell.client.chat.completions.create(
-            model="kimi-k3", messages=[{"role": "user", "content": "Go on forever"}], max_tokens=7800,
+            model="kimi-k3", messages=[{"role": "user", "content": "Go on forever"}], max_tokens=LONG_TOKENS,
             temperature=0, stream=True, extra_body={"ignore_eos": True})
         chunks, killed, ended_by = 0, None, None
         try:
@@ -264,14 +268,14 @@ def test_sigkill_of_rank_1_mid_stream_ends_the_stream_and_the_cell():
 
 def test_sigterm_to_mpiexec_stops_every_rank_cleanly():
     # No drain time: the stream in flight is cancelled at once and ends with a final chunk, not a broken
-    # connection (mpirun's SIGTERM reaches rank 0 a second after its own, long before 1600 tokens).
-    cell = Proc(2, serve_extra=["--drain-seconds", "0"])
+    # connection (mpirun's SIGTERM reaches rank 0 a second after its own, long before LONG_TOKENS).
+    cell = Proc(2, serve_extra=["--drain-seconds", "0"], **LONG)
     try:
         pids = rank_pids(cell.proc.pid)
         assert sorted(pids) == [0, 1], pids
         assert complete(cell.client, 0)[2] == "length"
         stream = cell.client.chat.completions.create(
-            model="kimi-k3", messages=[{"role": "user", "content": "Go on"}], max_tokens=1600, temperature=0,
+            model="kimi-k3", messages=[{"role": "user", "content": "Go on"}], max_tokens=LONG_TOKENS, temperature=0,
             stream=True, extra_body={"ignore_eos": True})
         chunks, finish = 0, None
         for chunk in stream:
@@ -332,7 +336,7 @@ class Streamer(threading.Thread):
     def run(self):
         try:
             stream = self.client.chat.completions.create(
-                model="kimi-k3", messages=[{"role": "user", "content": "Go on forever"}], max_tokens=1500,
+                model="kimi-k3", messages=[{"role": "user", "content": "Go on forever"}], max_tokens=LONG_TOKENS,
                 temperature=0, stream=True, extra_body={"ignore_eos": True})
             for i, chunk in enumerate(stream):
                 if i == 10:
@@ -367,7 +371,7 @@ def kill_leftovers(pids):
 def test_sigkill_of_rank_1_fails_health_before_the_cell_ends():
     # A killed rank is noticed by its closed connection, at once, whatever the window: a 5 s window keeps a loaded
     # machine's late heartbeats from answering 503 before the kill.
-    cell = Proc(2, serve_extra=["--cell-liveness-ms", "5000"])
+    cell = Proc(2, serve_extra=["--cell-liveness-ms", "5000"], **LONG)
     pids = {}
     try:
         pids = rank_pids(cell.proc.pid)
@@ -408,7 +412,8 @@ def test_sigkill_of_rank_1_fails_health_before_the_cell_ends():
 
 def test_sigstop_of_rank_1_fails_health_within_the_window_then_ends_the_cell():
     window_ms, deadline_ms = 1000, 4000
-    cell = Proc(2, serve_extra=["--cell-liveness-ms", str(window_ms), "--cell-deadline-ms", str(deadline_ms)])
+    cell = Proc(2, serve_extra=["--cell-liveness-ms", str(window_ms), "--cell-deadline-ms", str(deadline_ms)],
+                **LONG)
     pids = {}
     try:
         pids = rank_pids(cell.proc.pid)

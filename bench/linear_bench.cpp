@@ -2,7 +2,8 @@
 //   linear_bench [out=4096] [in=4096] [T=1] [reps=20]
 // Reports ms per call, (int or fp) ops per second, and weight bytes read per second (the decode-time limit: T = 1 reads every
 // weight byte once). Formats: F32 (fp32 weights used in place), BF16, MXFP4 (compressed-tensors: packed + separate E8M0 scales, fused
-// decode+dot for T ≤ 4), W4A8 (int4, bf16 scales per 32; int8 activations), GGUF Q8_0 / Q4_0 / MXFP4 blocks (decode row → fp32 dot).
+// decode+dot for T ≤ 4), W4A8 (int4, bf16 scales per 32; int8 activations), GGUF Q8_0 / Q4_0 (its packed rows) / MXFP4 blocks
+// (int8 activations in the default GGUF mode).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/gguf_q4_x16.h"
 #include "kernels/cpu/linear_gguf.h"
 
 namespace {
@@ -64,6 +66,8 @@ int main(int argc, char** argv) {
     w.format = f.f, w.out = out, w.in = in, w.data = data.data(), w.act_bf16 = f.act_bf16;
     if (f.f == WeightFormat::kMxfp4 || f.f == WeightFormat::kW4A8) w.scales = scales.data();
     if (f.f == WeightFormat::kW4A8) w.group = 32;
+    kestrel::AlignedVector<uint8_t> rows16;  // Q4_0: the int8 products read the packed rows (gguf_q4_x16.h)
+    if (f.f == WeightFormat::kGgufQ4_0) rows16 = kestrel::kernels::pack_q4_0_x16(w), w.packed = rows16.data();
     double best = 1e30;
     for (int r = 0; r < reps + 1; ++r) {
       const double t0 = now_s();

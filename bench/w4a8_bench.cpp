@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "kernels/cpu/gguf_int8.h"
+#include "kernels/cpu/gguf_q4_x16.h"
 #include "kernels/cpu/linear_gguf.h"
 #include "kernels/cpu/w4a8_gemm.h"
 #include "kernels/cpu/w4a8_isa.h"
@@ -225,12 +226,13 @@ void form_shapes(benchmark::internal::Benchmark* b) {
 }
 
 // GGUF Q4_0 / Q8_0 / MXFP4 × Q8_0 activations (gguf_int8.h), one thread, quantization included. Args:
-// format (0 Q4_0, 1 Q8_0, 2 MXFP4), path (0 small-T kernel gguf_int8_rows_avx512, 1 prefill GEMM
-// gguf_int8_gemm_rows), out, in, T.
+// format (0 Q4_0, 1 Q8_0, 2 MXFP4), path (Q8_0 / MXFP4: 0 small-T kernel gguf_int8_rows_avx512, 1 prefill
+// GEMM gguf_int8_gemm_rows; Q4_0: 2 the packed kernel q4_x16_rows_avx512, its only int8 kernel), out, in, T.
 void BM_GgufInt8(benchmark::State& state) {
   if (!isa_supported(Isa::kAvx512Vnni)) return state.SkipWithError("unsupported: no AVX-512 VNNI");
   const auto f = state.range(0) == 0 ? WeightFormat::kGgufQ4_0 : state.range(0) == 1 ? WeightFormat::kGgufQ8_0 : WeightFormat::kGgufMxfp4;
-  const bool gemm = state.range(1) == 1;
+  const bool gemm = state.range(1) == 1, packed = state.range(1) == 2;
+  if (packed != (f == WeightFormat::kGgufQ4_0)) return state.SkipWithError("path 2 (the packed kernel) for Q4_0, and only for Q4_0");
   const int64_t out = state.range(2), in = state.range(3), T = state.range(4), bb = gguf_block_bytes(f);
   std::mt19937 rng(1);
   std::vector<uint8_t> data(static_cast<size_t>(out * in / 32 * bb));
@@ -241,15 +243,17 @@ void BM_GgufInt8(benchmark::State& state) {
   }
   WeightMatrix w;
   w.format = f, w.out = out, w.in = in, w.data = data.data();
+  kestrel::AlignedVector<uint8_t> rows16;
+  if (packed) rows16 = pack_q4_0_x16(w), w.packed = rows16.data();
   std::normal_distribution<float> d(0, 1);
   std::vector<float> x(static_cast<size_t>(T * in)), y(static_cast<size_t>(T * out));
   for (auto& v : x) v = d(rng);
   Q8Acts a;
   for (auto _ : state) {
-    q8_acts_prepare(a, T, in, gemm && f == WeightFormat::kGgufQ4_0, gemm && f == WeightFormat::kGgufQ8_0,
-                    gemm && f == WeightFormat::kGgufMxfp4);
+    q8_acts_prepare(a, T, in, packed, gemm && f == WeightFormat::kGgufQ8_0, gemm && f == WeightFormat::kGgufMxfp4);
     q8_acts_fill(x.data(), 0, T, a);
-    if (gemm) gguf_int8_gemm_rows(w, a, y.data(), out, 0, out);
+    if (packed) q4_x16_rows_avx512(w, a, nullptr, T, y.data(), out, 0, out);
+    else if (gemm) gguf_int8_gemm_rows(w, a, y.data(), out, 0, out);
     else gguf_int8_rows_avx512(w, a, y.data(), out, 0, out);
     benchmark::ClobberMemory();
   }
@@ -258,7 +262,7 @@ void BM_GgufInt8(benchmark::State& state) {
   if (vnni_peak_ops() > 0)
     state.counters["vnni_peak"] = benchmark::Counter(ops * n / vnni_peak_ops(), benchmark::Counter::kIsRate);
   state.SetLabel(std::string(f == WeightFormat::kGgufQ4_0 ? "q4_0" : f == WeightFormat::kGgufQ8_0 ? "q8_0" : "mxfp4") +
-                 (gemm ? "/gemm" : "/small-T"));
+                 (packed ? "/packed" : gemm ? "/gemm" : "/small-T"));
 }
 
 void gguf_shapes(benchmark::internal::Benchmark* b) {
@@ -267,7 +271,8 @@ void gguf_shapes(benchmark::internal::Benchmark* b) {
   for (int fmt : {0, 1, 2})
     for (auto [o, i] : mats)
       for (int64_t T : {8, 16, 32, 128, 512})
-        for (int path : {0, 1}) b->Args({fmt, path, o, i, T});
+        for (int path : {0, 1, 2})
+          if ((path == 2) == (fmt == 0)) b->Args({fmt, path, o, i, T});  // Q4_0: packed only
 }
 
 }  // namespace

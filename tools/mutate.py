@@ -193,6 +193,20 @@ MUTATIONS["gguf_gemm_halves_swapped"] = (
     "GgufInt8Gemm",
     "Q8_0 prefill GEMM adds a chunk's two block pairs in the other order (same sums, other fp32 rounding)")
 
+NEEDS_CPU_FLAG["q4_x16_compensation_dropped"] = "avx512_vnni"
+MUTATIONS["q4_x16_compensation_dropped"] = (
+    "src/kernels/cpu/gguf_q4_x16_avx512.cpp",
+    "      __m512i s = _mm512_set1_epi32(C[t][4 * b]);",
+    "      __m512i s = _mm512_setzero_si512();",
+    "GgufQ4x16",
+    "the AVX-512 packed Q4_0 kernel forgets the −8·Σq of each block (codes used as 0..15, not −8..7)")
+NEEDS_CPU_FLAG["q4_x16_avx2_scale_unfused"] = "avx2"
+MUTATIONS["q4_x16_avx2_scale_unfused"] = (
+    "src/kernels/cpu/gguf_q4_x16_avx2.cpp",
+    "      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(D[t][b])), acc[t]);",
+    "      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), dw), _mm256_set1_ps(D[t][b]), acc[t]);",
+    "GgufQ4x16",
+    "the AVX2 packed Q4_0 kernel multiplies the block sum by d_w before d_x (another rounding than d_w·d_x)")
 NEEDS_CPU_FLAG["prefill_attention_values_unfused"] = "avx512f"
 MUTATIONS["prefill_attention_values_unfused"] = (
     "src/kernels/cpu/prefill_attention.cpp",

@@ -22,6 +22,9 @@ class MappedFile {
 
   std::span<const uint8_t> bytes() const { return {data_, size_}; }
   const std::string& path() const { return path_; }
+  // The whole pages inside [p, p + n) (a range of bytes()) leave this process's memory; a later read
+  // faults them back from the file. For bytes that were copied out (repacked weights).
+  void drop_pages(const uint8_t* p, size_t n) const;
 
  private:
   const uint8_t* data_ = nullptr;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "kernels/cpu/gguf_q4_x16.h"
 #include "kernels/cpu/linear_gguf.h"
 
 namespace kestrel {
@@ -158,7 +159,8 @@ void GgufWeights::show_progress(const std::string& label) {
 }
 
 // A [out, in] matrix view starting at row `row0` of tensor t (rows of ne[0] = in elements).
-Result<kernels::WeightMatrix> GgufWeights::matrix(const GgufTensorInfo& t, int64_t out, int64_t in, int64_t row0) {
+Result<kernels::WeightMatrix> GgufWeights::matrix(const GgufTensorInfo& t, int64_t out, int64_t in, int64_t row0,
+                                                  bool pack) {
   const auto f = format_of(t.type);
   const auto tr = ggml_type_traits(static_cast<uint32_t>(t.type));
   if (!f) return unsupported(path() + ": tensor '" + t.name + "': ggml type " + std::string(tr->name) +
@@ -175,6 +177,12 @@ Result<kernels::WeightMatrix> GgufWeights::matrix(const GgufTensorInfo& t, int64
   w.in = in;
   w.data = p;
   w.act_bf16 = w.format == kernels::WeightFormat::kBF16;
+  if (pack && w.format == kernels::WeightFormat::kGgufQ4_0) {
+    // The int8 products read only the packed copy; the ggml rows stay mapped for the exact path (decoded
+    // on demand), their pages dropped so that the copy does not double the resident weights.
+    w.packed = packed_.emplace_back(kernels::pack_q4_0_x16(w)).data();
+    file_.drop_pages(p, static_cast<size_t>(out * row_bytes));
+  }
   return w;
 }
 
@@ -196,9 +204,9 @@ Result<kernels::WeightMatrix> GgufWeights::merged_kv_b(const std::string& blk, i
   const GgufValue* rd = h.find(a + ".rope.dimension_count");
   if (!kl || !rd || !kl->as_int() || !rd->as_int() || *kl->as_int() - *rd->as_int() != dn)
     return error(kb->name, ne_str(kb->ne) + ": ne[0] is not qk_nope_head_dim (key_length_mla − rope.dimension_count)");
-  auto k = matrix(*kb, H * lora, dn, 0);
+  auto k = matrix(*kb, H * lora, dn, 0, /*pack=*/false);  // only decoded here
   if (!k) return k.error();
-  auto v = matrix(*vb, H * dv, lora, 0);
+  auto v = matrix(*vb, H * dv, lora, 0, /*pack=*/false);
   if (!v) return v.error();
   std::vector<float>& m = owned_.emplace_back(static_cast<size_t>(out * lora));
   std::vector<float> row(static_cast<size_t>(std::max(dn, lora)));

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "base/aligned_vector.h"
 #include "base/progress.h"
 #include "base/result.h"
 #include "kernels/cpu/linear.h"
@@ -60,13 +61,15 @@ class GgufWeights {
  private:
   const GgufTensorInfo* find(const std::string& gguf_name);
   Status error(const std::string& gguf_name, const std::string& what) const;
-  Result<kernels::WeightMatrix> matrix(const GgufTensorInfo& t, int64_t out, int64_t in, int64_t row0);
+  // pack: give Q4_0 matrices their row-interleaved copy for the int8 products (WeightMatrix::packed).
+  Result<kernels::WeightMatrix> matrix(const GgufTensorInfo& t, int64_t out, int64_t in, int64_t row0, bool pack = true);
   Result<kernels::WeightMatrix> merged_kv_b(const std::string& layer, int64_t out, int64_t in);
   Result<TensorView> float_view(const GgufTensorInfo& t, std::vector<int64_t> shape);
 
   GgufFile file_;
   std::set<std::string> used_;
   std::deque<std::vector<float>> owned_;  // transformed copies (stable addresses)
+  std::deque<AlignedVector<uint8_t>> packed_;  // Q4_0 rows in groups of 16 (kernels/cpu/gguf_q4_x16.h)
   std::unique_ptr<Progress> progress_;
 };
 

@@ -10,6 +10,7 @@
 #include "kernels/cpu/lane_dot.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gguf_int8.h"
+#include "kernels/cpu/gguf_q4_x16.h"
 #include "kernels/cpu/linear_gguf.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/prefill_attention.h"
@@ -24,6 +25,7 @@ namespace {
 
 // Rows [r0, r0 + n) of a GGUF block-format matrix, in place.
 kernels::WeightMatrix row_view(const kernels::WeightMatrix& w, int64_t r0, int64_t n) {
+  if (w.format == kernels::WeightFormat::kGgufQ4_0) return kernels::q4_0_row_view(w, r0, n);  // and its packed rows
   kernels::WeightMatrix v = w;
   const int64_t bb = kernels::gguf_block_bytes(w.format);
   v.out = n;

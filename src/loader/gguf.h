@@ -93,6 +93,8 @@ class GgufFile {
   const std::string& path() const { return file_.path(); }
   const GgufHeader& header() const { return header_; }
   const uint8_t* data(const GgufTensorInfo& t) const { return file_.bytes().data() + header_.data_start + t.offset; }
+  // Bytes of the map that were copied out: their pages leave memory until read again (MappedFile::drop_pages).
+  void drop_pages(const uint8_t* p, size_t n) const { file_.drop_pages(p, n); }
 
  private:
   MappedFile file_;

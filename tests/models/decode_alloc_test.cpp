@@ -269,7 +269,7 @@ class DecodeAllocGguf : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(DecodeAllocGguf, NoAllocationPerDecodedToken) {
   std::printf("GGUF int8 mode %s, bf16 activations %s\n",
-              kernels::gguf_int8_applies(kernels::WeightMatrix{kernels::WeightFormat::kGgufQ4_0}) ? "on" : "off (no AVX-512 VNNI)",
+              kernels::gguf_int8_applies(kernels::WeightMatrix{kernels::WeightFormat::kGgufQ8_0}) ? "on" : "off (no AVX-512 VNNI)",
               kernels::cpu_has_avx512bf16() ? "on" : "off (no AVX512-BF16)");
   auto eng = Engine::load(gguf(GetParam()));
   ASSERT_TRUE(eng) << eng.error().message();

@@ -248,7 +248,7 @@ class GgufInt8VsLlamaCpp : public ::testing::TestWithParam<Int8Case> {};
 
 TEST_P(GgufInt8VsLlamaCpp, MatchesNativePathWithinNoise) {
   const auto& c = GetParam();
-  if (!kernels::gguf_int8_applies(kernels::WeightMatrix{kernels::WeightFormat::kGgufQ4_0}))
+  if (!kernels::gguf_int8_applies(kernels::WeightMatrix{kernels::WeightFormat::kGgufQ8_0}))
     GTEST_SKIP() << "int8 mode needs AVX-512 VNNI or AVX2 (not active on this CPU / ISA setting)";
   // The bounds are those of both native kernels: on a CPU without AVX512-BF16 the file's BF16 products keep
   // fp32 activations (the exact path's arithmetic), so neither the int8-mode bounds nor their gap hold.
@@ -338,7 +338,7 @@ INSTANTIATE_TEST_SUITE_P(Micro, GgufDeepseek2TokenByToken,
 class GgufDeepseek2Int8TokenByToken : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GgufDeepseek2Int8TokenByToken, AbsorbedInt8MatchesLlamaCppNative) {
-  if (!kernels::gguf_int8_applies(kernels::WeightMatrix{kernels::WeightFormat::kGgufQ4_0}))
+  if (!kernels::gguf_int8_applies(kernels::WeightMatrix{kernels::WeightFormat::kGgufQ8_0}))
     GTEST_SKIP() << "int8 mode needs AVX-512 VNNI or AVX2 (not active on this CPU / ISA setting)";
   const Golden g = read_golden(data(std::string(GetParam()) + ".logits.safetensors"));
   const auto rows = static_cast<int64_t>(g.prompt.size());
@@ -365,7 +365,7 @@ INSTANTIATE_TEST_SUITE_P(Micro, GgufDeepseek2Int8TokenByToken,
 class GgufMoeFused : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GgufMoeFused, SameBitsAsGroupedExperts) {
-  if (!kernels::gguf_int8_applies(kernels::WeightMatrix{kernels::WeightFormat::kGgufQ4_0}))
+  if (!kernels::gguf_int8_applies(kernels::WeightMatrix{kernels::WeightFormat::kGgufQ8_0}))
     GTEST_SKIP() << "GGUF int8 mode needs AVX-512 VNNI or AVX2";
   const Golden g = read_golden(data(std::string(GetParam()) + ".logits.safetensors"));
   struct Restore {

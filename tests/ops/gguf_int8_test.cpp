@@ -1,4 +1,5 @@
-// GGUF block weights × Q8_0 activations (kernels/cpu/gguf_int8.h):
+// GGUF block weights × Q8_0 activations (kernels/cpu/gguf_int8.h), the Q8_0 and MXFP4 kernels (Q4_0's
+// packed kernels are tests/ops/gguf_q4_x16_test.cpp):
 // - activation quantization reproduces llama.cpp's x86 quantize_row_q8_0 bit for bit (golden from a numpy
 //   transcription in tools/gen_gguf_goldens.py; gguf-py's reference quantizer gives the same codes there);
 // - the scalar kernel equals the fp64 dot of the dequantized weights (gguf-py-checked decoders) and the
@@ -6,9 +7,11 @@
 // - the AVX-512 VNNI kernel equals the scalar kernel within 1e-5 · Σ|w·x| (same exact int32 block sums,
 //   other fp32 order), gives every token and row the same bits at any batch size and row split, and is
 //   what matmul() runs in the default int8 mode (the exact path when the mode is off);
-// - the prefill GEMM forms (Q4_0 / Q8_0 / MXFP4; AVX-512 and AVX2) give the small-T kernel's bits for
-//   every token at every T;
-// - picked tokens (gguf_int8_rows_at) keep their bits, and stripe-wise quantization equals whole rows.
+// - the prefill GEMM forms (Q8_0 / MXFP4; AVX-512 and AVX2) give the small-T kernel's bits for every
+//   token at every T;
+// - picked tokens (gguf_int8_rows_at) keep their bits, and stripe-wise quantization equals whole rows;
+// - one input shared by Q4_0 (packed), Q8_0 and MXFP4 products gives each its own kernel's bits, and the
+//   Q8_0 / MXFP4 kernels refuse a Q4_0 matrix.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -17,6 +20,7 @@
 #include <random>
 
 #include "kernels/cpu/gguf_int8.h"
+#include "kernels/cpu/gguf_q4_x16.h"
 #include "kernels/cpu/linear_gguf.h"
 #include "kernels/cpu/w4a8_isa.h"
 #include "loader/safetensors.h"
@@ -172,29 +176,25 @@ TEST_P(GgufInt8Kernel, ScalarMatchesFp64AndSimdMatchesScalar) {
   set_isa_override(std::nullopt);
 }
 
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return std::string(info.param.format == WeightFormat::kGgufQ8_0 ? "q8_0" : "mxfp4") + "_in" + std::to_string(info.param.in);
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, GgufInt8Kernel,
-                         ::testing::Values(Case{WeightFormat::kGgufQ4_0, 32}, Case{WeightFormat::kGgufQ4_0, 288},
-                                           Case{WeightFormat::kGgufQ4_0, 512}, Case{WeightFormat::kGgufQ8_0, 32},
-                                           Case{WeightFormat::kGgufQ8_0, 96}, Case{WeightFormat::kGgufQ8_0, 512},
-                                           Case{WeightFormat::kGgufMxfp4, 64}, Case{WeightFormat::kGgufMxfp4, 288},
-                                           Case{WeightFormat::kGgufMxfp4, 512}, Case{WeightFormat::kGgufQ4_0, 2304},
+                         ::testing::Values(Case{WeightFormat::kGgufQ8_0, 32}, Case{WeightFormat::kGgufQ8_0, 96},
+                                           Case{WeightFormat::kGgufQ8_0, 512}, Case{WeightFormat::kGgufMxfp4, 64},
+                                           Case{WeightFormat::kGgufMxfp4, 288}, Case{WeightFormat::kGgufMxfp4, 512},
                                            Case{WeightFormat::kGgufMxfp4, 2304}),
-                         [](const auto& info) {
-                           const char* f = info.param.format == WeightFormat::kGgufQ4_0   ? "q4_0"
-                                           : info.param.format == WeightFormat::kGgufQ8_0 ? "q8_0"
-                                                                                          : "mxfp4";
-                           return std::string(f) + "_in" + std::to_string(info.param.in);
-                         });
+                         case_name);
 
 // The small-T AVX-512 kernel's arithmetic written out lane by lane (what both kernels must equal
-// bitwise): per 128-element chunk, 16 int32 lanes (Q4_0: lanes 4k..4k+3 = block k, u8 nibbles, and
-// the block's whole −8·Σx in lane 4k; MXFP4: the same with u = 2·E2M1 + 12 and −12·Σx; Q8_0: two
-// halves, lanes 8j..8j+7 = block 2h+j), each lane acc = fma(float(p), d_w·d_x, acc) in chunk order,
-// then _mm512_reduce_add_ps's pairing.
+// bitwise): per 128-element chunk, 16 int32 lanes (MXFP4: lanes 4k..4k+3 = block k, u8 codes
+// u = 2·E2M1 + 12, and the block's whole −12·Σx in lane 4k; Q8_0: two halves, lanes 8j..8j+7 =
+// block 2h+j), each lane acc = fma(float(p), d_w·d_x, acc) in chunk order, then _mm512_reduce_add_ps's
+// pairing.
 float lane_model(const WeightMatrix& w, const Q8Acts& a, int64_t r, int64_t t) {
-  const bool q8 = w.format == WeightFormat::kGgufQ8_0, mx = w.format == WeightFormat::kGgufMxfp4;
-  const int64_t co = mx ? 1 : 2, bias = mx ? 12 : 8;  // code offset in the block, u8 bias of a code
-  auto u8 = [&](int code) { return mx ? kGgufE2M1Doubled[code] + 12 : code; };
+  const bool q8 = w.format == WeightFormat::kGgufQ8_0;
+  auto u8 = [](int code) { return kGgufE2M1Doubled[code] + 12; };  // MXFP4 code → u8
   const int64_t bb = gguf_block_bytes(w.format), P = a.nc * 128;
   const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * a.nb * bb;
   const int8_t* q = a.q.data() + t * P;
@@ -207,15 +207,16 @@ float lane_model(const WeightMatrix& w, const Q8Acts& a, int64_t r, int64_t t) {
         float dw = 0;
         if (b < a.nb) {
           const uint8_t* blk = row + b * bb;
-          dw = mx ? gguf_e8m0_half(blk[0]) : gguf_load_f16(blk);
           if (q8) {
+            dw = gguf_load_f16(blk);
             for (int j = 0; j < 4; ++j) p += static_cast<int8_t>(blk[2 + (l % 8) * 4 + j]) * q[b * 32 + (l % 8) * 4 + j];
-          } else {
+          } else {  // MXFP4: E8M0 scale at byte 0, codes from byte 1
+            dw = gguf_e8m0_half(blk[0]);
             const int i = l % 4;
             for (int j = 0; j < 4; ++j)
-              p += u8(blk[co + 4 * i + j] & 15) * q[b * 32 + 4 * i + j] + u8(blk[co + 4 * i + j] >> 4) * q[b * 32 + 16 + 4 * i + j];
+              p += u8(blk[1 + 4 * i + j] & 15) * q[b * 32 + 4 * i + j] + u8(blk[1 + 4 * i + j] >> 4) * q[b * 32 + 16 + 4 * i + j];
             if (i == 0)
-              for (int j = 0; j < 32; ++j) p -= bias * q[b * 32 + j];
+              for (int j = 0; j < 32; ++j) p -= 12 * q[b * 32 + j];
           }
         }
         acc[l] = std::fma(static_cast<float>(p), dw * a.d[static_cast<size_t>(t * (P / 32) + b)], acc[l]);
@@ -256,8 +257,7 @@ TEST_P(GgufInt8Kernel, TailTokensInOneBlockKeepEachTokensBits) {
     for (const bool vbmi : {true, false})
       for (int64_t T = 1; T <= Tmax; ++T) {
         Q8Acts a;
-        q8_acts_prepare(a, T, in, layout && format == WeightFormat::kGgufQ4_0, layout && format == WeightFormat::kGgufQ8_0,
-                        layout && format == WeightFormat::kGgufMxfp4);
+        q8_acts_prepare(a, T, in, false, layout && format == WeightFormat::kGgufQ8_0, layout && format == WeightFormat::kGgufMxfp4);
         q8_acts_fill(x.data(), 0, T, a);
         std::vector<float> y(static_cast<size_t>(T * out), -1.0f);
         gguf_int8_rows_avx512(w, a, y.data(), out, 0, 9, vbmi);
@@ -287,7 +287,7 @@ TEST_P(GgufInt8Kernel, PickedTokensKeepEachTokensBits) {
   for (auto& v : x) v = dist(rng);
   Q8Acts plain, laid;
   quantize_q8_0_acts(x.data(), T, in, plain);
-  q8_acts_prepare(laid, T, in, format == WeightFormat::kGgufQ4_0, format == WeightFormat::kGgufQ8_0, format == WeightFormat::kGgufMxfp4);
+  q8_acts_prepare(laid, T, in, false, format == WeightFormat::kGgufQ8_0, format == WeightFormat::kGgufMxfp4);
   q8_acts_fill(x.data(), 0, T, laid);
   std::vector<float> alone(static_cast<size_t>(T * out));
   for (int64_t t = 0; t < T; ++t) {
@@ -411,7 +411,7 @@ TEST(GgufInt8, ChunkStripesQuantizeAsWholeRows) {
 class GgufInt8Gemm : public ::testing::TestWithParam<Case> {};
 
 void prepare_for(Q8Acts& a, WeightFormat f, int64_t T, int64_t in) {
-  q8_acts_prepare(a, T, in, f == WeightFormat::kGgufQ4_0, f == WeightFormat::kGgufQ8_0, f == WeightFormat::kGgufMxfp4);
+  q8_acts_prepare(a, T, in, false, f == WeightFormat::kGgufQ8_0, f == WeightFormat::kGgufMxfp4);
 }
 
 // The prefill GEMM form (gguf_int8_gemm_rows) gives the small-T kernel's bits for every token at every
@@ -578,23 +578,17 @@ TEST_P(GgufInt8Gemm, Avx2PickedTokensKeepEachTokensBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, GgufInt8Gemm,
-                         ::testing::Values(Case{WeightFormat::kGgufQ4_0, 32}, Case{WeightFormat::kGgufQ4_0, 288},
-                                           Case{WeightFormat::kGgufQ4_0, 512}, Case{WeightFormat::kGgufQ4_0, 2304},
-                                           Case{WeightFormat::kGgufQ8_0, 32}, Case{WeightFormat::kGgufQ8_0, 96},
+                         ::testing::Values(Case{WeightFormat::kGgufQ8_0, 32}, Case{WeightFormat::kGgufQ8_0, 96},
                                            Case{WeightFormat::kGgufQ8_0, 512}, Case{WeightFormat::kGgufQ8_0, 2304},
                                            Case{WeightFormat::kGgufMxfp4, 32}, Case{WeightFormat::kGgufMxfp4, 288},
                                            Case{WeightFormat::kGgufMxfp4, 512}, Case{WeightFormat::kGgufMxfp4, 2304}),
-                         [](const auto& info) {
-                           const char* f = info.param.format == WeightFormat::kGgufQ4_0   ? "q4_0"
-                                           : info.param.format == WeightFormat::kGgufQ8_0 ? "q8_0"
-                                                                                          : "mxfp4";
-                           return std::string(f) + "_in" + std::to_string(info.param.in);
-                         });
+                         case_name);
 
-// One input shared by a Q4_0, a Q8_0 and an MXFP4 product in one matmul_many call (as q/k/v or gate/up
-// share theirs) on `isa` (its GEMM form at T = 70 for the formats that take it there: all three, or on
-// Zen 4's AVX-512 Q8_0 and MXFP4): the input is quantized once with those GEMM layouts, and each product
-// keeps the bits of that ISA's small-T kernel.
+// One input shared by a Q4_0 (with its packed rows), a Q8_0 and an MXFP4 product in one matmul_many call
+// (as q/k/v or gate/up share theirs) on `isa` (the GEMM form at T = 70 for Q8_0 and MXFP4; Q4_0's packed
+// kernel at every T): the input is quantized once with the layouts all three need, and each product keeps
+// its own bits: Q4_0 the packed lane model's (q4_x16_rows_model), Q8_0 and MXFP4 that ISA's small-T
+// kernel's.
 void shared_input_serves_every_format(Isa isa, RowsFn small_t, uint32_t seed) {
   const int64_t in = 512, out = 70, T = 70;
   std::mt19937 rng(seed);
@@ -605,6 +599,8 @@ void shared_input_serves_every_format(Isa isa, RowsFn small_t, uint32_t seed) {
     d[i] = random_blocks(fs[i], out, in, rng);
     w[i].format = fs[i], w[i].out = out, w[i].in = in, w[i].data = d[i].data();
   }
+  const AlignedVector<uint8_t> p = pack_q4_0_x16(w[0]);
+  w[0].packed = p.data();
   std::uniform_real_distribution<float> dist(-2, 2);
   std::vector<float> x(static_cast<size_t>(T * in));
   for (auto& v : x) v = dist(rng);
@@ -620,36 +616,40 @@ void shared_input_serves_every_format(Isa isa, RowsFn small_t, uint32_t seed) {
   matmul_many(std::span<const MatmulTask>(tasks, 3));
   set_isa_override(std::nullopt);
   Q8Acts a;
-  quantize_q8_0_acts(x.data(), T, in, a);
+  q8_acts_prepare(a, T, in, /*gemm_q4=*/true);  // the packed Q4_0 kernels' input (the others read none of it)
+  q8_acts_fill(x.data(), 0, T, a);
   for (int i = 0; i < 3; ++i) {
     std::vector<float> r(static_cast<size_t>(T * out));
-    small_t(w[i], a, r.data(), out, 0, out);
+    if (fs[i] == WeightFormat::kGgufQ4_0) q4_x16_rows_model(w[i], a, nullptr, T, r.data(), out, 0, out);
+    else small_t(w[i], a, r.data(), out, 0, out);
     for (size_t k = 0; k < r.size(); ++k) ASSERT_EQ(bits(y[i][k]), bits(r[k])) << "format " << i << " k " << k;
   }
 }
 
-// A GEMM form refuses activations quantized without its layout, a token index out of range and other formats.
+// A GEMM form refuses activations quantized without its layout, a token index out of range and other
+// formats, Q4_0 included (it runs on its packed rows, even with its layout prepared).
 void refuses_unprepared_activations(RowsFn gemm, RowsAtFn gemm_at) {
   std::mt19937 rng(5);
-  const std::vector<uint8_t> data = random_blocks(WeightFormat::kGgufQ4_0, 4, 128, rng);
+  const std::vector<uint8_t> data = random_blocks(WeightFormat::kGgufQ8_0, 4, 128, rng);  // the largest blocks
   WeightMatrix w;
-  w.format = WeightFormat::kGgufQ4_0, w.out = 4, w.in = 128, w.data = data.data();
+  w.format = WeightFormat::kGgufMxfp4, w.out = 4, w.in = 128, w.data = data.data();
   const std::vector<float> x(128, 1.0f);
   Q8Acts a;
   quantize_q8_0_acts(x.data(), 1, 128, a);
   std::vector<float> y(4);
-  EXPECT_DEATH(gemm(w, a, y.data(), 4, 0, 4), "Q4_0 GEMM layout");
-  w.format = WeightFormat::kGgufMxfp4;
   EXPECT_DEATH(gemm(w, a, y.data(), 4, 0, 4), "MXFP4 GEMM layout");
   w.format = WeightFormat::kGgufQ8_0;
+  EXPECT_DEATH(gemm(w, a, y.data(), 4, 0, 4), "Q8_0 GEMM layout");
   q8_acts_prepare(a, 1, 128, true, false, true);  // the other two layouts only
   q8_acts_fill(x.data(), 0, 1, a);
   EXPECT_DEATH(gemm(w, a, y.data(), 4, 0, 4), "Q8_0 GEMM layout");
   const int32_t bad = 1;
-  w.format = WeightFormat::kGgufQ4_0;
+  w.format = WeightFormat::kGgufMxfp4;
   EXPECT_DEATH(gemm_at(w, a, &bad, 1, y.data(), 4, 0, 4), "token index out of range");
   w.format = WeightFormat::kBF16;
-  EXPECT_DEATH(gemm(w, a, y.data(), 4, 0, 4), "Q4_0 / Q8_0 / MXFP4 only");
+  EXPECT_DEATH(gemm(w, a, y.data(), 4, 0, 4), "Q8_0 / MXFP4 only");
+  w.format = WeightFormat::kGgufQ4_0;
+  EXPECT_DEATH(gemm(w, a, y.data(), 4, 0, 4), "Q4_0 runs on its packed rows");
 }
 
 TEST(GgufInt8Gemm, SharedInputServesEveryFormat) {
@@ -677,9 +677,55 @@ TEST(GgufInt8Gemm, Avx2RefusesUnpreparedActivations) {
   refuses_unprepared_activations(gguf_int8_gemm_rows_avx2, gguf_int8_gemm_rows_at_avx2);
 }
 
+// The Q8_0 / MXFP4 kernels (small-T and GEMM, AVX-512 and AVX2, and the scalar reference) refuse a Q4_0
+// matrix, even one with its packed rows: Q4_0 runs on the packed kernels only (gguf_q4_x16.h), which
+// gguf_int8_product routes it to. No GEMM form or VBMI loader is offered for it either.
+TEST(GgufInt8, Q8AndMxfp4KernelsRefuseQ4_0) {
+  const int64_t out = 16, in = 128;
+  std::mt19937 rng(7);
+  const std::vector<uint8_t> data = random_blocks(WeightFormat::kGgufQ4_0, out, in, rng);
+  WeightMatrix w;
+  w.format = WeightFormat::kGgufQ4_0, w.out = out, w.in = in, w.data = data.data();
+  const AlignedVector<uint8_t> p = pack_q4_0_x16(w);
+  w.packed = p.data();
+  const std::vector<float> x(static_cast<size_t>(in), 1.0f);
+  Q8Acts a;
+  q8_acts_prepare(a, 1, in, true, true, true);  // every layout: the refusal is about the format
+  q8_acts_fill(x.data(), 0, 1, a);
+  std::vector<float> y(static_cast<size_t>(out));
+  const int32_t tok = 0;
+  EXPECT_FALSE(gguf_int8_gemm_format(w.format));
+  EXPECT_FALSE(gguf_int8_gemm_prepared(w, a));
+  EXPECT_FALSE(gguf_int8_vbmi_applies(w));
+  EXPECT_DEATH(gguf_int8_rows_scalar(w, a, y.data(), out, 0, out), "Q4_0's reference is q4_x16_rows_model");
+  if (isa_supported(Isa::kAvx512Vnni)) {
+    for (const bool vbmi : {true, false}) {
+      EXPECT_DEATH(gguf_int8_rows_avx512(w, a, y.data(), out, 0, out, vbmi), "Q4_0 runs on its packed rows");
+      EXPECT_DEATH(gguf_int8_rows_at(w, a, &tok, 1, y.data(), out, 0, out, vbmi), "Q4_0 runs on its packed rows");
+    }
+    EXPECT_DEATH(gguf_int8_gemm_rows(w, a, y.data(), out, 0, out), "Q4_0 runs on its packed rows");
+    EXPECT_DEATH(gguf_int8_gemm_rows_at(w, a, &tok, 1, y.data(), out, 0, out), "Q4_0 runs on its packed rows");
+  }
+  if (isa_supported(Isa::kAvx2)) {
+    EXPECT_DEATH(gguf_int8_rows_avx2(w, a, y.data(), out, 0, out), "Q4_0 runs on its packed rows");
+    EXPECT_DEATH(gguf_int8_rows_at_avx2(w, a, &tok, 1, y.data(), out, 0, out), "Q4_0 runs on its packed rows");
+    EXPECT_DEATH(gguf_int8_gemm_rows_avx2(w, a, y.data(), out, 0, out), "Q4_0 runs on its packed rows");
+    EXPECT_DEATH(gguf_int8_gemm_rows_at_avx2(w, a, &tok, 1, y.data(), out, 0, out), "Q4_0 runs on its packed rows");
+  }
+  // What the int8 mode runs for it instead: the packed kernel, at every T (no GEMM threshold).
+  if (isa_supported(Isa::kAvx512Vnni) || isa_supported(Isa::kAvx2)) {
+    set_gguf_int8(true);
+    EXPECT_FALSE(gguf_int8_gemm_applies(w.format, 512));
+    std::vector<float> want(static_cast<size_t>(out));
+    q4_x16_rows_model(w, a, nullptr, 1, want.data(), out, 0, out);
+    gguf_int8_product(w, a, y.data(), out, 0, out);
+    for (int64_t r = 0; r < out; ++r) ASSERT_EQ(bits(y[static_cast<size_t>(r)]), bits(want[static_cast<size_t>(r)])) << "r " << r;
+  }
+}
+
 TEST(GgufInt8, ModeFollowsSwitchAndIsa) {
   WeightMatrix w;
-  w.format = WeightFormat::kGgufQ4_0;
+  w.format = WeightFormat::kGgufMxfp4;
   set_gguf_int8(true);
   set_isa_override(Isa::kScalar);
   EXPECT_FALSE(gguf_int8_applies(w)) << "no int8 mode on the scalar ISA";

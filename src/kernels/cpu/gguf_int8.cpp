@@ -6,6 +6,7 @@
 
 #include "base/check.h"
 #include "base/env_switch.h"
+#include "kernels/cpu/gguf_q4_x16.h"
 #include "kernels/cpu/linear_gguf.h"
 #include "kernels/cpu/w4a8_isa.h"
 #include "tensor/dtype.h"
@@ -129,6 +130,7 @@ void set_gguf_int8(bool on) { g_enabled.set(on); }
 
 bool gguf_int8_applies(const WeightMatrix& w) {
   if (!is_gguf_int8_format(w.format) || !gguf_int8_enabled()) return false;
+  if (w.format == WeightFormat::kGgufQ4_0 && w.packed == nullptr) return false;  // Q4_0 runs on its packed rows only
   // AMX machines have AVX-512 VNNI too; a forced scalar ISA turns the int8 mode off.
   const Isa isa = active_isa();
   return isa == Isa::kAvx512Vnni || isa == Isa::kAmx || (isa == Isa::kAvx2 && avx2_kernel_runs());
@@ -138,18 +140,14 @@ int64_t gguf_int8_gemm_min_tokens(WeightFormat f) {
   if (!wide_isa()) return kGgufGemmMinTokensAvx2;
   if (!half_width_avx512()) return kGgufGemmMinTokens;
   // Where each 512-bit op takes two issue slots, the GEMM tile's scale product, conversion and FMA per
-  // pair of vpdpbusd cost more than the small-T kernel's in-register unpack saves: one core of an AMD
-  // EPYC Zen 4, small-T / GEMM ms (`w4a8_bench` BM_GgufInt8, 2048 × 2048): Q4_0 T = 16 0.857 / 0.977,
-  // 32 1.63 / 1.83, 128 6.55 / 7.20, 512 27.2 / 28.0 (the small-T kernel ahead at every T); MXFP4
-  // 16 1.04 / 1.18, 32 2.03 / 2.02, 128 8.36 / 7.16; Q8_0 16 1.49 / 1.33, 512 48.5 / 38.8.
-  switch (f) {
-    case WeightFormat::kGgufQ4_0: return kGgufGemmNever;
-    case WeightFormat::kGgufMxfp4: return 64;
-    default: return kGgufGemmMinTokens;
-  }
+  // pair of vpdpbusd cost as much as the MXFP4 small-T kernel's in-register unpack saves up to 32
+  // tokens: one core of an AMD EPYC Zen 4, small-T / GEMM ms (`w4a8_bench` BM_GgufInt8, 2048 × 2048):
+  // MXFP4 T = 16 1.04 / 1.18, 32 2.03 / 2.02, 128 8.36 / 7.16; Q8_0 16 1.49 / 1.33, 512 48.5 / 38.8.
+  return f == WeightFormat::kGgufMxfp4 ? 64 : kGgufGemmMinTokens;
 }
 
 bool gguf_int8_layout_wanted(const WeightMatrix& w, int64_t T) {
+  if (w.format == WeightFormat::kGgufQ4_0) return T > 0;  // the packed kernels read −8·Σq per block (n4)
   if (gguf_int8_gemm_applies(w.format, T)) return true;
   return T > 0 && wide_isa() && w.format != WeightFormat::kGgufQ8_0 && gguf_int8_vbmi_applies(w);
 }
@@ -161,6 +159,7 @@ bool gguf_int8_gemm_applies(WeightFormat f, int64_t T) {
 }
 
 void gguf_int8_product(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  if (w.format == WeightFormat::kGgufQ4_0) return gguf_int8_product_at(w, a, nullptr, a.T, y, ldy, r0, r1);
   const bool gemm = gguf_int8_gemm_applies(w.format, a.T);
   if (wide_isa()) return gemm ? gguf_int8_gemm_rows(w, a, y, ldy, r0, r1) : gguf_int8_rows_avx512(w, a, y, ldy, r0, r1);
   KCHECK(avx2_kernel_runs(), "gguf_int8: no int8 kernel for this CPU (needs AVX-512 VNNI or AVX2 + FMA + F16C)");
@@ -170,6 +169,11 @@ void gguf_int8_product(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t
 
 void gguf_int8_product_at(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
                           int64_t r0, int64_t r1) {
+  if (w.format == WeightFormat::kGgufQ4_0) {  // one kernel at every T (gguf_q4_x16.h)
+    if (wide_isa()) return q4_x16_rows_avx512(w, a, tok, n, y, ldy, r0, r1);
+    KCHECK(avx2_kernel_runs(), "gguf_int8: no int8 kernel for this CPU (needs AVX-512 VNNI or AVX2 + FMA + F16C)");
+    return q4_x16_rows_avx2(w, a, tok, n, y, ldy, r0, r1);
+  }
   const bool gemm = gguf_int8_gemm_applies(w.format, n);
   if (wide_isa()) return gemm ? gguf_int8_gemm_rows_at(w, a, tok, n, y, ldy, r0, r1) : gguf_int8_rows_at(w, a, tok, n, y, ldy, r0, r1);
   KCHECK(avx2_kernel_runs(), "gguf_int8: no int8 kernel for this CPU (needs AVX-512 VNNI or AVX2 + FMA + F16C)");
@@ -178,7 +182,9 @@ void gguf_int8_product_at(const WeightMatrix& w, const Q8Acts& a, const int32_t*
 }
 
 void gguf_int8_rows_scalar(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  KCHECK(is_gguf_int8_format(w.format) && w.in == a.in, "gguf_int8: format or shape mismatch");
+  KCHECK(w.format == WeightFormat::kGgufQ8_0 || w.format == WeightFormat::kGgufMxfp4,
+         "gguf_int8_rows_scalar: Q8_0 / MXFP4 only (Q4_0's reference is q4_x16_rows_model, gguf_q4_x16.h)");
+  KCHECK(w.in == a.in, "gguf_int8: shape mismatch");
   const int64_t bb = gguf_block_bytes(w.format), nb = a.nb, P = a.nc * 128;
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * nb * bb;
@@ -197,10 +203,6 @@ void gguf_int8_rows_scalar(const WeightMatrix& w, const Q8Acts& a, float* y, int
             for (int j = 0; j < 32; ++j) isum += wq[j] * qb[j];
             break;
           }
-          case WeightFormat::kGgufQ4_0:
-            dw = gguf_load_f16(blk);
-            for (int j = 0; j < 16; ++j) isum += ((blk[2 + j] & 15) - 8) * qb[j] + ((blk[2 + j] >> 4) - 8) * qb[j + 16];
-            break;
           default:  // MXFP4
             dw = gguf_e8m0_half(blk[0]);
             for (int j = 0; j < 16; ++j)

@@ -3,7 +3,9 @@
 // d = amax/127 stored as fp16, q = round_half_even(x · 127/amax)), and each block contributes
 //   float(Σ_j w_j · q_j) · d_w · d_x          (int32 inside the block, exact)
 // with w_j the block's small integers (Q4_0: nibble − 8; Q8_0: int8; MXFP4: 2·E2M1) and d_w its
-// scale (fp16; MXFP4: 2^(e−128)). Weights are used in place from the mmap (linear_gguf.h layouts).
+// scale (fp16; MXFP4: 2^(e−128)). Q8_0 and MXFP4 weights are used in place from the mmap (linear_gguf.h
+// layouts) by the kernels declared here; Q4_0 runs on a copy of its rows repacked in groups of 16
+// (WeightMatrix::packed, gguf_q4_x16.h), which gguf_int8_product / _at route to.
 // This is the default for GGUF quantized weights (what llama.cpp computes on the same file);
 // set_gguf_int8(false) or KESTREL_GGUF_INT8=0 selects the exact path (rows decoded to fp32, fp32
 // activations), which the exactness goldens use.
@@ -24,15 +26,17 @@ namespace kestrel::kernels {
 // chunks of 128 elements; every row is padded to nc·128 with zero blocks (zero scale).
 //   q    [T, nc·128]  natural order (Q8_0 weights);
 //   qg   [T, nc·128]  per chunk: the first 16 elements of each of its 4 blocks, then the last 16 of
-//                     each (lines up with Q4_0/MXFP4 bytes: low nibbles = elements 0..15);
+//                     each (lines up with MXFP4 bytes: low nibbles = elements 0..15);
 //   comp [T, nc·16]   int32 lane i of chunk c: Σ q over block 4c + i/4 when i % 4 == 0, else 0
-//                     (the u8-offset compensation, multiplied by −8 (Q4_0) or −12 (MXFP4));
+//                     (the u8-offset compensation, multiplied by −12 for MXFP4);
 //   d    [T, nc·4]    fp32 value of each block's fp16 scale (0 for padding).
-// With gemm_q4 / gemm_mx / gemm_q8 (the prefill GEMM's inputs, gguf_int8_gemm_rows), derived once per token:
-//   n4, dx4 [T, nc·16]  lane 4k+i of chunk c: −8·comp, and d of block 4c + k (Q4_0 lanes);
-//   n12     [T, nc·16]  −12·comp (MXFP4 lanes; with dx4);
+// With gemm_q4 / gemm_mx / gemm_q8, derived once per token:
+//   n4, dx4 [T, nc·16]  lane 4k+i of chunk c: −8·comp (the packed Q4_0 kernels' block compensation,
+//                       gguf_q4_x16.h), and d of block 4c + k (MXFP4 lanes, with n12);
+//   n12     [T, nc·16]  −12·comp (MXFP4 lanes; with dx4): the GEMM form's input, and the VBMI small-T
+//                       loader's when present;
 //   n8, dx8 [T, nc·32]  half h, lane l: −128·Σ of q over elements 64h + 4l .. +3 of the chunk, and
-//                       d of block 4c + 2h + l/8 (Q8_0 lanes).
+//                       d of block 4c + 2h + l/8 (Q8_0 lanes, the GEMM form's input).
 // Buffers only grow (steady-state decode allocates nothing) and start on a cache line, so the
 // per-token rows of q, qg, comp, n4/dx4 and n8/dx8 (multiples of 64 bytes) are line-aligned zmm loads. Requires in % 32 == 0.
 struct Q8Acts {
@@ -55,15 +59,17 @@ void q8_acts_fill_chunks(const float* x_row, int64_t t, int64_t c0, int64_t c1, 
 
 // Formats this path handles.
 bool is_gguf_int8_format(WeightFormat f);
-// Whether matmul uses this path for `w` (format handled, mode on, AVX-512 VNNI or AVX2 + FMA + F16C active).
+// Whether matmul uses this path for `w` (format handled, Q4_0 with its packed rows, mode on, AVX-512 VNNI
+// or AVX2 + FMA + F16C active).
 bool gguf_int8_applies(const WeightMatrix& w);
 bool gguf_int8_enabled();
 void set_gguf_int8(bool on);
 
-// y[t, r] for r in [r0, r1), every token of `a` (y row stride ldy). Serial; callers split rows.
-// Q4_0 / Q8_0 / MXFP4 with in % 128 == 0 on a CPU with AVX-512 VBMI take a faster chunk loader
-// (byte permutes instead of per-block inserts; same arithmetic, same bits); vbmi = false forces the
-// generic AVX-512 loader (tests run both).
+// The small-T kernel for Q8_0 and MXFP4 (a Q4_0 matrix is refused: it runs on its packed rows,
+// gguf_q4_x16.h): y[t, r] for r in [r0, r1), every token of `a` (y row stride ldy). Serial; callers
+// split rows. With in % 128 == 0 on a CPU with AVX-512 VBMI it takes a faster chunk loader (byte
+// permutes instead of per-block inserts; same arithmetic, same bits); vbmi = false forces the generic
+// AVX-512 loader (tests run both).
 void gguf_int8_rows_avx512(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1,
                            bool vbmi = true);
 bool gguf_int8_vbmi_applies(const WeightMatrix& w);
@@ -72,9 +78,9 @@ bool gguf_int8_vbmi_applies(const WeightMatrix& w);
 // Routed MoE experts read their tokens from one quantization of the layer input this way.
 void gguf_int8_rows_at(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy, int64_t r0,
                        int64_t r1, bool vbmi = true);
-// Prefill (convert-then-GEMM) form for Q4_0 / Q8_0 / MXFP4, gguf_int8_gemm_avx512.cpp: the same bits
-// as gguf_int8_rows_avx512 for every token (same lane integers, products and fma order); needs `a`
-// prepared with gemm_q4 (Q4_0) / gemm_q8 (Q8_0) / gemm_mx (MXFP4). matmul takes it from
+// Prefill (convert-then-GEMM) form for Q8_0 / MXFP4 (Q4_0 refused), gguf_int8_gemm_avx512.cpp: the same
+// bits as gguf_int8_rows_avx512 for every token (same lane integers, products and fma order); needs `a`
+// prepared with gemm_q8 (Q8_0) / gemm_mx (MXFP4). matmul takes it from
 // gguf_int8_gemm_min_tokens(format) tokens; the _at form (tokens picked by index, as gguf_int8_rows_at) serves the
 // routed MoE experts that receive that many tokens.
 bool gguf_int8_gemm_format(WeightFormat f);
@@ -99,23 +105,25 @@ void gguf_int8_gemm_rows_at_avx2(const WeightMatrix& w, const Q8Acts& a, const i
 inline constexpr int64_t kGgufGemmMinTokensAvx2 = 16;
 // Whether a product over T tokens takes the GEMM form: for its formats, from gguf_int8_gemm_min_tokens(f).
 bool gguf_int8_gemm_applies(WeightFormat f, int64_t T);
-// The token count from which the active ISA takes the GEMM form for format f: kGgufGemmMinTokensAvx2 where
-// the AVX2 kernels run; kGgufGemmMinTokens on AVX-512 VNNI, except on CPUs that run 512-bit ops as two
-// halves (AMD Zen 4), where the small-T kernel is as fast or faster: Q4_0 never (kGgufGemmNever),
-// MXFP4 from 64, Q8_0 from kGgufGemmMinTokens. The bits are the same either way.
+// The token count from which the active ISA takes the GEMM form for Q8_0 / MXFP4: kGgufGemmMinTokensAvx2
+// where the AVX2 kernels run; kGgufGemmMinTokens on AVX-512 VNNI, except on CPUs that run 512-bit ops as
+// two halves (AMD Zen 4), where the MXFP4 small-T kernel stays as fast up to 32 tokens: MXFP4 from 64,
+// Q8_0 from kGgufGemmMinTokens. The bits are the same either way.
 int64_t gguf_int8_gemm_min_tokens(WeightFormat f);
-inline constexpr int64_t kGgufGemmNever = INT64_MAX;
-// Whether an input of T tokens to a product on w wants the GEMM layout of w's format (Q8Acts::gemm_q4 /
-// gemm_q8 / gemm_mx): the GEMM form needs it, and the AVX-512 VBMI small-T kernel reads the token side of
-// Q4_0 / MXFP4 chunks from it (the same lane values, loaded instead of derived per block call: the same
-// bits; one core of a Zen 4, 2048 × 2048 at T = 16: Q4_0 0.82 → 0.78 ms, MXFP4 1.08 → 0.88 ms).
+// Whether an input of T tokens to a product on w wants the layout of w's format (Q8Acts::gemm_q4 /
+// gemm_q8 / gemm_mx): the packed Q4_0 kernels always read it (n4), the GEMM form needs it, and the
+// AVX-512 VBMI small-T kernel reads the token side of MXFP4 chunks from it (the same lane values, loaded
+// instead of derived per block call: the same bits; one core of a Zen 4, 2048 × 2048 at T = 16: MXFP4
+// 1.08 → 0.88 ms).
 bool gguf_int8_layout_wanted(const WeightMatrix& w, int64_t T);
-// The product the active ISA runs for every token of `a` (or n tokens picked by index): the GEMM form
-// where gguf_int8_gemm_applies, else the small-T kernel (AVX-512 or AVX2). The same bits any way.
+// The product the active ISA runs for every token of `a` (or n tokens picked by index): Q4_0 on its
+// packed rows (gguf_q4_x16.h, one kernel at every T); Q8_0 / MXFP4 on the GEMM form where
+// gguf_int8_gemm_applies, else the small-T kernel (AVX-512 or AVX2). The same bits any way.
 void gguf_int8_product(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gguf_int8_product_at(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
                           int64_t r0, int64_t r1);
-// Scalar reference: the same integer block sums, blocks summed in order in fp32.
+// Scalar reference for Q8_0 / MXFP4 (Q4_0's is q4_x16_rows_model): the same integer block sums, blocks
+// summed in order in fp32.
 void gguf_int8_rows_scalar(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 
 }  // namespace kestrel::kernels

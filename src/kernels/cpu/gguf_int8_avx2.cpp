@@ -1,12 +1,13 @@
-// AVX2 kernel for GGUF block weights × Q8_0 activations (gguf_int8.h), for CPUs without AVX-512 VNNI.
-// It computes what the AVX-512 small-T kernel (gguf_int8_avx512.cpp) computes, lane for lane, so a
-// token's outputs have the same bits on either CPU:
+// AVX2 kernel for GGUF Q8_0 and MXFP4 block weights × Q8_0 activations (gguf_int8.h), for CPUs without
+// AVX-512 VNNI (Q4_0 runs on its packed rows, gguf_q4_x16.h). It computes what the AVX-512 small-T
+// kernel (gguf_int8_avx512.cpp) computes, lane for lane, so a token's outputs have the same bits on
+// either CPU:
 //   - a 128-element chunk's 16 int32 lanes are two ymm halves: lanes 0-7 (blocks 0, 1) and 8-15
 //     (blocks 2, 3);
-//   - a lane's integer is the same sum: Q4_0 / MXFP4: its 4 low-nibble and 4 high-nibble products as
-//     u8 codes × int8 activations, plus the block's −8·Σx (−12·Σx) in lane 4k; Q8_0: its 4 products
+//   - a lane's integer is the same sum: MXFP4: its 4 low-nibble and 4 high-nibble products as u8 codes
+//     (2·E2M1 + 12) × int8 activations, plus the block's −12·Σx in lane 4k; Q8_0: its 4 products
 //     through |w| × (x with w's sign). vpmaddubsw forms pairs (no saturation: |pair| ≤ 2·128·127;
-//     Q4_0/MXFP4 low + high pairs ≤ 4·24·127 before vpmaddwd), vpmaddwd the lane's 4-product sum;
+//     MXFP4 low + high pairs ≤ 4·24·127 before vpmaddwd), vpmaddwd the lane's 4-product sum;
 //   - then per lane acc = fma(float(int32), d_w·d_x, acc) in chunk order, and _mm512_reduce_add_ps's
 //     pairing at the end (lanes i + i+8, then i + i+4, i + i+2, i + i+1).
 // Register block: R rows × U tokens share each weight unpack and each activation load.
@@ -27,7 +28,6 @@ namespace {
 
 using gguf_blocks::Kind;
 using gguf_blocks::kBlockBytes;
-using gguf_blocks::kCodeOffset;
 using gguf_blocks::token_ptrs;
 using gguf_avx2::block_scales;
 using gguf_avx2::code_pair;
@@ -45,17 +45,19 @@ KESTREL_AVX2 inline float reduce16(__m256 lo, __m256 hi) {
 KESTREL_AVX2 inline __m256i ld256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
 // Every chunk load is paired with prefetches of the same chunk one and two register blocks ahead
-// (gguf_blocks::prefetch_chunk_ahead). Kimi-Linear-shaped Q4_0 tg64, 2 threads, AMD EPYC Zen 3: no
-// prefetch 46.7 tok/s, 1 KiB ahead 49.9, 4 KiB 68.5, one block ahead 70-73; the second, two blocks
-// ahead into L2, was measured on Zen 4 running this kernel (docs/PERFORMANCE.md, "Decode prefetch").
+// (gguf_blocks::prefetch_chunk_ahead). Kimi-Linear-shaped Q4_0 tg64 (measured when this kernel also ran
+// Q4_0), 2 threads, AMD EPYC Zen 3: no prefetch 46.7 tok/s, 1 KiB ahead 49.9, 4 KiB 68.5, one block
+// ahead 70-73; the second, two blocks ahead into L2, was measured on Zen 4 running this kernel
+// (docs/PERFORMANCE.md, "Decode prefetch").
 inline int64_t prefetch_distance(int R, int64_t row_bytes) { return R * row_bytes; }
 
-// One chunk of R rows × U tokens (Q4_0 / MXFP4). Full: all 4 blocks present (every chunk but a ragged
-// last one), so the loads need no branches and the whole block stays in registers.
-template <Kind K, int R, int U, bool Full>
-KESTREL_AVX2 __attribute__((always_inline)) inline void chunk_nib(const uint8_t* const (&W)[R], const int8_t* const (&X)[U],
-                                                                const int32_t* const (&C)[U], const float* const (&D)[U],
-                                                                int64_t c, int n, __m256 (&acc)[R][U][2], int64_t pfd) {
+// One MXFP4 chunk of R rows × U tokens. Full: all 4 blocks present (every chunk but a ragged last one),
+// so the loads need no branches and the whole block stays in registers.
+template <int R, int U, bool Full>
+KESTREL_AVX2 __attribute__((always_inline)) inline void chunk_mx(const uint8_t* const (&W)[R], const int8_t* const (&X)[U],
+                                                               const int32_t* const (&C)[U], const float* const (&D)[U],
+                                                               int64_t c, int n, __m256 (&acc)[R][U][2], int64_t pfd) {
+  constexpr Kind K = Kind::kMxfp4;
   constexpr int64_t B = kBlockBytes<K>;
   const __m256i nib = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   const __m256i tbl = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
@@ -67,8 +69,7 @@ KESTREL_AVX2 __attribute__((always_inline)) inline void chunk_nib(const uint8_t*
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
       const __m256i cs = ld256(C[u] + c * 16 + 8 * h);
-      __m256i cm = _mm256_slli_epi32(cs, 3);                                                 // 8·Σx
-      if constexpr (K == Kind::kMxfp4) cm = _mm256_add_epi32(cm, _mm256_slli_epi32(cs, 2));  // 12·Σx
+      const __m256i cm = _mm256_add_epi32(_mm256_slli_epi32(cs, 3), _mm256_slli_epi32(cs, 2));  // 12·Σx
       ncomp[u][h] = _mm256_sub_epi32(_mm256_setzero_si256(), cm);
     }
   }
@@ -86,12 +87,9 @@ KESTREL_AVX2 __attribute__((always_inline)) inline void chunk_nib(const uint8_t*
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {  // lanes 8h .. 8h+7: blocks 2h, 2h+1
       const __m256i codes = code_pair<K>(blk + 2 * h * B, Full ? 2 : std::max(0, n - 2 * h));
-      __m256i lo = _mm256_and_si256(codes, nib);
-      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(codes, 4), nib);
-      if constexpr (K == Kind::kMxfp4) {  // code → 2·E2M1 + 12 ∈ [0, 24]
-        lo = _mm256_shuffle_epi8(tbl, lo);
-        hi = _mm256_shuffle_epi8(tbl, hi);
-      }
+      // code → 2·E2M1 + 12 ∈ [0, 24]
+      const __m256i lo = _mm256_shuffle_epi8(tbl, _mm256_and_si256(codes, nib));
+      const __m256i hi = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(codes, 4), nib));
 #pragma GCC unroll 4
       for (int u = 0; u < U; ++u) {
         const __m256i xl = ld256(X[u] + c * 128 + 32 * h), xh = ld256(X[u] + c * 128 + 64 + 32 * h);
@@ -103,10 +101,11 @@ KESTREL_AVX2 __attribute__((always_inline)) inline void chunk_nib(const uint8_t*
   }
 }
 
-// Q4_0 / MXFP4: R rows × U tokens over every chunk. Per chunk the tokens' side (their two int8 halves, the
-// accumulator start −c·Σx and d_x, by lanes) is read once for all R rows.
-template <Kind K, int R, int U>
-KESTREL_AVX2 void block_nib(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, float* y, int64_t ldy, int64_t r0, int64_t t0) {
+// MXFP4: R rows × U tokens over every chunk. Per chunk the tokens' side (their two int8 halves, the
+// accumulator start −12·Σx and d_x, by lanes) is read once for all R rows.
+template <int R, int U>
+KESTREL_AVX2 void block_mx(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, float* y, int64_t ldy, int64_t r0, int64_t t0) {
+  constexpr Kind K = Kind::kMxfp4;
   constexpr int64_t B = kBlockBytes<K>;
   const int64_t nb = a.nb, nc = a.nc;
   const uint8_t* W[R];
@@ -122,8 +121,8 @@ KESTREL_AVX2 void block_nib(const WeightMatrix& w, const Q8Acts& a, const int32_
     for (int u = 0; u < U; ++u) acc[r][u][0] = acc[r][u][1] = _mm256_setzero_ps();
   const int64_t full = nb / 4;
   const int64_t pfd = prefetch_distance(R, nb * B);
-  for (int64_t c = 0; c < full; ++c) chunk_nib<K, R, U, true>(W, X, C, D, c, 4, acc, pfd);
-  if (full < nc) chunk_nib<K, R, U, false>(W, X, C, D, full, static_cast<int>(nb - 4 * full), acc, pfd);
+  for (int64_t c = 0; c < full; ++c) chunk_mx<R, U, true>(W, X, C, D, c, 4, acc, pfd);
+  if (full < nc) chunk_mx<R, U, false>(W, X, C, D, full, static_cast<int>(nb - 4 * full), acc, pfd);
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < U; ++u) y[(t0 + u) * ldy + r0 + r] = reduce16(acc[r][u][0], acc[r][u][1]);
 }
@@ -185,7 +184,7 @@ KESTREL_AVX2 void block_q8(const WeightMatrix& w, const Q8Acts& a, const int32_t
 template <Kind K, int R, int U>
 KESTREL_AVX2 void block(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, float* y, int64_t ldy, int64_t r0, int64_t t0) {
   if constexpr (K == Kind::kQ8_0) block_q8<R, U>(w, a, tok, y, ldy, r0, t0);
-  else block_nib<K, R, U>(w, a, tok, y, ldy, r0, t0);
+  else block_mx<R, U>(w, a, tok, y, ldy, r0, t0);
 }
 
 // One token: 4 rows per pass (decode); several tokens: 2 rows × 3 tokens (ymm registers: 12 accumulators).
@@ -210,13 +209,11 @@ KESTREL_AVX2 void run(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok
 }
 
 void dispatch(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t T, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  KCHECK(w.format == WeightFormat::kGgufQ8_0 || w.format == WeightFormat::kGgufMxfp4,
+         "gguf_int8_rows_avx2: Q8_0 / MXFP4 only (Q4_0 runs on its packed rows, gguf_q4_x16.h)");
   KCHECK(w.in == a.in, "gguf_int8: shape mismatch");
-  switch (w.format) {
-    case WeightFormat::kGgufQ4_0: return run<Kind::kQ4_0>(w, a, tok, T, y, ldy, r0, r1);
-    case WeightFormat::kGgufQ8_0: return run<Kind::kQ8_0>(w, a, tok, T, y, ldy, r0, r1);
-    case WeightFormat::kGgufMxfp4: return run<Kind::kMxfp4>(w, a, tok, T, y, ldy, r0, r1);
-    default: KCHECK(false, "gguf_int8_rows_avx2: not a GGUF block format");
-  }
+  if (w.format == WeightFormat::kGgufQ8_0) return run<Kind::kQ8_0>(w, a, tok, T, y, ldy, r0, r1);
+  run<Kind::kMxfp4>(w, a, tok, T, y, ldy, r0, r1);
 }
 
 }  // namespace

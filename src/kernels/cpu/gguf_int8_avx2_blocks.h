@@ -1,6 +1,6 @@
-// AVX2 loads of GGUF block chunks shared by the small-T kernel (gguf_int8_avx2.cpp) and the GEMM form's
-// stripe unpack (gguf_int8_gemm_avx2.cpp): a chunk's block scales as fp32, spread to the kernel's lanes,
-// and its code bytes two blocks to a ymm.
+// AVX2 loads of GGUF Q8_0 / MXFP4 block chunks shared by the small-T kernel (gguf_int8_avx2.cpp) and the
+// GEMM form's stripe unpack (gguf_int8_gemm_avx2.cpp): a chunk's block scales as fp32, spread to the
+// kernel's lanes, and its (MXFP4) code bytes two blocks to a ymm.
 #pragma once
 
 #include <immintrin.h>
@@ -18,7 +18,7 @@ using gguf_blocks::Kind;
 using gguf_blocks::kBlockBytes;
 using gguf_blocks::kCodeOffset;
 
-// The fp32 scales of the n (≤ 4) blocks starting at `blk` (the rest 0). Q4_0 / Q8_0: the four fp16 words
+// The fp32 scales of the n (≤ 4) blocks starting at `blk` (the rest 0). Q8_0: the four fp16 words
 // in one vcvtph2ps; MXFP4: 2^(e−128) from the E8M0 bytes as gguf_e8m0_half computes it (e < 2: subnormals).
 template <Kind K>
 KESTREL_AVX2 inline __m128 block_scales(const uint8_t* blk, int n) {

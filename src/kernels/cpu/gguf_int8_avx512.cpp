@@ -1,10 +1,11 @@
-// AVX-512 VNNI kernel for GGUF block weights × Q8_0 activations (gguf_int8.h).
+// AVX-512 VNNI kernel for GGUF Q8_0 and MXFP4 block weights × Q8_0 activations (gguf_int8.h; Q4_0 runs
+// on its packed rows, gguf_q4_x16.h).
 // Work unit: one 128-element chunk = 4 ggml blocks of a row.
-//   Q4_0 / MXFP4: the 4 blocks' 16 code bytes are gathered into one zmm (128-bit inserts; blocks
-//   are 18 / 17 bytes apart). Low nibbles are elements 0..15 of each block, high nibbles 16..31,
-//   matching the activations' `qg` order, so dpbusd(lo, x_lo) + dpbusd(hi, x_hi) puts block k's sum
-//   into lanes 4k..4k+3. Codes are used as unsigned bytes u (Q4_0: q + 8; MXFP4: 2·E2M1 + 12 via
-//   pshufb) and the accumulator starts at −c·Σx of the block (`comp`), so the int32 sums are exact.
+//   MXFP4: the 4 blocks' 16 code bytes are gathered into one zmm (128-bit inserts; blocks are 17 bytes
+//   apart). Low nibbles are elements 0..15 of each block, high nibbles 16..31, matching the
+//   activations' `qg` order, so dpbusd(lo, x_lo) + dpbusd(hi, x_hi) puts block k's sum into lanes
+//   4k..4k+3. Codes are used as unsigned bytes u = 2·E2M1 + 12 (via pshufb) and the accumulator starts
+//   at −12·Σx of the block (`comp`), so the int32 sums are exact.
 //   Q8_0: two zmm of 2 blocks each; signed × signed through |w| (u8) × (x with w's sign).
 // Then per lane: acc += float(int32) · (d_w · d_x) of its block; y = Σ lanes. Register block:
 // R rows × U tokens share each weight unpack and each activation load.
@@ -74,37 +75,33 @@ KESTREL_AVX512 inline __m512i q8_pair(const uint8_t* blk, int n_present) {
 
 // Shared per-chunk arithmetic of the generic and the VBMI kernels (they differ only in how a chunk's
 // codes and scales are loaded), so both give the same bits.
-// Lane → block of its chunk (Q4_0/MXFP4: lanes 4k..4k+3; Q8_0 half h: lanes 8j..8j+7 → block 2h + j).
+// Lane → block of its chunk (MXFP4: lanes 4k..4k+3; Q8_0 half h: lanes 8j..8j+7 → block 2h + j).
 KESTREL_AVX512 inline __m512i lanes_idx4() { return _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3); }
 
-// Q4_0/MXFP4 activation side of chunk c for U tokens: the two int8 halves (qg order), the accumulator
-// start −c·Σx per block, and d_x expanded to its block's lanes.
-template <Kind K, int U>
+// MXFP4 activation side of chunk c for U tokens: the two int8 halves (qg order), the accumulator
+// start −12·Σx per block, and d_x expanded to its block's lanes.
+template <int U>
 KESTREL_AVX512 inline void chunk_acts(const int8_t* const (&X)[U], const int32_t* const (&C)[U], const float* const (&D)[U],
                                       int64_t c, __m512i (&xl)[U], __m512i (&xh)[U], __m512i (&nc_)[U], __m512 (&dx)[U]) {
   for (int u = 0; u < U; ++u) {
     xl[u] = _mm512_loadu_si512(X[u] + c * 128);
     xh[u] = _mm512_loadu_si512(X[u] + c * 128 + 64);
     const __m512i cs = _mm512_loadu_si512(C[u] + c * 16);
-    __m512i cm = _mm512_slli_epi32(cs, 3);                                                 // 8·Σx
-    if constexpr (K == Kind::kMxfp4) cm = _mm512_add_epi32(cm, _mm512_slli_epi32(cs, 2));  // 12·Σx
+    const __m512i cm = _mm512_add_epi32(_mm512_slli_epi32(cs, 3), _mm512_slli_epi32(cs, 2));  // 12·Σx
     nc_[u] = _mm512_sub_epi32(_mm512_setzero_si512(), cm);
     dx[u] = _mm512_permutexvar_ps(lanes_idx4(), _mm512_castps128_ps512(_mm_loadu_ps(D[u] + 4 * c)));
   }
 }
 
-// One row's chunk (64 code bytes, lane-expanded d_w) against U tokens: acc[u] += Σ_block int · d_w·d_x.
-template <Kind K, int U>
+// One MXFP4 row's chunk (64 code bytes, lane-expanded d_w) against U tokens: acc[u] += Σ_block int · d_w·d_x.
+template <int U>
 KESTREL_AVX512 inline void chunk_dot(__m512i bytes, __m512 dw, const __m512i (&xl)[U], const __m512i (&xh)[U],
                                      const __m512i (&nc_)[U], const __m512 (&dx)[U], __m512* acc) {
   const __m512i nib = _mm512_set1_epi8(15);
-  __m512i lo = _mm512_and_si512(bytes, nib);
-  __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nib);
-  if constexpr (K == Kind::kMxfp4) {  // code → 2·E2M1 + 12 ∈ [0, 24]
-    const __m512i tbl = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-    lo = _mm512_shuffle_epi8(tbl, lo);
-    hi = _mm512_shuffle_epi8(tbl, hi);
-  }
+  // code → 2·E2M1 + 12 ∈ [0, 24]
+  const __m512i tbl = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  const __m512i lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(bytes, nib));
+  const __m512i hi = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nib));
   for (int u = 0; u < U; ++u) {
     const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(nc_[u], lo, xl[u]), hi, xh[u]);
     acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx[u]), acc[u]);
@@ -157,11 +154,11 @@ KESTREL_AVX512 void block(const WeightMatrix& w, const Q8Acts& a, const int32_t*
     } else {
       __m512i xl[U], xh[U], nc_[U];
       __m512 dx[U];
-      chunk_acts<K, U>(X, C, D, c, xl, xh, nc_, dx);
+      chunk_acts<U>(X, C, D, c, xl, xh, nc_, dx);
       for (int r = 0; r < R; ++r) {
         const uint8_t* blk = W[r] + 4 * c * B;
         const __m512 dw = _mm512_permutexvar_ps(lanes_idx4(), _mm512_castps128_ps512(block_scales<K>(blk, n)));
-        chunk_dot<K, U>(gather_codes<K>(blk, n), dw, xl, xh, nc_, dx, acc[r]);
+        chunk_dot<U>(gather_codes<K>(blk, n), dw, xl, xh, nc_, dx, acc[r]);
       }
     }
   }
@@ -184,60 +181,44 @@ KESTREL_AVX512 void run(const WeightMatrix& w, const Q8Acts& a, const int32_t* t
 }
 
 // ---- VBMI path: whole 128-element chunks (in % 128 == 0, every real model width) ----------------
-// A chunk's 4 blocks are contiguous (72 bytes Q4_0, 68 MXFP4): one 64-byte load plus the few bytes
-// after it, then one vpermt2b gathers the 64 code bytes and one vpermb lays the 4 block scales out
-// lane by lane (Q4_0: fp16 pairs for vcvtph2ps; MXFP4: the E8M0 byte in each dword). No stack
-// round trip, no per-block inserts: the decode GEMV stays memory-bound.
+// An MXFP4 chunk's 4 blocks are contiguous (68 bytes): one 64-byte load plus the 4 bytes after it,
+// then one vpermt2b gathers the 64 code bytes and one vpermb lays the 4 block scales out lane by lane
+// (the E8M0 byte in each dword). No stack round trip, no per-block inserts: the decode GEMV stays
+// memory-bound.
 #define KESTREL_AVX512_VBMI \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx512vbmi,fma,f16c")))
 
-template <Kind K>
-struct VbmiIdx {
-  alignas(64) uint8_t codes[64];   // byte 16k + j ← chunk byte B·k + O + j
-  alignas(64) uint8_t scales[64];  // Q4_0: bytes 2l, 2l+1 ← B·(l/4), +1; MXFP4: byte 4l ← B·(l/4)
-  constexpr VbmiIdx() : codes(), scales() {
+struct MxIdx {
+  alignas(64) uint8_t codes[64];   // byte 16k + j ← chunk byte 17k + 1 + j
+  alignas(64) uint8_t scales[64];  // byte 4l ← 17·(l/4) (the E8M0 byte of lane l's block)
+  constexpr MxIdx() : codes(), scales() {
+    constexpr Kind K = Kind::kMxfp4;
     for (int k = 0; k < 4; ++k)
       for (int j = 0; j < 16; ++j) codes[16 * k + j] = static_cast<uint8_t>(kBlockBytes<K> * k + kCodeOffset<K> + j);
-    for (int l = 0; l < 16; ++l) {
-      const int b = static_cast<int>(kBlockBytes<K>) * (l / 4);
-      if constexpr (K == Kind::kQ4_0) {
-        scales[2 * l] = static_cast<uint8_t>(b), scales[2 * l + 1] = static_cast<uint8_t>(b + 1);
-      } else {
-        scales[4 * l] = static_cast<uint8_t>(b);
-      }
-    }
+    for (int l = 0; l < 16; ++l) scales[4 * l] = static_cast<uint8_t>(kBlockBytes<K> * (l / 4));
   }
 };
-template <Kind K>
-inline constexpr VbmiIdx<K> kVbmiIdx{};
+inline constexpr MxIdx kMxIdx{};
 
-// Codes (as 64 bytes) and per-lane fp32 block scales of the chunk at p.
-template <Kind K>
-KESTREL_AVX512_VBMI inline void load_chunk(const uint8_t* p, __m512i ci, __m512i si, __m512i& codes, __m512& dw) {
+// Codes (as 64 bytes) and per-lane fp32 block scales of the MXFP4 chunk at p.
+KESTREL_AVX512_VBMI inline void load_chunk_mx(const uint8_t* p, __m512i ci, __m512i si, __m512i& codes, __m512& dw) {
   const __m512i a = _mm512_loadu_si512(p);
-  __m128i tail;
-  if constexpr (K == Kind::kQ4_0) {
-    tail = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 64));
-  } else {
-    int32_t t;
-    std::memcpy(&t, p + 64, 4);
-    tail = _mm_cvtsi32_si128(t);
-  }
-  codes = _mm512_permutex2var_epi8(a, ci, _mm512_zextsi128_si512(tail));
-  if constexpr (K == Kind::kQ4_0) {
-    dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi8(si, a)));
-  } else {  // 2^(e−128) exactly as gguf_e8m0_half: e < 2 → subnormals 0x00200000 << e
-    const __m512i e = _mm512_maskz_permutexvar_epi8(0x1111111111111111ULL, si, a);
-    const __m512i big = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
-    const __m512i small = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
-    dw = _mm512_castsi512_ps(_mm512_mask_mov_epi32(big, _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), small));
-  }
+  int32_t t;
+  std::memcpy(&t, p + 64, 4);
+  codes = _mm512_permutex2var_epi8(a, ci, _mm512_zextsi128_si512(_mm_cvtsi32_si128(t)));
+  // 2^(e−128) exactly as gguf_e8m0_half: e < 2 → subnormals 0x00200000 << e
+  const __m512i e = _mm512_maskz_permutexvar_epi8(0x1111111111111111ULL, si, a);
+  const __m512i big = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+  const __m512i small = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+  dw = _mm512_castsi512_ps(_mm512_mask_mov_epi32(big, _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), small));
 }
 
-// pf: prefetch the next register blocks' rows (the first token block of these rows; later ones find them in cache).
-template <Kind K, int R, int U>
-KESTREL_AVX512_VBMI void block_vbmi(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, float* y, int64_t ldy, int64_t r0, int64_t t0,
-                                    bool pf) {
+// MXFP4. pf: prefetch the next register blocks' rows (the first token block of these rows; later ones
+// find them in cache).
+template <int R, int U>
+KESTREL_AVX512_VBMI void block_vbmi_mx(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, float* y, int64_t ldy, int64_t r0,
+                                       int64_t t0, bool pf) {
+  constexpr Kind K = Kind::kMxfp4;
   constexpr int64_t CB = 4 * kBlockBytes<K>;
   const int64_t nc = a.nc;
   const uint8_t* W[R];
@@ -246,20 +227,20 @@ KESTREL_AVX512_VBMI void block_vbmi(const WeightMatrix& w, const Q8Acts& a, cons
   const int32_t* C[U];
   const float* D[U];
   token_ptrs<K, U>(a, tok, t0, X, C, D);
-  const __m512i ci = _mm512_load_si512(kVbmiIdx<K>.codes), si = _mm512_load_si512(kVbmiIdx<K>.scales);
+  const __m512i ci = _mm512_load_si512(kMxIdx.codes), si = _mm512_load_si512(kMxIdx.scales);
   const int64_t block_bytes = R * nc * CB;
   __m512 acc[R][U];
   for (int r = 0; r < R; ++r)
     for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
   // With the GEMM layout prepared (the same lane values, laid out once per token), the token side of a
   // chunk is four loads: no shifts, subtraction or permute per block call.
-  const bool laid_out = K == Kind::kQ4_0 ? a.gemm_q4 : a.gemm_mx;
+  const bool laid_out = a.gemm_mx;
   const int32_t* N[U];
   const float* DX[U];
   if (laid_out)
     for (int u = 0; u < U; ++u) {
       const int64_t t = tok ? tok[t0 + u] : t0 + u;
-      N[u] = (K == Kind::kQ4_0 ? a.n4.data() : a.n12.data()) + t * nc * 16, DX[u] = a.dx4.data() + t * nc * 16;
+      N[u] = a.n12.data() + t * nc * 16, DX[u] = a.dx4.data() + t * nc * 16;
     }
   for (int64_t c = 0; c < nc; ++c) {
     __m512i xl[U], xh[U], nc_[U];
@@ -270,14 +251,14 @@ KESTREL_AVX512_VBMI void block_vbmi(const WeightMatrix& w, const Q8Acts& a, cons
         nc_[u] = _mm512_loadu_si512(N[u] + c * 16), dx[u] = _mm512_loadu_ps(DX[u] + c * 16);
       }
     } else {
-      chunk_acts<K, U>(X, C, D, c, xl, xh, nc_, dx);
+      chunk_acts<U>(X, C, D, c, xl, xh, nc_, dx);
     }
     for (int r = 0; r < R; ++r) {
       __m512i bytes;
       __m512 dw;
       if (pf) gguf_blocks::prefetch_chunk_ahead<K>(W[r] + c * CB, block_bytes);
-      load_chunk<K>(W[r] + c * CB, ci, si, bytes, dw);
-      chunk_dot<K, U>(bytes, dw, xl, xh, nc_, dx, acc[r]);
+      load_chunk_mx(W[r] + c * CB, ci, si, bytes, dw);
+      chunk_dot<U>(bytes, dw, xl, xh, nc_, dx, acc[r]);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -341,10 +322,10 @@ KESTREL_AVX512_VBMI void rows_vbmi(const WeightMatrix& w, const Q8Acts& a, const
     else if (T - t == 2) block_vbmi_q8<R, 2>(w, a, tok, y, ldy, r0, t, t == 0);
     else if (T - t == 1) block_vbmi_q8<R, 1>(w, a, tok, y, ldy, r0, t, t == 0);
   } else {
-    for (; t + 4 <= T; t += 4) block_vbmi<K, R, 4>(w, a, tok, y, ldy, r0, t, t == 0);
-    if (T - t == 3) block_vbmi<K, R, 3>(w, a, tok, y, ldy, r0, t, t == 0);
-    else if (T - t == 2) block_vbmi<K, R, 2>(w, a, tok, y, ldy, r0, t, t == 0);
-    else if (T - t == 1) block_vbmi<K, R, 1>(w, a, tok, y, ldy, r0, t, t == 0);
+    for (; t + 4 <= T; t += 4) block_vbmi_mx<R, 4>(w, a, tok, y, ldy, r0, t, t == 0);
+    if (T - t == 3) block_vbmi_mx<R, 3>(w, a, tok, y, ldy, r0, t, t == 0);
+    else if (T - t == 2) block_vbmi_mx<R, 2>(w, a, tok, y, ldy, r0, t, t == 0);
+    else if (T - t == 1) block_vbmi_mx<R, 1>(w, a, tok, y, ldy, r0, t, t == 0);
   }
 }
 
@@ -364,24 +345,19 @@ bool cpu_has_vbmi() {
 }  // namespace
 
 bool gguf_int8_vbmi_applies(const WeightMatrix& w) {
-  return cpu_has_vbmi() && w.in % 128 == 0 &&
-         (w.format == WeightFormat::kGgufQ4_0 || w.format == WeightFormat::kGgufMxfp4 || w.format == WeightFormat::kGgufQ8_0);
+  return cpu_has_vbmi() && w.in % 128 == 0 && (w.format == WeightFormat::kGgufMxfp4 || w.format == WeightFormat::kGgufQ8_0);
 }
 
 namespace {
 KESTREL_AVX512 void rows_dispatch(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t T, float* y, int64_t ldy,
                                   int64_t r0, int64_t r1, bool vbmi) {
+  KCHECK(w.format == WeightFormat::kGgufQ8_0 || w.format == WeightFormat::kGgufMxfp4,
+         "gguf_int8_rows_avx512: Q8_0 / MXFP4 only (Q4_0 runs on its packed rows, gguf_q4_x16.h)");
   KCHECK(w.in == a.in, "gguf_int8: shape mismatch");
+  const bool q8 = w.format == WeightFormat::kGgufQ8_0;
   if (vbmi && gguf_int8_vbmi_applies(w))
-    return w.format == WeightFormat::kGgufQ4_0   ? run_vbmi<Kind::kQ4_0>(w, a, tok, T, y, ldy, r0, r1)
-           : w.format == WeightFormat::kGgufQ8_0 ? run_vbmi<Kind::kQ8_0>(w, a, tok, T, y, ldy, r0, r1)
-                                                 : run_vbmi<Kind::kMxfp4>(w, a, tok, T, y, ldy, r0, r1);
-  switch (w.format) {
-    case WeightFormat::kGgufQ4_0: return run<Kind::kQ4_0>(w, a, tok, T, y, ldy, r0, r1);
-    case WeightFormat::kGgufQ8_0: return run<Kind::kQ8_0>(w, a, tok, T, y, ldy, r0, r1);
-    case WeightFormat::kGgufMxfp4: return run<Kind::kMxfp4>(w, a, tok, T, y, ldy, r0, r1);
-    default: KCHECK(false, "gguf_int8_rows_avx512: not a GGUF block format");
-  }
+    return q8 ? run_vbmi<Kind::kQ8_0>(w, a, tok, T, y, ldy, r0, r1) : run_vbmi<Kind::kMxfp4>(w, a, tok, T, y, ldy, r0, r1);
+  return q8 ? run<Kind::kQ8_0>(w, a, tok, T, y, ldy, r0, r1) : run<Kind::kMxfp4>(w, a, tok, T, y, ldy, r0, r1);
 }
 }  // namespace
 

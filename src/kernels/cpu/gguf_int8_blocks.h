@@ -1,6 +1,7 @@
-// What the GGUF int8 kernels (gguf_int8_avx512.cpp, gguf_int8_avx2.cpp) share about the block layouts and
-// the activations of gguf_int8.h: the formats, their block sizes and code offsets, and where each token's
-// quantized row starts.
+// What the GGUF int8 kernels for Q8_0 and MXFP4 (gguf_int8_avx512.cpp, gguf_int8_avx2.cpp and their GEMM
+// forms) share about the block layouts and the activations of gguf_int8.h: the formats, their block sizes
+// and code offsets, and where each token's quantized row starts. (Q4_0 runs on its packed rows,
+// gguf_q4_x16.h.)
 #pragma once
 
 #include <cstdint>
@@ -9,15 +10,15 @@
 
 namespace kestrel::kernels::gguf_blocks {
 
-enum class Kind { kQ4_0, kQ8_0, kMxfp4 };
+enum class Kind { kQ8_0, kMxfp4 };
 
 // Bytes of one 32-element block, and where its codes start (after the fp16 / E8M0 scale).
 template <Kind K>
-constexpr int64_t kBlockBytes = K == Kind::kQ4_0 ? 18 : K == Kind::kQ8_0 ? 34 : 17;
+constexpr int64_t kBlockBytes = K == Kind::kQ8_0 ? 34 : 17;
 template <Kind K>
 constexpr int64_t kCodeOffset = K == Kind::kMxfp4 ? 1 : 2;
 
-// Software prefetch of one 4-block chunk (72 / 136 / 68 bytes) starting at p: one prefetch per 64 bytes
+// Software prefetch of one 4-block chunk (136 / 68 bytes) starting at p: one prefetch per 64 bytes
 // from its start. Over consecutive chunks the points are at most 64 bytes apart, so every cache line of
 // a row gets one. Locality 3 fetches into L1 (prefetcht0), 2 into L2 (prefetcht1).
 template <Kind K, int Locality = 3>
@@ -38,7 +39,7 @@ __attribute__((always_inline)) inline void prefetch_chunk_ahead(const uint8_t* c
 }
 
 // Token pointers into the activations for output tokens t0..t0+U−1: activation token tok[t0 + u], or
-// t0 + u itself when tok is null. Q8_0 weights read the natural order (q), Q4_0 / MXFP4 the nibble order (qg).
+// t0 + u itself when tok is null. Q8_0 weights read the natural order (q), MXFP4 the nibble order (qg).
 template <Kind K, int U>
 inline void token_ptrs(const Q8Acts& a, const int32_t* tok, int64_t t0, const int8_t* (&X)[U], const int32_t* (&C)[U],
                        const float* (&D)[U]) {

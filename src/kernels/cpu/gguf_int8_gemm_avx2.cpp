@@ -1,13 +1,14 @@
-// Prefill form of the GGUF Q4_0 / Q8_0 / MXFP4 × Q8_0-activation kernel for CPUs with AVX2 (FMA, F16C)
-// but no AVX-512 VNNI (gguf_int8.h, gguf_int8_gemm_rows_avx2): convert, then GEMM, as the AVX-512 form
-// (gguf_int8_gemm_avx512.cpp) does. A stripe of weight rows is unpacked once into a per-thread buffer
-// (u8 codes ready for vpmaddubsw, Q8_0 codes as they are, lane-expanded fp32 block scales) and then
-// meets every token, whose compensation and lane-expanded scales were laid out once at quantization
-// (Q8Acts::n4/n12/dx4, dx8). Per (row, token, chunk) what remains is the arithmetic of the AVX2 small-T
-// kernel (gguf_int8_avx2.cpp) on the same per-lane values:
-//   Q4_0 / MXFP4, half h (lanes 8h..8h+7 = blocks 2h, 2h+1):
-//       p = vpmaddwd(vpmaddubsw(lo, x_lo) + vpmaddubsw(hi, x_hi), 1) − 8·Σx (−12·Σx) in lane 4k
-//       (MXFP4 codes as 2·E2M1 + 12, the small-T kernel's table; scales 2^(e−128), gguf_e8m0_half)
+// Prefill form of the GGUF Q8_0 / MXFP4 × Q8_0-activation kernel for CPUs with AVX2 (FMA, F16C) but no
+// AVX-512 VNNI (gguf_int8.h, gguf_int8_gemm_rows_avx2; Q4_0 runs on its packed rows, gguf_q4_x16.h):
+// convert, then GEMM, as the AVX-512 form (gguf_int8_gemm_avx512.cpp) does. A stripe of weight rows is
+// unpacked once into a per-thread buffer (MXFP4 as u8 codes ready for vpmaddubsw, Q8_0 codes as they
+// are, lane-expanded fp32 block scales) and then meets every token, whose compensation and
+// lane-expanded scales were laid out once at quantization (Q8Acts::n12/dx4, dx8). Per (row, token,
+// chunk) what remains is the arithmetic of the AVX2 small-T kernel (gguf_int8_avx2.cpp) on the same
+// per-lane values:
+//   MXFP4, half h (lanes 8h..8h+7 = blocks 2h, 2h+1):
+//       p = vpmaddwd(vpmaddubsw(lo, x_lo) + vpmaddubsw(hi, x_hi), 1) − 12·Σx in lane 4k
+//       (codes as 2·E2M1 + 12, the small-T kernel's table; scales 2^(e−128), gguf_e8m0_half)
 //   Q8_0, block k (lanes 8(k & 1) .. +7):  p = vpmaddwd(vpmaddubsw(|w|, x with w's sign), 1)
 //   acc[lane] = fma(float(p), d_w · d_x, acc[lane]), chunks (and, for Q8_0, blocks k, k + 2) in order;
 //   y = the small-T kernel's reduce16 (the pairing of _mm512_reduce_add_ps).
@@ -33,9 +34,8 @@ namespace {
 
 using gguf_blocks::Kind;
 using gguf_blocks::kBlockBytes;
-using gguf_blocks::kCodeOffset;
 
-// Bytes of one unpacked (row, 128-element chunk). Q4_0 / MXFP4: lo codes (64) | hi codes (64) | 16 fp32
+// Bytes of one unpacked (row, 128-element chunk). MXFP4: lo codes (64) | hi codes (64) | 16 fp32
 // scales (lanes 4k..4k+3 = block k). Q8_0: the int8 codes of blocks 0..3 (128) | 32 fp32 scales
 // (8 per block).
 template <Kind K>
@@ -49,19 +49,19 @@ constexpr int64_t kTileBytes = 256 - 64 * (K != Kind::kQ8_0);
 constexpr int kR = 3, kU = 3;
 constexpr int64_t kMaxStripe = 21 * kR, kStripeBytes = 1 << 18;
 
-// One (row, chunk) of Q4_0 / MXFP4 → lo, hi codes (u8; MXFP4 mapped to 2·E2M1 + 12, missing blocks
-// code 0 as the small-T kernel loads them: they meet zero activations and a zero scale), scales: the
-// small-T kernel's own loads (gguf_int8_avx2_blocks.h), stored.
-template <Kind K>
-KESTREL_AVX2 inline void unpack_nib(const uint8_t* blk, int n, uint8_t* dst) {
+// One (row, chunk) of MXFP4 → lo, hi codes (u8, mapped to 2·E2M1 + 12; missing blocks code 0 as the
+// small-T kernel loads them: they meet zero activations and a zero scale), scales: the small-T kernel's
+// own loads (gguf_int8_avx2_blocks.h), stored.
+KESTREL_AVX2 inline void unpack_mx(const uint8_t* blk, int n, uint8_t* dst) {
+  constexpr Kind K = Kind::kMxfp4;
   constexpr int64_t B = kBlockBytes<K>;
   const __m256i nib = _mm256_set1_epi8(15);
   const __m256i tbl = _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
 #pragma GCC unroll 2
   for (int h = 0; h < 2; ++h) {
     const __m256i b = gguf_avx2::code_pair<K>(blk + 2 * h * B, std::max(0, n - 2 * h));
-    __m256i lo = _mm256_and_si256(b, nib), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), nib);
-    if constexpr (K == Kind::kMxfp4) lo = _mm256_shuffle_epi8(tbl, lo), hi = _mm256_shuffle_epi8(tbl, hi);
+    const __m256i lo = _mm256_shuffle_epi8(tbl, _mm256_and_si256(b, nib));
+    const __m256i hi = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(b, 4), nib));
     _mm256_store_si256(reinterpret_cast<__m256i*>(dst + 32 * h), lo);
     _mm256_store_si256(reinterpret_cast<__m256i*>(dst + 64 + 32 * h), hi);
   }
@@ -98,7 +98,7 @@ KESTREL_AVX2 void unpack_stripe(const WeightMatrix& w, int64_t nb, int64_t nc, i
         gguf_blocks::prefetch_chunk<K>(blk + g * nb * B);  // the same chunk of the next group (gguf_int8_avx2.cpp)
         uint8_t* d = dst + (r * nc + c * g + k) * TB;
         if constexpr (K == Kind::kQ8_0) unpack_q8(blk, cn, d);
-        else unpack_nib<K>(blk, cn, d);
+        else unpack_mx(blk, cn, d);
       }
     }
     r += g;
@@ -186,7 +186,7 @@ KESTREL_AVX2 void tile(const uint8_t* wt, const Q8Acts& a, const int32_t* tok, i
   for (int u = 0; u < U; ++u) {
     const int64_t t = tok ? tok[t0 + u] : t0 + u;
     X[u] = (Q8 ? a.q.data() : a.qg.data()) + t * P;
-    N[u] = Q8 ? nullptr : (K == Kind::kQ4_0 ? a.n4.data() : a.n12.data()) + t * PL;
+    N[u] = Q8 ? nullptr : a.n12.data() + t * PL;
     D[u] = (Q8 ? a.dx8.data() : a.dx4.data()) + t * PL;
   }
   __m256 lo[R][U], hi[R][U];
@@ -233,16 +233,12 @@ KESTREL_AVX2 void run(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok
 
 void gemm_dispatch(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy, int64_t r0,
                    int64_t r1) {
+  KCHECK(gguf_int8_gemm_format(w.format), "gguf_int8_gemm: Q8_0 / MXFP4 only (Q4_0 runs on its packed rows, gguf_q4_x16.h)");
   KCHECK(w.in == a.in, "gguf_int8_gemm: shape mismatch");
-  KCHECK(gguf_int8_gemm_format(w.format), "gguf_int8_gemm: Q4_0 / Q8_0 / MXFP4 only");
-  KCHECK(gguf_int8_gemm_prepared(w, a), w.format == WeightFormat::kGgufQ4_0   ? "gguf_int8_gemm: activations prepared without the Q4_0 GEMM layout"
-                                        : w.format == WeightFormat::kGgufQ8_0 ? "gguf_int8_gemm: activations prepared without the Q8_0 GEMM layout"
-                                                                              : "gguf_int8_gemm: activations prepared without the MXFP4 GEMM layout");
-  switch (w.format) {
-    case WeightFormat::kGgufQ4_0: return run<Kind::kQ4_0>(w, a, tok, n, y, ldy, r0, r1);
-    case WeightFormat::kGgufQ8_0: return run<Kind::kQ8_0>(w, a, tok, n, y, ldy, r0, r1);
-    default: return run<Kind::kMxfp4>(w, a, tok, n, y, ldy, r0, r1);
-  }
+  KCHECK(gguf_int8_gemm_prepared(w, a), w.format == WeightFormat::kGgufQ8_0 ? "gguf_int8_gemm: activations prepared without the Q8_0 GEMM layout"
+                                                                            : "gguf_int8_gemm: activations prepared without the MXFP4 GEMM layout");
+  if (w.format == WeightFormat::kGgufQ8_0) return run<Kind::kQ8_0>(w, a, tok, n, y, ldy, r0, r1);
+  run<Kind::kMxfp4>(w, a, tok, n, y, ldy, r0, r1);
 }
 
 }  // namespace

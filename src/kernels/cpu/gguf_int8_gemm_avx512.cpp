@@ -1,12 +1,13 @@
-// Prefill form of the GGUF Q4_0 / Q8_0 / MXFP4 × Q8_0-activation kernel (gguf_int8.h,
-// gguf_int8_gemm_rows): convert, then GEMM. A stripe of weight rows is unpacked once into a
-// per-thread buffer (u8 codes ready for vpdpbusd and lane-expanded fp32 block scales) and then meets
-// every token, whose compensation and lane-expanded scales were laid out once at quantization
-// (Q8Acts::n4/n12/dx4, n8/dx8). The per-(row, token, chunk) work is then only the arithmetic the
-// small-T kernel (gguf_int8_avx512.cpp) does after its unpack, on the same per-lane values:
-//   Q4_0:  lanes 4k..4k+3 = block k;  p = −8·Σx_k (lane 4k) + dpbusd(lo, x_lo) + dpbusd(hi, x_hi)
-//   MXFP4: the same with u = 2·E2M1 + 12 (the small-T kernel's vpshufb table) and −12·Σx_k, scales
-//          2^(e−128) (gguf_e8m0_half)
+// Prefill form of the GGUF Q8_0 / MXFP4 × Q8_0-activation kernel (gguf_int8.h, gguf_int8_gemm_rows;
+// Q4_0 runs on its packed rows, gguf_q4_x16.h): convert, then GEMM. A stripe of weight rows is
+// unpacked once into a per-thread buffer (u8 codes ready for vpdpbusd and lane-expanded fp32 block
+// scales) and then meets every token, whose compensation and lane-expanded scales were laid out once
+// at quantization (Q8Acts::n12/dx4, n8/dx8). The per-(row, token, chunk) work is then only the
+// arithmetic the small-T kernel (gguf_int8_avx512.cpp) does after its unpack, on the same per-lane
+// values:
+//   MXFP4: lanes 4k..4k+3 = block k;  p = −12·Σx_k (lane 4k) + dpbusd(lo, x_lo) + dpbusd(hi, x_hi),
+//          codes u = 2·E2M1 + 12 (the small-T kernel's vpshufb table), scales 2^(e−128)
+//          (gguf_e8m0_half)
 //   Q8_0:  two halves, lanes 8j..8j+7 = block 2h+j;  p = −128·Σ(lane's 4 x) + dpbusd(w + 128, x)
 //          (the small-T kernel computes the same lane integer as |w| · (x with w's sign))
 //   acc[lane] = fma(float(p), d_w · d_x, acc[lane]), chunks in order; y = _mm512_reduce_add_ps(acc).
@@ -34,8 +35,9 @@ namespace {
 
 using gguf_blocks::Kind;
 using gguf_blocks::kBlockBytes;
+using gguf_blocks::kCodeOffset;
 
-// Bytes of one unpacked (row, 128-element chunk): Q4_0 / MXFP4 lo | hi | 16 fp32 scales; Q8_0
+// Bytes of one unpacked (row, 128-element chunk): MXFP4 lo | hi | 16 fp32 scales; Q8_0
 // codes+128 of blocks 0,1 | of blocks 2,3 | 16 scales (blocks 0,1) | 16 scales (blocks 2,3).
 template <Kind K>
 constexpr int64_t kTileBytes = K == Kind::kQ8_0 ? 256 : 192;
@@ -47,18 +49,18 @@ constexpr int64_t kTileBytes = K == Kind::kQ8_0 ? 256 : 192;
 constexpr int64_t kMaxStripe = 64, kStripeBytes = 1 << 20;
 constexpr int kR = 4, kU = 4;
 
-// Block scales of the n (≤ 4) blocks at `blk` (the rest 0) as 4 floats.
-KESTREL_AVX512 inline __m128 scales4(const uint8_t* blk, int n, int64_t B) {
+// fp16 block scales of the n (≤ 4) Q8_0 blocks at `blk` (the rest 0) as 4 floats.
+KESTREL_AVX512 inline __m128 scales4_q8(const uint8_t* blk, int n) {
   uint16_t h[4] = {0, 0, 0, 0};
-  for (int k = 0; k < n; ++k) std::memcpy(&h[k], blk + k * B, 2);
+  for (int k = 0; k < n; ++k) std::memcpy(&h[k], blk + k * 34, 2);
   return _mm_cvtph_ps(_mm_setr_epi16(static_cast<short>(h[0]), static_cast<short>(h[1]), static_cast<short>(h[2]),
                                      static_cast<short>(h[3]), 0, 0, 0, 0));
 }
 
-// The 16 code bytes of each of the n (≤ 4) Q4_0 / MXFP4 blocks at `blk` (B bytes apart, codes at +O),
-// block k at bytes 16k..16k+15 (missing blocks 0).
-template <int64_t B, int64_t O>
-KESTREL_AVX512 inline __m512i codes_q4(const uint8_t* blk, int n) {
+// The 16 code bytes of each of the n (≤ 4) MXFP4 blocks at `blk` (17 bytes apart, codes at +1), block k
+// at bytes 16k..16k+15 (missing blocks 0).
+KESTREL_AVX512 inline __m512i codes_mx(const uint8_t* blk, int n) {
+  constexpr int64_t B = kBlockBytes<Kind::kMxfp4>, O = kCodeOffset<Kind::kMxfp4>;
   auto ld = [&](int k) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + k * B + O)); };
   if (n == 4) {
     const __m256i a = _mm256_inserti128_si256(_mm256_castsi128_si256(ld(0)), ld(1), 1);
@@ -74,20 +76,11 @@ KESTREL_AVX512 inline __m256i code_q8(const uint8_t* blk, int k, int n) {
   return k < n ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + k * 34 + 2)) : _mm256_setzero_si256();
 }
 
-// One (row, chunk) of Q4_0 → lo nibbles, hi nibbles (u8), scales lane-expanded (lanes 4k..4k+3 = block k).
-KESTREL_AVX512 void unpack_q4(const uint8_t* blk, int n, uint8_t* dst) {
-  const __m512i b = codes_q4<18, 2>(blk, n), nib = _mm512_set1_epi8(15);
-  _mm512_store_si512(dst, _mm512_and_si512(b, nib));
-  _mm512_store_si512(dst + 64, _mm512_and_si512(_mm512_srli_epi16(b, 4), nib));
-  const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  _mm512_store_ps(dst + 128, _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(scales4(blk, n, 18))));
-}
-
 // One (row, chunk) of MXFP4 → lo, hi codes mapped to 2·E2M1 + 12 (missing blocks: code 0 → 12, as the
 // small-T kernel's loader gives them; they meet zero activations and a zero scale), scales 2^(e−128)
-// lane-expanded.
+// lane-expanded (lanes 4k..4k+3 = block k).
 KESTREL_AVX512 void unpack_mx(const uint8_t* blk, int n, uint8_t* dst) {
-  const __m512i b = codes_q4<17, 1>(blk, n), nib = _mm512_set1_epi8(15);
+  const __m512i b = codes_mx(blk, n), nib = _mm512_set1_epi8(15);
   const __m512i tbl = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
   _mm512_store_si512(dst, _mm512_shuffle_epi8(tbl, _mm512_and_si512(b, nib)));
   _mm512_store_si512(dst + 64, _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(b, 4), nib)));
@@ -105,7 +98,7 @@ KESTREL_AVX512 void unpack_q8(const uint8_t* blk, int n, uint8_t* dst) {
   const __m512i w1 = _mm512_inserti64x4(_mm512_castsi256_si512(code_q8(blk, 2, n)), code_q8(blk, 3, n), 1);
   _mm512_store_si512(dst, _mm512_xor_si512(w0, bias));
   _mm512_store_si512(dst + 64, _mm512_xor_si512(w1, bias));
-  const __m512 s = _mm512_castps128_ps512(scales4(blk, n, 34));
+  const __m512 s = _mm512_castps128_ps512(scales4_q8(blk, n));
   _mm512_store_ps(dst + 128, _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), s));
   _mm512_store_ps(dst + 192, _mm512_permutexvar_ps(_mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), s));
 }
@@ -124,7 +117,6 @@ KESTREL_AVX512 void unpack_stripe(const WeightMatrix& w, int64_t nb, int64_t nc,
         const uint8_t* blk = static_cast<const uint8_t*>(w.data) + (r0 + r + k) * nb * B + 4 * c * B;
         uint8_t* d = dst + (r * nc + c * g + k) * TB;
         if constexpr (K == Kind::kQ8_0) unpack_q8(blk, cn, d);
-        else if constexpr (K == Kind::kQ4_0) unpack_q4(blk, cn, d);
         else unpack_mx(blk, cn, d);
       }
     }
@@ -147,7 +139,7 @@ KESTREL_AVX512 void tile(const uint8_t* wt, const Q8Acts& a, const int32_t* tok,
   for (int u = 0; u < U; ++u) {
     const int64_t t = tok ? tok[t0 + u] : t0 + u;
     X[u] = (Q8 ? a.q.data() : a.qg.data()) + t * P;
-    N[u] = (Q8 ? a.n8.data() : K == Kind::kQ4_0 ? a.n4.data() : a.n12.data()) + t * PL;
+    N[u] = (Q8 ? a.n8.data() : a.n12.data()) + t * PL;
     D[u] = (Q8 ? a.dx8.data() : a.dx4.data()) + t * PL;
   }
   __m512 acc[R][U];
@@ -222,13 +214,10 @@ KESTREL_AVX512 void run(const WeightMatrix& w, const Q8Acts& a, const int32_t* t
 
 }  // namespace
 
-bool gguf_int8_gemm_format(WeightFormat f) {
-  return f == WeightFormat::kGgufQ4_0 || f == WeightFormat::kGgufQ8_0 || f == WeightFormat::kGgufMxfp4;
-}
+bool gguf_int8_gemm_format(WeightFormat f) { return f == WeightFormat::kGgufQ8_0 || f == WeightFormat::kGgufMxfp4; }
 
 bool gguf_int8_gemm_prepared(const WeightMatrix& w, const Q8Acts& a) {
   switch (w.format) {
-    case WeightFormat::kGgufQ4_0: return a.gemm_q4;
     case WeightFormat::kGgufQ8_0: return a.gemm_q8;
     case WeightFormat::kGgufMxfp4: return a.gemm_mx;
     default: return false;
@@ -238,16 +227,12 @@ bool gguf_int8_gemm_prepared(const WeightMatrix& w, const Q8Acts& a) {
 namespace {
 KESTREL_AVX512 void gemm_dispatch(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
                                   int64_t r0, int64_t r1) {
+  KCHECK(gguf_int8_gemm_format(w.format), "gguf_int8_gemm: Q8_0 / MXFP4 only (Q4_0 runs on its packed rows, gguf_q4_x16.h)");
   KCHECK(w.in == a.in, "gguf_int8_gemm: shape mismatch");
-  KCHECK(gguf_int8_gemm_format(w.format), "gguf_int8_gemm: Q4_0 / Q8_0 / MXFP4 only");
-  KCHECK(gguf_int8_gemm_prepared(w, a), w.format == WeightFormat::kGgufQ4_0   ? "gguf_int8_gemm: activations prepared without the Q4_0 GEMM layout"
-                                        : w.format == WeightFormat::kGgufQ8_0 ? "gguf_int8_gemm: activations prepared without the Q8_0 GEMM layout"
-                                                                              : "gguf_int8_gemm: activations prepared without the MXFP4 GEMM layout");
-  switch (w.format) {
-    case WeightFormat::kGgufQ4_0: return run<Kind::kQ4_0>(w, a, tok, n, y, ldy, r0, r1);
-    case WeightFormat::kGgufQ8_0: return run<Kind::kQ8_0>(w, a, tok, n, y, ldy, r0, r1);
-    default: return run<Kind::kMxfp4>(w, a, tok, n, y, ldy, r0, r1);
-  }
+  KCHECK(gguf_int8_gemm_prepared(w, a), w.format == WeightFormat::kGgufQ8_0 ? "gguf_int8_gemm: activations prepared without the Q8_0 GEMM layout"
+                                                                            : "gguf_int8_gemm: activations prepared without the MXFP4 GEMM layout");
+  if (w.format == WeightFormat::kGgufQ8_0) return run<Kind::kQ8_0>(w, a, tok, n, y, ldy, r0, r1);
+  run<Kind::kMxfp4>(w, a, tok, n, y, ldy, r0, r1);
 }
 }  // namespace
 

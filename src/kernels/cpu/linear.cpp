@@ -889,7 +889,8 @@ void matmul_many(std::span<const MatmulTask> tasks) {
     const MatmulTask& t = tasks[i];
     const int64_t out = t.w->out;
     int64_t rows = static_cast<int64_t>(target / row_cost(t, in8.task_input[i] >= 0));
-    rows = std::clamp<int64_t>((rows + 3) / 4 * 4, 4, std::max<int64_t>(4, out));
+    const int64_t align = t.w->packed != nullptr ? 16 : 4;  // packed Q4_0: whole 16-row groups per chunk
+    rows = std::clamp<int64_t>((rows + align - 1) / align * align, align, std::max<int64_t>(align, out));
     for (int64_t r = 0; r < out; r += rows) chunks.push_back({static_cast<int32_t>(i), r, std::min(out, r + rows)});
   }
   const Chunk* c = chunks.data();

@@ -309,7 +309,7 @@ TEST_F(SchedulerTest, RejectsBadRequests) {
 TEST(SchedulerGguf, BatchedEqualsAloneBitwise) {
   auto e = Engine::load(std::string(KESTREL_TEST_DATA) + "/gguf/k3_micro_q4_0.gguf");
   ASSERT_TRUE(e) << e.error().message();
-  std::printf("GGUF int8 mode: %s\n", kernels::gguf_int8_applies(kernels::WeightMatrix{kernels::WeightFormat::kGgufQ4_0})
+  std::printf("GGUF int8 mode: %s\n", kernels::gguf_int8_applies(kernels::WeightMatrix{kernels::WeightFormat::kGgufQ8_0})
                                          ? "on" : "off (neither AVX-512 VNNI nor AVX2: exact path)");
   SchedulerConfig c;
   c.cache.budget_bytes = 64ll << 20;

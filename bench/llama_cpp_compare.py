@@ -308,6 +308,8 @@ def main():
     ap.add_argument("--out-json", default="llama_cpp_compare.json")
     ap.add_argument("--out-md", default="llama_cpp_compare.md")
     args = ap.parse_args()
+    if args.tg < 1:
+        ap.error("-n/--tg must be at least 1 (every row reports a decode rate and its roofline fraction)")
     pps = [int(x) for x in args.pp.split(",")]
     engines = args.engines.split(",")
     if args.llama_cpp_src:

@@ -10,7 +10,8 @@
 //      the grouped path's operations in its order.
 // Two barriers (after A, after B) instead of the grouped path's three regions (gate/up, activation, down)
 // with their quantization barriers and serial gather and combine. Items are dynamically scheduled, so
-// both cores stay busy whatever the token count per expert. Every product is the small-T int8 kernel
+// both cores stay busy whatever the token count per expert. Every product goes through gguf_int8_product(_at):
+// Q4_0 on its packed rows (gguf_q4_x16.h, one kernel at every T); Q8_0 / MXFP4 on the small-T kernel
 // (gguf_int8_rows_at) or, for the shared experts at T ≥ gguf_int8_gemm_min_tokens and the routed experts that
 // receive that many tokens (prefill), the GEMM form (gguf_int8_gemm_rows / _at), all of which give each
 // token the bits matmul_many gives it: the result equals forward_grouped's bit for bit.

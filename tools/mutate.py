@@ -197,7 +197,7 @@ NEEDS_CPU_FLAG["q4_x16_compensation_dropped"] = "avx512_vnni"
 MUTATIONS["q4_x16_compensation_dropped"] = (
     "src/kernels/cpu/gguf_q4_x16_avx512.cpp",
     "      __m512i s = _mm512_set1_epi32(C[t][4 * b]);",
-    "      __m512i s = _mm512_setzero_si512();",
+    "      __m512i s = _mm512_set1_epi32(0 * C[t][4 * b]);",
     "GgufQ4x16",
     "the AVX-512 packed Q4_0 kernel forgets the −8·Σq of each block (codes used as 0..15, not −8..7)")
 NEEDS_CPU_FLAG["q4_x16_avx2_scale_unfused"] = "avx2"

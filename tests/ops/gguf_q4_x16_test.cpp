@@ -28,6 +28,10 @@ std::vector<uint8_t> random_q4_0(int64_t out, int64_t in, std::mt19937& rng) {
     const uint16_t h = static_cast<uint16_t>((rng() & 0x8000u) | ((5 + rng() % 14) << 10) | (rng() & 0x3ffu));
     std::memcpy(&data[b], &h, 2);
   }
+  // Rows 0..3 all codes 0 (−8), rows 4..7 all 15 (+7): the largest block sums, whose products with d_w are
+  // not exact in fp32, so the order of the scale products shows in the bits.
+  for (int64_t r = 0; r < std::min<int64_t>(out, 8); ++r)
+    for (int64_t b = 0; b < in / 32; ++b) std::memset(&data[static_cast<size_t>((r * (in / 32) + b) * 18 + 2)], r < 4 ? 0x00 : 0xff, 16);
   return data;
 }
 
@@ -37,6 +41,8 @@ std::vector<float> random_x(int64_t T, int64_t in, std::mt19937& rng) {
   for (auto& v : x) v = dist(rng);
   if (T > 1)
     for (int j = 0; j < 32; ++j) x[static_cast<size_t>(in + j)] = 0;  // token 1, block 0: all zero (d = 0)
+  if (T > 2)  // token 2 all positive: with the constant-code rows below, block sums of 15 bits and more
+    for (int64_t k = 0; k < in; ++k) x[static_cast<size_t>(2 * in + k)] = 1.0f + std::fabs(x[static_cast<size_t>(2 * in + k)]) / 2;
   return x;
 }
 

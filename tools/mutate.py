@@ -207,6 +207,13 @@ MUTATIONS["q4_x16_avx2_scale_unfused"] = (
     "      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s), dw), _mm256_set1_ps(D[t][b]), acc[t]);",
     "GgufQ4x16",
     "the AVX2 packed Q4_0 kernel multiplies the block sum by d_w before d_x (another rounding than d_w·d_x)")
+NEEDS_CPU_FLAG["q4_x16_avx2_one_token_scales_swapped"] = "avx2"
+MUTATIONS["q4_x16_avx2_one_token_scales_swapped"] = (
+    "src/kernels/cpu/gguf_q4_x16_avx2.cpp",
+    "    const __m256 dw1 = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(p + 16)));",
+    "    const __m256 dw1 = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(p + 0 * 16)));",
+    "GgufQ4x16",
+    "the AVX2 one-token form gives rows 8..15 of a group the scales of rows 0..7")
 NEEDS_CPU_FLAG["prefill_attention_values_unfused"] = "avx512f"
 MUTATIONS["prefill_attention_values_unfused"] = (
     "src/kernels/cpu/prefill_attention.cpp",

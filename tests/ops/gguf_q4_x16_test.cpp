@@ -147,6 +147,12 @@ class GgufQ4x16Kernel : public ::testing::TestWithParam<Shape> {
       for (int64_t r = 0; r < out; ++r)
         ASSERT_EQ(got[static_cast<size_t>(i * out + r)], all[static_cast<size_t>(tok[static_cast<size_t>(i)] * out + r)])
             << "pick " << i << " row " << r;
+    for (int32_t one : {12, 0, 5}) {  // one picked token (a decode step's routed expert): the one-token form
+      std::vector<float> y1(static_cast<size_t>(out), -1.0f);
+      fn(p.w, a, &one, 1, y1.data(), out, 0, out);
+      for (int64_t r = 0; r < out; ++r)
+        ASSERT_EQ(y1[static_cast<size_t>(r)], all[static_cast<size_t>(one * out + r)]) << "alone: token " << one << " row " << r;
+    }
   }
 };
 

@@ -67,6 +67,40 @@ KESTREL_AVX2 void tile(const uint8_t* g, int64_t nb, int h, const int8_t* const*
   }
 }
 
+// One token against a whole group (both halves in one pass, each activation broadcast made once): the
+// decode form, where the two-pass tile above is bound by its instruction count. The same integers and
+// float operations per row, so the same bits.
+KESTREL_AVX2 void tile1(const uint8_t* g, int64_t nb, const int8_t* x, const int32_t* c, const float* d, float* y, int first,
+                        int count) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  const __m256i nib = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = g + b * kQ4x16BlockBytes;
+    const int8_t* xb = x + b * 32;
+    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) {
+      const __m256i xl = bcast4(xb + 4 * u), xh = bcast4(xb + 16 + 4 * u);
+      const __m256i r0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 32 + 64 * u));
+      const __m256i r1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 64 + 64 * u));
+      s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(_mm256_and_si256(r0, nib), xl));
+      s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_and_si256(r1, nib), xl));
+      s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(r0, 4), nib), xh));
+      s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(r1, 4), nib), xh));
+    }
+    const __m256i n = _mm256_set1_epi32(c[4 * b]);
+    const __m256 dx = _mm256_set1_ps(d[b]);
+    const __m256 dw0 = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256 dw1 = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(p + 16)));
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(s0, ones), n)), _mm256_mul_ps(dw0, dx), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(s1, ones), n)), _mm256_mul_ps(dw1, dx), acc1);
+  }
+  alignas(32) float v[16];
+  _mm256_store_ps(v, acc0);
+  _mm256_store_ps(v + 8, acc1);
+  std::memcpy(y + first, v + first, static_cast<size_t>(count) * sizeof(float));
+}
+
 template <int N>
 KESTREL_AVX2 void tile_at(const uint8_t* g, int64_t nb, int h, const Q8Acts& a, const int32_t* tok, int64_t i0, float* y,
                           int64_t ldy, int first, int count) {
@@ -106,6 +140,15 @@ KESTREL_AVX2 void q4_x16_rows_avx2(const WeightMatrix& w, const Q8Acts& a, const
     for (int64_t i = 0; i < n; ++i) KCHECK(tok[i] >= 0 && tok[i] < a.T, "q4_x16_rows_avx2: token index out of range");
   if (r0 >= r1 || n <= 0) return;
   const int64_t nb = a.nb, gbytes = nb * kQ4x16BlockBytes;
+  if (n == 1) {  // decode: one pass per group
+    const int64_t P = a.nc * 128, t = tok ? tok[0] : 0;
+    for (int64_t g = r0 / kQ4x16Rows; g * kQ4x16Rows < r1; ++g) {
+      const int64_t lo = std::max(r0, g * kQ4x16Rows), hi = std::min(r1, (g + 1) * kQ4x16Rows);
+      tile1(w.packed + g * gbytes, nb, a.q.data() + t * P, a.n4.data() + t * (P / 8), a.d.data() + t * (P / 32),
+            y + g * kQ4x16Rows, static_cast<int>(lo - g * kQ4x16Rows), static_cast<int>(hi - lo));
+    }
+    return;
+  }
   for (int64_t p0 = 0; p0 < n; p0 += kPass) {
     const int64_t p1 = std::min(n, p0 + kPass);
     for (int64_t g = r0 / kQ4x16Rows; g * kQ4x16Rows < r1; ++g)

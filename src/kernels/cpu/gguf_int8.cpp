@@ -58,7 +58,7 @@ void q8_acts_prepare(Q8Acts& a, int64_t T, int64_t in, bool gemm_q4, bool gemm_q
   if (a.d.size() < n / 32) a.d.resize(n / 32);
   if (gemm_q4 && a.n4.size() < n / 8) a.n4.resize(n / 8);
   if (gemm_mx && a.n12.size() < n / 8) a.n12.resize(n / 8);
-  if ((gemm_q4 || gemm_mx) && a.dx4.size() < n / 8) a.dx4.resize(n / 8);
+  if (gemm_mx && a.dx4.size() < n / 8) a.dx4.resize(n / 8);
   if (gemm_q8 && a.n8.size() < n / 4) a.n8.resize(n / 4), a.dx8.resize(n / 4);
 }
 
@@ -97,7 +97,7 @@ void q8_acts_fill_chunks(const float* xr, int64_t t, int64_t c0, int64_t c1, Q8A
     std::memcpy(qg + c * 128 + 64 + k * 16, qb + 16, 16);
     for (int i = 0; i < 4; ++i) comp[c * 16 + k * 4 + i] = i == 0 ? s : 0;
   }
-  if (a.gemm_q4 || a.gemm_mx) {
+  if (a.gemm_mx) {
     float* dx4 = a.dx4.data() + t * (P / 8);
     for (int64_t l = 16 * c0; l < 16 * c1; ++l) dx4[l] = d[(l / 16) * 4 + (l % 16) / 4];
   }

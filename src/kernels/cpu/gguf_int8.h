@@ -31,8 +31,9 @@ namespace kestrel::kernels {
 //                     (the u8-offset compensation, multiplied by −12 for MXFP4);
 //   d    [T, nc·4]    fp32 value of each block's fp16 scale (0 for padding).
 // With gemm_q4 / gemm_mx / gemm_q8, derived once per token:
-//   n4, dx4 [T, nc·16]  lane 4k+i of chunk c: −8·comp (the packed Q4_0 kernels' block compensation,
-//                       gguf_q4_x16.h), and d of block 4c + k (MXFP4 lanes, with n12);
+//   n4      [T, nc·16]  lane 4k+i of chunk c: −8·comp (the packed Q4_0 kernels' block compensation,
+//                       gguf_q4_x16.h; gemm_q4);
+//   dx4     [T, nc·16]  lane 4k+i of chunk c: d of block 4c + k (MXFP4 lanes, with n12; gemm_mx);
 //   n12     [T, nc·16]  −12·comp (MXFP4 lanes; with dx4): the GEMM form's input, and the VBMI small-T
 //                       loader's when present;
 //   n8, dx8 [T, nc·32]  half h, lane l: −128·Σ of q over elements 64h + 4l .. +3 of the chunk, and

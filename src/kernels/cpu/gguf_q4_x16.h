@@ -40,6 +40,18 @@ AlignedVector<uint8_t> pack_q4_0_x16(const WeightMatrix& w);
 // start at row r0.
 WeightMatrix q4_0_row_view(const WeightMatrix& w, int64_t r0, int64_t n);
 
+// What the packed kernels read of activation token t: its codes (natural order), −8·Σq per block (at
+// 4·b of n4) and the fp32 block scales.
+struct Q4x16Token {
+  const int8_t* q;
+  const int32_t* n4;
+  const float* d;
+};
+inline Q4x16Token q4_x16_token(const Q8Acts& a, int64_t t) {
+  const int64_t P = a.nc * 128;
+  return {a.q.data() + t * P, a.n4.data() + t * (P / 8), a.d.data() + t * (P / 32)};
+}
+
 // y[i·ldy + r] for r in [r0, r1) and n tokens: activation token tok[i], or i itself when tok is null.
 // `a` needs its Q4_0 layout (Q8Acts::gemm_q4: the −8·Σq of each block). Serial; callers split rows
 // (any split: a partial group is computed whole and stored masked, the bits do not depend on it).

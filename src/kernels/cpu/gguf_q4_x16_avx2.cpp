@@ -104,15 +104,12 @@ KESTREL_AVX2 void tile1(const uint8_t* g, int64_t nb, const int8_t* x, const int
 template <int N>
 KESTREL_AVX2 void tile_at(const uint8_t* g, int64_t nb, int h, const Q8Acts& a, const int32_t* tok, int64_t i0, float* y,
                           int64_t ldy, int first, int count) {
-  const int64_t P = a.nc * 128;
   const int8_t* X[N];
   const int32_t* C[N];
   const float* D[N];
   for (int i = 0; i < N; ++i) {
-    const int64_t t = tok ? tok[i0 + i] : i0 + i;
-    X[i] = a.q.data() + t * P;
-    C[i] = a.n4.data() + t * (P / 8);
-    D[i] = a.d.data() + t * (P / 32);
+    const Q4x16Token k = q4_x16_token(a, tok ? tok[i0 + i] : i0 + i);
+    X[i] = k.q, C[i] = k.n4, D[i] = k.d;
   }
   tile<N>(g, nb, h, X, C, D, y + i0 * ldy, ldy, first, count);
 }
@@ -141,11 +138,11 @@ KESTREL_AVX2 void q4_x16_rows_avx2(const WeightMatrix& w, const Q8Acts& a, const
   if (r0 >= r1 || n <= 0) return;
   const int64_t nb = a.nb, gbytes = nb * kQ4x16BlockBytes;
   if (n == 1) {  // decode: one pass per group
-    const int64_t P = a.nc * 128, t = tok ? tok[0] : 0;
+    const Q4x16Token k = q4_x16_token(a, tok ? tok[0] : 0);
     for (int64_t g = r0 / kQ4x16Rows; g * kQ4x16Rows < r1; ++g) {
       const int64_t lo = std::max(r0, g * kQ4x16Rows), hi = std::min(r1, (g + 1) * kQ4x16Rows);
-      tile1(w.packed + g * gbytes, nb, a.q.data() + t * P, a.n4.data() + t * (P / 8), a.d.data() + t * (P / 32),
-            y + g * kQ4x16Rows, static_cast<int>(lo - g * kQ4x16Rows), static_cast<int>(hi - lo));
+      tile1(w.packed + g * gbytes, nb, k.q, k.n4, k.d, y + g * kQ4x16Rows, static_cast<int>(lo - g * kQ4x16Rows),
+            static_cast<int>(hi - lo));
     }
     return;
   }

@@ -67,15 +67,12 @@ KESTREL_AVX512 void tile(const uint8_t* g, int64_t nb, const int8_t* const* X, c
 template <int N>
 KESTREL_AVX512 void tile_at(const uint8_t* g, int64_t nb, const Q8Acts& a, const int32_t* tok, int64_t i0, float* y,
                             int64_t ldy, __mmask16 mask) {
-  const int64_t P = a.nc * 128;
   const int8_t* X[N];
   const int32_t* C[N];
   const float* D[N];
   for (int i = 0; i < N; ++i) {
-    const int64_t t = tok ? tok[i0 + i] : i0 + i;
-    X[i] = a.q.data() + t * P;
-    C[i] = a.n4.data() + t * (P / 8);
-    D[i] = a.d.data() + t * (P / 32);
+    const Q4x16Token k = q4_x16_token(a, tok ? tok[i0 + i] : i0 + i);
+    X[i] = k.q, C[i] = k.n4, D[i] = k.d;
   }
   tile<N>(g, nb, X, C, D, y + i0 * ldy, ldy, mask);
 }

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/dsa_indexer.h"
 #include "kernels/cpu/kv_row.h"
 #include "kernels/cpu/lane_dot.h"
@@ -132,6 +133,42 @@ TEST(SparseMla, AQuerysBitsDependOnNothingElse) {
       const std::vector<float> part(all.begin() + t * c.H * c.lora, all.begin() + (t + 1) * c.H * c.lora);
       EXPECT_EQ(alone, part) << "query " << t;
     }
+  }
+}
+
+// Dense causal MLA (attention.h) is the tile kernel with every causal row selected: causal_attention equals
+// the scalar definition over idx = 0..L−T+t, bit for bit, on 1, 2 and 3 threads (head groups of the whole
+// query, of H / threads heads, partial ones), and several sequences in one call equal the calls one by one.
+TEST(SparseMla, DenseCausalAttentionIsTheKernelOverEveryRow) {
+  uint32_t seed = 11;
+  for (const Case& c : kCases) {
+    Paged s = make(c, seed++);
+    s.idx.assign(static_cast<size_t>(c.T * c.L), -1);
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t j = 0; j <= c.L - c.T + t; ++j) s.idx[static_cast<size_t>(t * c.L + j)] = static_cast<int32_t>(j);
+    s.a.topk = c.L, s.a.idx = s.idx.data();
+    const std::vector<float> want = run(s.a, true);
+    kernels::AttentionArgs d;
+    d.T = c.T, d.L = c.L, d.H = c.H, d.Dk = s.a.Dk, d.Dv = s.a.Dv, d.q = s.a.q, d.pages = s.a.pages;
+    d.page_tokens = s.a.page_tokens, d.row = s.a.row, d.scale = s.a.scale;
+    for (int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      std::vector<float> got(want.size(), -7.0f);
+      d.out = got.data();
+      kernels::causal_attention(d);
+      EXPECT_EQ(got, want) << "T " << c.T << " H " << c.H << " lora " << c.lora << " threads " << threads;
+    }
+    omp_set_num_threads(2);
+    // Each query as a sequence of its own (the decode segments of a batch), all in one call.
+    std::vector<kernels::AttentionArgs> many;
+    std::vector<float> got(want.size(), -7.0f);
+    for (int64_t t = 0; t < c.T; ++t) {
+      kernels::AttentionArgs one = d;
+      one.T = 1, one.L = c.L - c.T + t + 1, one.q = d.q + t * c.H * d.Dk, one.out = got.data() + t * c.H * d.Dv;
+      many.push_back(one);
+    }
+    kernels::causal_attention_many(many);
+    EXPECT_EQ(got, want) << "T " << c.T << " H " << c.H << " lora " << c.lora << " as " << c.T << " sequences";
   }
 }
 

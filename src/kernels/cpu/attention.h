@@ -1,8 +1,9 @@
-// Causal softmax attention, fp32 arithmetic, one sequence. One kernel serves both MLA forms:
-//   expanded (prefill): per-head keys/values [L, H, D]        → k_head_stride = D
-//   absorbed (decode):  one shared 576-wide latent key row; values are its first 512 entries
-//                       → k_head_stride = v_head_stride = 0 (MQA)
-// Queries are the LAST T of the L positions: query t (absolute L-T+t) attends keys 0..L-T+t.
+// Causal attention of MLA's absorbed (MQA) form over paged latent rows, fp32 arithmetic: every head of query t
+// (absolute position L−T+t) attends rows 0..L−T+t; a head's key is the row's first Dk elements, its value the
+// first Dv. It runs the key-tile kernel of sparse MLA (sparse_mla_tiles.h) with every causal row selected, so
+// its bits are sparse_mla_attention's (dsa_indexer.h) for idx = 0..L−T+t: a query's result does not depend on
+// the other queries or sequences, the head grouping, the thread count or the ISA path. (Long prefill chunks
+// run the expanded form, prefill_attention.h.)
 #pragma once
 
 #include <cstdint>
@@ -13,22 +14,15 @@
 namespace kestrel::kernels {
 
 struct AttentionArgs {
-  int64_t T = 0, L = 0, H = 0, Dk = 0, Dv = 0;
-  const float* q = nullptr;  // [T, H, Dk]
-  const float* k = nullptr;  // element (j, h, d) at k[j*k_token_stride + h*k_head_stride + d]
-  int64_t k_token_stride = 0, k_head_stride = 0;
-  const float* v = nullptr;  // element (j, h, d) at v[j*v_token_stride + h*v_head_stride + d]
-  int64_t v_token_stride = 0, v_head_stride = 0;
-  float scale = 1.0f;
-  float* out = nullptr;  // [T, H, Dv]
-  // Paged latent rows (optional, the absorbed form): when set, k, v and their strides are unused; token
-  // j's row is at pages[j / page_tokens] + (j % page_tokens) · row.bytes(), stored in row.dtype; every
-  // head's key is the row's first Dk elements and its value the first Dv (MQA). Rows that are not fp32
-  // are decoded on load (kv_row.h), each once per group of heads of a query (up to 8, fewer when the
-  // groups would leave threads idle); fp32 rows are read in place.
+  int64_t T = 0, L = 0, H = 0, Dk = 0, Dv = 0;  // queries are the last T of L positions
+  const float* q = nullptr;                     // [T, H, Dk]
+  // Token j's row is at pages[j / page_tokens] + (j % page_tokens) · row.bytes(), stored in row.dtype (rows
+  // that are not fp32 are decoded on load, kv_row.h, once per tile for a query's group of heads).
   const uint8_t* const* pages = nullptr;
   int64_t page_tokens = 0;
   KvRowFormat row;
+  float scale = 1.0f;
+  float* out = nullptr;  // [T, H, Dv]
 };
 
 void causal_attention(const AttentionArgs& a);

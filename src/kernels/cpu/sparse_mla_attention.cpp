@@ -1,10 +1,11 @@
-// Sparse MLA over gathered latent rows (dsa_indexer.h: sparse_mla_attention), in key tiles: the selected rows
-// of a query are taken kSparseKeyTile at a time (decoded once per tile for the whole group of heads when
-// the cache is not fp32), every head scores the tile four rows per pass over its query (lane_dot.h), takes one
-// online-softmax step for the tile (one rescale, one exp per key) and accumulates the tile's values into its
-// output once per tile. The scalar definition below, the AVX-512 form and the AVX2 + FMA form
-// (sparse_mla_attention_avx2.cpp) compute the same bits; a head's result does not depend on the head grouping,
-// the thread count or the other queries.
+// Latent attention (MLA's absorbed form) in key tiles, for sparse MLA (dsa_indexer.h: sparse_mla_attention,
+// each query's selected rows) and for dense causal MLA (attention.h: causal_attention, through
+// sparse_tiles::latent_heads): a query's rows are taken kSparseKeyTile at a time (decoded once per tile for the
+// whole group of heads when the cache is not fp32), every head scores the tile four rows per pass over its
+// query (lane_dot.h), takes one online-softmax step for the tile (one rescale, one exp per key) and accumulates
+// the tile's values into its output once per tile. The scalar definition below, the AVX-512 form and the
+// AVX2 + FMA form (sparse_mla_attention_avx2.cpp) compute the same bits; a head's result does not depend on
+// the head grouping, the thread count or the other queries.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -29,8 +30,6 @@
 
 namespace kestrel::kernels {
 namespace {
-
-constexpr int64_t kMaxHeadGroup = 16;
 
 // One tile step of one head: scores s (scaled), running max m and sum l, output o over Dv.
 void tile_step_reference(const float* q, const float* const* rows, int64_t n, const SparseMlaArgs& a, float& m,
@@ -144,11 +143,32 @@ bool has_avx512() {
   return yes;
 }
 
-enum class Path { kScalar, kAvx2, kAvx512 };
+using sparse_tiles::kMaxHeadGroup;
+using sparse_tiles::Path;
 
-// Heads [h0, h0 + nh) of query t.
-void sparse_heads(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh, Path path) {
-  const int32_t* idx = a.idx + t * a.topk;
+void run(const SparseMlaArgs& a, Path path) {
+  if (a.H <= 0 || a.T <= 0) return;
+  // Work items are (query, group of heads): as many heads as still leave two items per thread, so a
+  // tile of decoded rows serves the whole group.
+  const int64_t G = std::clamp<int64_t>(a.T * a.H / (2 * omp_get_max_threads()), 1, std::min(kMaxHeadGroup, a.H));
+  const int64_t groups = (a.H + G - 1) / G;
+  parallel_for(0, a.T * groups, 1, true, [&](int64_t i) {
+    const int64_t t = i / groups, h0 = (i % groups) * G;
+    sparse_tiles::latent_heads(a, t, h0, std::min(G, a.H - h0), a.idx + t * a.topk, a.topk, path);
+  });
+}
+
+}  // namespace
+
+namespace sparse_tiles {
+
+Path best_path() {
+  return has_avx512() ? Path::kAvx512 : sparse_mla_attention_avx2_supported() ? Path::kAvx2 : Path::kScalar;
+}
+
+void latent_heads(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh, const int32_t* idx, int64_t count,
+                  Path path) {
+  KCHECK(nh >= 1 && nh <= kMaxHeadGroup, "latent_heads: 1 to 16 heads per call");
   const int64_t row_bytes = a.row.bytes(), row_n = std::max(a.Dk, a.Dv);
   float* buf = a.row.dtype != KvCacheDtype::kF32
                    ? thread_scratch(kScratchKvRow, static_cast<size_t>(kSparseKeyTile * row_n))
@@ -160,10 +180,10 @@ void sparse_heads(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh, Pat
     std::fill(o, o + a.Dv, 0.0f);
   }
   const float* rows[kSparseKeyTile];
-  for (int64_t i = 0; i < a.topk;) {
+  for (int64_t i = 0; i < count;) {
     int64_t n = 0;
-    for (; i < a.topk && n < kSparseKeyTile; ++i) {
-      const int32_t j = idx[i];
+    for (; i < count && n < kSparseKeyTile; ++i) {
+      const int64_t j = idx ? idx[i] : i;
       if (j < 0) continue;
       const uint8_t* src = a.pages[j / a.page_tokens] + (j % a.page_tokens) * row_bytes;
       rows[n] = kv_row_floats(a.row, src, row_n, buf ? buf + n * row_n : nullptr);
@@ -185,12 +205,12 @@ void sparse_heads(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh, Pat
     if (path == Path::kAvx2)
       for (; g + 2 <= nh; g += 2) {  // two heads per pass
         at(g), at(g + 1);
-        sparse_tiles::tile_step_avx2(2, q, rows, n, a, m + g, l + g, o);
+        tile_step_avx2(2, q, rows, n, a, m + g, l + g, o);
       }
     for (; g < nh; ++g) {
       at(g);
       if (path == Path::kAvx512) tile_step_avx512<1>(q, rows, n, a, m + g, l + g, o);
-      else if (path == Path::kAvx2) sparse_tiles::tile_step_avx2(1, q, rows, n, a, m + g, l + g, o);
+      else if (path == Path::kAvx2) tile_step_avx2(1, q, rows, n, a, m + g, l + g, o);
       else tile_step_reference(q[0], rows, n, a, m[g], l[g], o[0]);
     }
   }
@@ -201,28 +221,14 @@ void sparse_heads(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh, Pat
   }
 }
 
-void run(const SparseMlaArgs& a, Path path) {
-  if (a.H <= 0 || a.T <= 0) return;
-  // Work items are (query, group of heads): as many heads as still leave two items per thread, so a
-  // tile of decoded rows serves the whole group.
-  const int64_t G = std::clamp<int64_t>(a.T * a.H / (2 * omp_get_max_threads()), 1, std::min(kMaxHeadGroup, a.H));
-  const int64_t groups = (a.H + G - 1) / G;
-  parallel_for(0, a.T * groups, 1, true, [&](int64_t i) {
-    const int64_t t = i / groups, h0 = (i % groups) * G;
-    sparse_heads(a, t, h0, std::min(G, a.H - h0), path);
-  });
-}
-
-}  // namespace
+}  // namespace sparse_tiles
 
 bool sparse_mla_attention_avx2_supported() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
 }
 
-void sparse_mla_attention(const SparseMlaArgs& a) {
-  run(a, has_avx512() ? Path::kAvx512 : sparse_mla_attention_avx2_supported() ? Path::kAvx2 : Path::kScalar);
-}
+void sparse_mla_attention(const SparseMlaArgs& a) { run(a, sparse_tiles::best_path()); }
 
 void sparse_mla_attention_avx2(const SparseMlaArgs& a) {
   KCHECK(sparse_mla_attention_avx2_supported(), "sparse_mla_attention_avx2: this CPU lacks AVX2 or FMA");

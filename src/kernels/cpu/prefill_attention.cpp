@@ -7,6 +7,7 @@
 #endif
 #include "kernels/cpu/avx512_mask.h"
 #include "kernels/cpu/prefill_attention.h"
+#include "kernels/cpu/exp_lanes.h"
 #include "kernels/cpu/prefill_attention_tiles.h"
 
 #include <immintrin.h>
@@ -58,17 +59,6 @@ void reference_one(const PrefillAttentionArgs& a, int64_t t, int64_t h) {
   }
   const float inv = 1.0f / l;
   for (int64_t d = 0; d < a.Dv; ++d) o[d] *= inv;
-}
-
-KESTREL_AVX512 inline __m512 exp16(__m512 x) {
-  const __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpMin), _CMP_GE_OQ);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo), r);
-  __m512 p = _mm512_set1_ps(kTaylor[7]);
-  for (int i = 6; i >= 0; --i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kTaylor[i]));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps(ok, p, _mm512_castsi512_ps(e));
 }
 
 KESTREL_AVX512 void scale_row(float* o, int64_t n, float r) {

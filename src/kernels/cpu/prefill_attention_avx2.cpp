@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "kernels/cpu/avx2_lanes.h"
+#include "kernels/cpu/exp_lanes.h"
 #include "kernels/cpu/prefill_attention_tiles.h"
 
 #define KESTREL_AVX2 __attribute__((target("avx2,fma")))
@@ -22,18 +23,6 @@ namespace {
 
 constexpr int64_t kHalf = 16;  // keys per score tile
 
-
-// prefill_exp on 8 lanes: the same operations in the same order (0 below kExpMin, as the scalar form).
-KESTREL_AVX2 inline __m256 exp8(__m256 x) {
-  const __m256 ok = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_GE_OQ);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(kTaylor[7]);
-  for (int i = 6; i >= 0; --i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kTaylor[i]));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(ok, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
 
 KESTREL_AVX2 void scale_row(float* o, int64_t n, float r) {
   const __m256 rv = _mm256_set1_ps(r);

@@ -19,6 +19,7 @@
 #include "base/check.h"
 #include "kernels/cpu/avx512_mask.h"
 #include "kernels/cpu/dsa_indexer.h"
+#include "kernels/cpu/exp_lanes.h"
 #include "kernels/cpu/kv_row.h"
 #include "kernels/cpu/lane_dot.h"
 #include "kernels/cpu/parallel.h"
@@ -96,12 +97,10 @@ KESTREL_AVX512 void tile_step_avx512(const float* const* q, const float* const* 
   }
   __m512 rv[U];
   bool rescale[U];
-  for (int u = 0; u < U; ++u) {
-    float mb = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) {
-      s[u][j] *= a.scale;
-      mb = std::max(mb, s[u][j]);
-    }
+  const __mmask16 live = lanes(n, 0);
+  for (int u = 0; u < U; ++u) {  // the tile's scores are one vector: scale, max and exp on 16 lanes
+    const __m512 sv = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, s[u]), _mm512_set1_ps(a.scale));
+    const float mb = _mm512_mask_reduce_max_ps(live, sv);
     float r = 1.0f;
     rescale[u] = mb > m[u];
     if (rescale[u]) {
@@ -109,10 +108,8 @@ KESTREL_AVX512 void tile_step_avx512(const float* const* q, const float* const* 
       l[u] *= r;
       m[u] = mb;
     }
-    for (int64_t j = 0; j < n; ++j) {
-      s[u][j] = prefill_exp(s[u][j] - m[u]);
-      l[u] += s[u][j];
-    }
+    _mm512_storeu_ps(s[u], exp16(_mm512_sub_ps(sv, _mm512_set1_ps(m[u]))));
+    for (int64_t j = 0; j < n; ++j) l[u] += s[u][j];  // the sum in key order, as the definition
     rv[u] = _mm512_set1_ps(r);
   }
   constexpr int W = U == 1 ? 4 : 2;  // 16-lane chunks of the output per pass: U · W accumulators

@@ -3,8 +3,8 @@
 //   - a score is lane_dot's: 16 lanes (here two ymm halves, lanes 0–7 and 8–15), lane l taking the fma of
 //     the elements d ≡ l (mod 16) in d order (lanes past Dk untouched), then lane_dot's sum tree, then · scale;
 //     register tile of 2 heads × 2 rows (8 accumulators, the 4 row halves and a query half in registers);
-//   - per head: the tile's max, the rescale of l and o when it exceeds m, prefill_exp of each score minus the
-//     max, l summed in order (scalar code, as the definition);
+//   - per head: the tile's max, the rescale of l and o when it exceeds m (scalar code, as the definition),
+//     prefill_exp of each score minus the max on 8 lanes (exp8, the same bits), l summed in key order;
 //   - values: o = fma(p_j, row_j, o) j ascending (o first scaled by the rescale factor where there is one),
 //     in tiles of 2 heads × 32 lanes.
 // Compiled with -ffp-contract=off (src/kernels/CMakeLists.txt): only the fmas written here are fused.
@@ -15,6 +15,7 @@
 
 #include "base/check.h"
 #include "kernels/cpu/avx2_lanes.h"
+#include "kernels/cpu/exp_lanes.h"
 #include "kernels/cpu/lane_dot.h"
 #include "kernels/cpu/prefill_attention.h"
 #include "kernels/cpu/sparse_mla_tiles.h"
@@ -128,10 +129,10 @@ KESTREL_AVX2 void step(const float* const* q, const float* const* rows, int64_t 
       l[u] *= r[u];
       m[u] = mb;
     }
-    for (int64_t j = 0; j < n; ++j) {
-      s[u][j] = prefill_exp(s[u][j] - m[u]);
-      l[u] += s[u][j];
-    }
+    const __m256 mv = _mm256_set1_ps(m[u]);
+    for (int64_t h = 0; 8 * h < n; ++h)  // exp on 8 lanes (lanes past n read as 0 and are never used)
+      _mm256_storeu_ps(s[u] + 8 * h, exp8(_mm256_sub_ps(_mm256_maskload_ps(s[u] + 8 * h, lanes8(n, h)), mv)));
+    for (int64_t j = 0; j < n; ++j) l[u] += s[u][j];  // the sum in key order, as the definition
   }
   int64_t c = 0;
   for (; c + 32 <= a.Dv; c += 32) values_chunk<U, 4>(o, s, r, rescale, rows, n, c);

@@ -228,6 +228,26 @@ MUTATIONS["sparse_mla_tile_rescale_dropped"] = (
     "        if (false && rescale[u]) acc[u][w] = _mm512_mul_ps(acc[u][w], rv[u]);",
     "SparseMla",
     "the AVX-512 sparse MLA tile keeps the output accumulated under an older, smaller running max")
+MUTATIONS["dense_mla_last_row_dropped"] = (
+    "src/kernels/cpu/attention.cpp",
+    "nullptr, a.L - a.T + t + 1, path);",
+    "nullptr, a.L - a.T + t, path);",
+    "SparseMla|KvRowKernels|DsaGolden|GoldenTest.*deepseek",
+    "dense causal MLA leaves out the query's own row (the key it just appended)")
+NEEDS_CPU_FLAG["sparse_mla_tile_exp_unshifted"] = "avx512f"
+MUTATIONS["sparse_mla_tile_exp_unshifted"] = (
+    "src/kernels/cpu/sparse_mla_attention.cpp",
+    "    _mm512_storeu_ps(s[u], exp16(_mm512_sub_ps(sv, _mm512_set1_ps(m[u]))));",
+    "    _mm512_storeu_ps(s[u], exp16(_mm512_sub_ps(sv, _mm512_set1_ps(mb))));",
+    "SparseMla",
+    "the AVX-512 tile takes exp of the scores minus the tile's max, not the running max")
+NEEDS_CPU_FLAG["sparse_mla_scores_rows_swapped"] = "avx512f"
+MUTATIONS["sparse_mla_scores_rows_swapped"] = (
+    "src/kernels/cpu/sparse_mla_attention.cpp",
+    "      acc[u][2] = _mm512_fmadd_ps(qv, r2, acc[u][2]);",
+    "      acc[u][2] = _mm512_fmadd_ps(qv, r3, acc[u][2]);",
+    "SparseMla",
+    "the AVX-512 score pass scores the fourth row of a group in place of the third")
 MUTATIONS["expanded_mla_reuse_unchecked"] = (
     "src/layers/mla_layer.cpp",
     "  while (reuse < known && std::memcmp(",

@@ -336,8 +336,8 @@ class DropInFirstTransfer : public kestrel::disagg::testing::ScriptedFaults {
 TEST_P(HandoffFault, DecodeConnectsToThePrefillListenerOverTcp) {
   PrefillHandoffOptions po;
   po.listen_host = "127.0.0.1";
-  DropInFirstTransfer drop;
-  po.worker.faults = &drop;
+  // Owned by the fixture: the pair's threads may still call it until close_pair in TearDown.
+  po.worker.faults = owned_faults_.emplace_back(std::make_unique<DropInFirstTransfer>()).get();
   if (kestrel::disagg::testing::expected_transports().count("tcp") == 0) {
     open_pair(po);
     EXPECT_EQ(prefill_->listener_port(), 0);

@@ -217,10 +217,17 @@ MUTATIONS["q4_x16_avx2_one_token_scales_swapped"] = (
 NEEDS_CPU_FLAG["prefill_attention_values_unfused"] = "avx512f"
 MUTATIONS["prefill_attention_values_unfused"] = (
     "src/kernels/cpu/prefill_attention.cpp",
-    "        for (int w = 0; w < 4; ++w) acc[u][w] = _mm512_fmadd_ps(b, vv[w], acc[u][w]);",
-    "        for (int w = 0; w < 4; ++w) acc[u][w] = _mm512_add_ps(_mm512_mul_ps(b, vv[w]), acc[u][w]);",
+    "      acc[u][2] = _mm512_fmadd_ps(b, v2, acc[u][2]);",
+    "      acc[u][2] = _mm512_add_ps(_mm512_mul_ps(b, v2), acc[u][2]);",
     "PrefillAttention",
     "the AVX-512 prefill attention rounds p·v before adding it (two roundings where its definition fuses)")
+NEEDS_CPU_FLAG["prefill_attention_second_group_weights_dropped"] = "avx512f"
+MUTATIONS["prefill_attention_second_group_weights_dropped"] = (
+    "src/kernels/cpu/prefill_attention.cpp",
+    "          add_weights<4>(p + g, l + i + g);",
+    "          if (g == 0) add_weights<4>(p + g, l + i + g);",
+    "PrefillAttention",
+    "the AVX-512 8-query score tile leaves its second group's weights out of their softmax sums")
 NEEDS_CPU_FLAG["sparse_mla_tile_rescale_dropped"] = "avx512f"
 MUTATIONS["sparse_mla_tile_rescale_dropped"] = (
     "src/kernels/cpu/sparse_mla_attention.cpp",

@@ -20,6 +20,9 @@
 #include "kernels/cpu/parallel.h"
 
 #define KESTREL_AVX512 __attribute__((target("avx512f,avx512dq,fma")))
+// Holds a vector in a register: GCC otherwise folds the key loads into every FMA that uses them (8 loads of
+// 64 bytes per 8 FMAs of a score tile, where 2 suffice).
+#define KESTREL_IN_ZMM(x) __asm__("" : "+v"(x))
 
 namespace kestrel::kernels {
 namespace {
@@ -69,28 +72,64 @@ KESTREL_AVX512 void scale_row(float* o, int64_t n, float r) {
   }
 }
 
-// o_u[c, c + 64) = fma(p_u[j], v_j, o_u) for j < n_u, j ascending, for the U queries of a tile that share
-// the key block's values (U = 4: every query sees all 32 keys; U = 1: one query, its own count).
+constexpr int W = 4;  // value vectors per chunk: 64 lanes
+
+// o_u[c, c + 64) = fma(p_u[j], v_j, o_u) for j < n, j ascending, for the U queries of a tile that share the key
+// block's values (U = 4: every query sees all 32 keys; U = 1: one query, its own count). Full chunks load and
+// store without masks (mask registers moved inside the key loop cost more than the fmas here).
+template <int U, bool kMasked>
+KESTREL_AVX512 inline void accumulate_chunk(float* const* o, const float (*p)[kKeyBlock], int64_t n, const float* v,
+                                            int64_t Dv, int64_t c) {
+  __mmask16 mk[W];
+  for (int w = 0; w < W; ++w) mk[w] = kMasked ? lanes(Dv - c, w) : __mmask16(0xffff);
+  __m512 acc[U][W];
+  for (int u = 0; u < U; ++u)
+    for (int w = 0; w < W; ++w)
+      acc[u][w] = kMasked ? _mm512_maskz_loadu_ps(mk[w], o[u] + c + 16 * w) : _mm512_loadu_ps(o[u] + c + 16 * w);
+  for (int64_t j = 0; j < n; ++j) {
+    const float* vj = v + j * Dv + c;
+    auto ld = [&](int w) { return kMasked ? _mm512_maskz_loadu_ps(mk[w], vj + 16 * w) : _mm512_loadu_ps(vj + 16 * w); };
+    __m512 v0 = ld(0), v1 = ld(1), v2 = ld(2), v3 = ld(3);  // named, so that they stay in registers
+    KESTREL_IN_ZMM(v0);
+    KESTREL_IN_ZMM(v1);
+    KESTREL_IN_ZMM(v2);
+    KESTREL_IN_ZMM(v3);
+    for (int u = 0; u < U; ++u) {
+      const __m512 b = _mm512_set1_ps(p[u][j]);
+      acc[u][0] = _mm512_fmadd_ps(b, v0, acc[u][0]);
+      acc[u][1] = _mm512_fmadd_ps(b, v1, acc[u][1]);
+      acc[u][2] = _mm512_fmadd_ps(b, v2, acc[u][2]);
+      acc[u][3] = _mm512_fmadd_ps(b, v3, acc[u][3]);
+    }
+  }
+  for (int u = 0; u < U; ++u)
+    for (int w = 0; w < W; ++w) {
+      if (kMasked) _mm512_mask_storeu_ps(o[u] + c + 16 * w, mk[w], acc[u][w]);
+      else _mm512_storeu_ps(o[u] + c + 16 * w, acc[u][w]);
+    }
+}
+
 template <int U>
 KESTREL_AVX512 void accumulate_values(float* const* o, const float (*p)[kKeyBlock], int64_t n, const float* v, int64_t Dv) {
-  for (int64_t c = 0; c < Dv; c += 64) {
-    const __mmask16 mk[4] = {lanes(Dv - c, 0), lanes(Dv - c, 1), lanes(Dv - c, 2), lanes(Dv - c, 3)};
-    __m512 acc[U][4];
-    for (int u = 0; u < U; ++u)
-      for (int w = 0; w < 4; ++w) acc[u][w] = _mm512_maskz_loadu_ps(mk[w], o[u] + c + 16 * w);
-    for (int64_t j = 0; j < n; ++j) {
-      const float* vj = v + j * Dv + c;
-      __m512 vv[4];
-      for (int w = 0; w < 4; ++w) vv[w] = _mm512_maskz_loadu_ps(mk[w], vj + 16 * w);
-      for (int u = 0; u < U; ++u) {
-        const __m512 b = _mm512_set1_ps(p[u][j]);
-        for (int w = 0; w < 4; ++w) acc[u][w] = _mm512_fmadd_ps(b, vv[w], acc[u][w]);
-      }
-    }
-    for (int u = 0; u < U; ++u)
-      for (int w = 0; w < 4; ++w) _mm512_mask_storeu_ps(o[u] + c + 16 * w, mk[w], acc[u][w]);
-  }
+  int64_t c = 0;
+  for (; c + 64 <= Dv; c += 64) accumulate_chunk<U, false>(o, p, n, v, Dv, c);
+  if (c < Dv) accumulate_chunk<U, true>(o, p, n, v, Dv, c);
 }
+
+// l_u += p_u[j] for the whole block, j ascending, for the N queries of a tile: each query's sum is its own chain
+// of 32 adds, the chains interleaved so their latencies overlap.
+template <int N>
+inline void add_weights(const float (*p)[kKeyBlock], float* l) {
+  float s[N];
+  for (int u = 0; u < N; ++u) s[u] = l[u];
+  for (int64_t j = 0; j < kKeyBlock; ++j)
+    for (int u = 0; u < N; ++u) s[u] += p[u][j];
+  for (int u = 0; u < N; ++u) l[u] = s[u];
+}
+
+// Queries per score tile here: 8 × 32 keys is 16 accumulators, with the two key vectors held in registers
+// (KESTREL_IN_ZMM) each fma has one broadcast of a query element and no load of its own.
+constexpr int64_t kScoreTile = 8;
 
 // Work item: head h, queries [t0, t1) (at most kQueryBlock).
 KESTREL_AVX512 void item_avx512(const PrefillAttentionArgs& a, int64_t h, int64_t t0, int64_t t1) {
@@ -98,7 +137,7 @@ KESTREL_AVX512 void item_avx512(const PrefillAttentionArgs& a, int64_t h, int64_
   const float* kt = a.kt + h * a.kt_head_stride;
   const float* vh = a.v + h * a.v_head_stride;
   float m[kQueryBlock], l[kQueryBlock];
-  alignas(64) float p[kQueryTile][kKeyBlock];
+  alignas(64) float p[kScoreTile][kKeyBlock];
   auto out_row = [&](int64_t i) { return a.out + ((t0 + i) * a.H + h) * Dv; };
   for (int64_t i = 0; i < nq; ++i) {
     m[i] = -INFINITY, l[i] = 0.0f;
@@ -107,21 +146,23 @@ KESTREL_AVX512 void item_avx512(const PrefillAttentionArgs& a, int64_t h, int64_
   const __m512 scale = _mm512_set1_ps(a.scale), neg_inf = _mm512_set1_ps(-INFINITY);
   for (int64_t kb = 0; kb <= off + t1 - 1; kb += kKeyBlock) {
     const float* blk = kt + kb * Dk;
-    for (int64_t i = std::max<int64_t>(0, kb - off - t0); i < nq; i += kQueryTile) {
-      const int64_t nt = std::min(kQueryTile, nq - i);
-      const float* qp[kQueryTile];
-      for (int64_t u = 0; u < kQueryTile; ++u) qp[u] = a.q + ((t0 + i + std::min(u, nt - 1)) * a.H + h) * Dk;
-      __m512 acc[kQueryTile][2];
+    for (int64_t i = std::max<int64_t>(0, kb - off - t0); i < nq; i += kScoreTile) {
+      const int64_t nt = std::min(kScoreTile, nq - i);
+      const float* qp[kScoreTile];
+      for (int64_t u = 0; u < kScoreTile; ++u) qp[u] = a.q + ((t0 + i + std::min(u, nt - 1)) * a.H + h) * Dk;
+      __m512 acc[kScoreTile][2];
       for (auto& x : acc) x[0] = x[1] = _mm512_setzero_ps();
       for (int64_t d = 0; d < Dk; ++d) {
-        const __m512 k0 = _mm512_loadu_ps(blk + d * kKeyBlock), k1 = _mm512_loadu_ps(blk + d * kKeyBlock + 16);
-        for (int64_t u = 0; u < kQueryTile; ++u) {
+        __m512 k0 = _mm512_loadu_ps(blk + d * kKeyBlock), k1 = _mm512_loadu_ps(blk + d * kKeyBlock + 16);
+        KESTREL_IN_ZMM(k0);
+        KESTREL_IN_ZMM(k1);
+        for (int64_t u = 0; u < kScoreTile; ++u) {
           const __m512 b = _mm512_set1_ps(qp[u][d]);
           acc[u][0] = _mm512_fmadd_ps(b, k0, acc[u][0]);
           acc[u][1] = _mm512_fmadd_ps(b, k1, acc[u][1]);
         }
       }
-      int64_t nv[kQueryTile];
+      int64_t nv[kScoreTile];
       for (int64_t u = 0; u < nt; ++u) {
         nv[u] = std::min(kKeyBlock, off + t0 + i + u - kb + 1);  // ≥ 1: the tile starts at or after the block
         const __mmask16 lo = lanes(nv[u], 0), hi = lanes(nv[u], 1);
@@ -138,15 +179,19 @@ KESTREL_AVX512 void item_avx512(const PrefillAttentionArgs& a, int64_t h, int64_
         const __m512 mv = _mm512_set1_ps(mu);
         _mm512_store_ps(p[u], exp16(_mm512_sub_ps(s0, mv)));
         _mm512_store_ps(p[u] + 16, exp16(_mm512_sub_ps(s1, mv)));
-        float& lu = l[i + u];
-        for (int64_t j = 0; j < nv[u]; ++j) lu += p[u][j];
       }
       const float* vb = vh + kb * Dv;
-      if (nt == kQueryTile && nv[0] == kKeyBlock) {  // every query of the tile sees the whole block
-        float* o[kQueryTile] = {out_row(i), out_row(i + 1), out_row(i + 2), out_row(i + 3)};
-        accumulate_values<kQueryTile>(o, p, kKeyBlock, vb, Dv);
-      } else {
-        for (int64_t u = 0; u < nt; ++u) {
+      // Values in tiles of 4 queries (16 accumulators over 64 lanes): each group of 4 whose queries all see the
+      // whole block at once, the rest one query at a time over its own keys.
+      for (int64_t g = 0; g < nt; g += 4) {
+        if (nt - g >= 4 && nv[g] == kKeyBlock) {
+          add_weights<4>(p + g, l + i + g);
+          float* o[4] = {out_row(i + g), out_row(i + g + 1), out_row(i + g + 2), out_row(i + g + 3)};
+          accumulate_values<4>(o, p + g, kKeyBlock, vb, Dv);
+          continue;
+        }
+        for (int64_t u = g; u < std::min(nt, g + 4); ++u) {
+          for (int64_t j = 0; j < nv[u]; ++j) l[i + u] += p[u][j];
           float* o[1] = {out_row(i + u)};
           accumulate_values<1>(o, p + u, nv[u], vb, Dv);
         }

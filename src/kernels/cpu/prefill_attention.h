@@ -1,7 +1,8 @@
 // Causal softmax attention for long prefill chunks (the expanded MLA form: per-head keys and values),
 // tiled as FlashAttention-2 tiles it: a work item is one head and a block of up to 64 queries; it walks the
 // keys in blocks of kKeyBlock, and every key block meets every query of the item while it is in L1, in
-// register tiles of 4 queries × 32 keys (scores) and 4 queries × 64 value lanes (output).
+// register tiles of 8 queries × 32 keys (AVX-512; 4 × 32 on AVX2) for the scores and 4 queries × 64 value lanes
+// for the output.
 //
 // The arithmetic of one (query, head) is defined by its absolute positions alone, never by the tiling:
 //   keys in blocks [32b, 32b + 32), the query's last block cut at its own position p;

@@ -116,17 +116,6 @@ KESTREL_AVX512 void accumulate_values(float* const* o, const float (*p)[kKeyBloc
   if (c < Dv) accumulate_chunk<U, true>(o, p, n, v, Dv, c);
 }
 
-// l_u += p_u[j] for the whole block, j ascending, for the N queries of a tile: each query's sum is its own chain
-// of 32 adds, the chains interleaved so their latencies overlap.
-template <int N>
-inline void add_weights(const float (*p)[kKeyBlock], float* l) {
-  float s[N];
-  for (int u = 0; u < N; ++u) s[u] = l[u];
-  for (int64_t j = 0; j < kKeyBlock; ++j)
-    for (int u = 0; u < N; ++u) s[u] += p[u][j];
-  for (int u = 0; u < N; ++u) l[u] = s[u];
-}
-
 // Queries per score tile here: 8 × 32 keys is 16 accumulators, with the two key vectors held in registers
 // (KESTREL_IN_ZMM) each fma has one broadcast of a query element and no load of its own.
 constexpr int64_t kScoreTile = 8;

@@ -53,14 +53,6 @@ KESTREL_AVX2 void score_half(const float* const* qp, const float* blk, int64_t k
   }
 }
 
-// l_u += p_u[j] for the whole block, j ascending: each query's sum is its own chain of 32 adds, the four chains
-// interleaved so their latencies overlap.
-inline void add_weights(const float (*p)[kKeyBlock], float* l) {
-  float l0 = l[0], l1 = l[1], l2 = l[2], l3 = l[3];
-  for (int64_t j = 0; j < kKeyBlock; ++j) l0 += p[0][j], l1 += p[1][j], l2 += p[2][j], l3 += p[3][j];
-  l[0] = l0, l[1] = l1, l[2] = l2, l[3] = l3;
-}
-
 // o_u[c, c + 8W) = fma(p_u[j], v_j, o_u) for j < n, j ascending, the U queries' rows o[u] (all lanes present).
 template <int U, int W>
 KESTREL_AVX2 inline void accumulate_chunk(float* const* o, const float (*p)[kKeyBlock], int64_t n, const float* v,
@@ -153,7 +145,7 @@ KESTREL_AVX2 void item_avx2(const PrefillAttentionArgs& a, int64_t h, int64_t t0
       }
       const float* vb = vh + kb * Dv;
       if (nt == kQueryTile && nv[0] == kKeyBlock) {  // every query of the tile sees the whole block
-        add_weights(p, l + i);
+        add_weights<kQueryTile>(p, l + i);
         float* o[kQueryTile] = {out_row(i), out_row(i + 1), out_row(i + 2), out_row(i + 3)};
         accumulate_values<kQueryTile>(o, p, kKeyBlock, vb, Dv);
       } else {

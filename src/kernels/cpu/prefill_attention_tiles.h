@@ -21,6 +21,17 @@ inline constexpr float kTaylor[8] = {1.0f, 1.0f, 1.0f / 2, 1.0f / 6, 1.0f / 24, 
 inline constexpr int64_t kQueryBlock = 64;  // queries per work item (their m, l and outputs stay in L1 with a key block)
 inline constexpr int64_t kQueryTile = 4;    // queries per register tile
 
+// l_u += p_u[j] for the whole block, j ascending, for the N queries of a tile: each query's sum is its own chain
+// of 32 adds, the chains interleaved so their latencies overlap.
+template <int N>
+inline void add_weights(const float (*p)[kKeyBlock], float* l) {
+  float s[N];
+  for (int u = 0; u < N; ++u) s[u] = l[u];
+  for (int64_t j = 0; j < kKeyBlock; ++j)
+    for (int u = 0; u < N; ++u) s[u] += p[u][j];
+  for (int u = 0; u < N; ++u) l[u] = s[u];
+}
+
 // Work item: head h, queries [t0, t1) (at most kQueryBlock), every output row of them written.
 void item_avx2(const PrefillAttentionArgs& a, int64_t h, int64_t t0, int64_t t1);
 

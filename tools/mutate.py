@@ -228,6 +228,18 @@ MUTATIONS["prefill_attention_second_group_weights_dropped"] = (
     "          if (g == 0) add_weights<4>(p + g, l + i + g);",
     "PrefillAttention",
     "the AVX-512 8-query score tile leaves its second group's weights out of their softmax sums")
+MUTATIONS["latent_span_merge_dropped"] = (
+    "src/kernels/cpu/latent_spans.cpp",
+    "      for (int64_t g = 0; g < nh; ++g) merge_span(m[g], l[g], out[g], ms[g], ls[g], os[g], a.Dv);",
+    "      (void)ms, (void)ls;",
+    "SparseMla",
+    "latent attention over a whole query drops every span after the first")
+MUTATIONS["latent_spans_merged_backwards"] = (
+    "src/kernels/cpu/latent_spans.cpp",
+    "      const float* at = state + off[s] + (k * a.H + h) * (a.Dv + 2);",
+    "      const float* at = state + off[s] + ((span_count(q.count) - 1 - k) * a.H + h) * (a.Dv + 2);",
+    "SparseMla",
+    "spans spread over the threads are merged last to first, not in list order")
 NEEDS_CPU_FLAG["sparse_mla_tile_rescale_dropped"] = "avx512f"
 MUTATIONS["sparse_mla_tile_rescale_dropped"] = (
     "src/kernels/cpu/sparse_mla_attention.cpp",

@@ -15,6 +15,7 @@
 #include "kernels/cpu/dsa_indexer.h"
 #include "kernels/cpu/kv_row.h"
 #include "kernels/cpu/lane_dot.h"
+#include "kernels/cpu/sparse_mla_tiles.h"
 
 namespace kestrel {
 namespace {
@@ -88,6 +89,9 @@ const Case kCases[] = {
     {3, 2, 512, 64, 200, 33, KvCacheDtype::kFP8},
     {1, 1, 16, 0, 1, 1, KvCacheDtype::kF32},        // one key
     {3, 3, 21, 7, 50, 23, KvCacheDtype::kF32},      // Dv 21, Dk 28: masked 8-lane value and dot tails
+    {2, 3, 40, 8, 1300, 1100, KvCacheDtype::kF32},   // 3 spans (sparse: the last one all −1), dense 3 spans
+    {1, 16, 512, 64, 1100, 1050, KvCacheDtype::kBF16},  // a lone query of 16 heads: spans spread over threads
+    {1, 2, 16, 0, 9000, 9000, KvCacheDtype::kF32},   // 16 spans of 576 entries
 };
 
 // The path the CPU takes (AVX-512, else AVX2 + FMA).
@@ -172,6 +176,58 @@ TEST(SparseMla, DenseCausalAttentionIsTheKernelOverEveryRow) {
   }
 }
 
+// Spans: at least 512 list entries, a whole number of key tiles, at most 16 per list, covering it.
+TEST(SparseMla, SpansCoverTheListInAtMostSixteen) {
+  namespace st = kernels::sparse_tiles;
+  EXPECT_EQ(st::span_count(0), 0);
+  EXPECT_EQ(st::span_count(1), 1);
+  EXPECT_EQ(st::span_count(512), 1);
+  EXPECT_EQ(st::span_count(513), 2);
+  EXPECT_EQ(st::span_count(8192), 16);
+  EXPECT_EQ(st::span_rows(9000), 576);
+  for (int64_t n : {1, 511, 512, 513, 4096, 8191, 8193, 16384, 100000, 1 << 20}) {
+    const int64_t S = st::span_rows(n), k = st::span_count(n);
+    EXPECT_GE(S, 512);
+    EXPECT_EQ(S % kernels::kSparseKeyTile, 0);
+    EXPECT_LE(k, 16) << n;
+    EXPECT_GE(k * S, n);
+    EXPECT_LT((k - 1) * S, n);
+  }
+}
+
+// A span's state merged into a running one: the merge's definition in double precision (both orders of the
+// running max), an empty span changing nothing, a span into an empty state copied.
+TEST(SparseMla, SpanMergeIsTheSoftmaxOfBothSpans) {
+  namespace st = kernels::sparse_tiles;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  for (const float dm : {-3.0f, 0.0f, 2.5f}) {
+    const int64_t Dv = 37;
+    std::vector<float> O(Dv), o(Dv);
+    for (auto& v : O) v = nd(rng);
+    for (auto& v : o) v = nd(rng);
+    float M = 1.0f, L = 3.0f;
+    const float m = 1.0f + dm, l = 2.0f;
+    std::vector<float> want(Dv);
+    const double x = std::max(M, m), ea = std::exp(double(M) - x), eb = std::exp(double(m) - x);
+    for (int64_t d = 0; d < Dv; ++d) want[d] = static_cast<float>(O[d] * ea + o[d] * eb);
+    const double Lw = L * ea + l * eb;
+    st::merge_span(M, L, O.data(), m, l, o.data(), Dv);
+    EXPECT_EQ(M, static_cast<float>(x));
+    EXPECT_NEAR(L, Lw, 1e-6 * Lw);
+    for (int64_t d = 0; d < Dv; ++d) EXPECT_NEAR(O[d], want[d], 1e-5) << d;
+    const std::vector<float> before = O;
+    st::merge_span(M, L, O.data(), -INFINITY, 0.0f, o.data(), Dv);  // an empty span
+    EXPECT_EQ(O, before);
+    float M0 = -INFINITY, L0 = 0.0f;
+    std::vector<float> O0(Dv, 0.0f);
+    st::merge_span(M0, L0, O0.data(), m, l, o.data(), Dv);
+    EXPECT_EQ(M0, m);
+    EXPECT_EQ(L0, l);
+    EXPECT_EQ(O0, o);
+  }
+}
+
 // The definition against softmax attention in double precision over the same selected rows (decoded).
 TEST(SparseMla, DefinitionAgreesWithDoublePrecisionSoftmax) {
   for (const Case& c : kCases) {
@@ -208,7 +264,8 @@ TEST(SparseMla, DefinitionAgreesWithDoublePrecisionSoftmax) {
           scale = std::max(scale, std::fabs(want));
         }
       }
-    // fp32 dot products of ≤ 576 terms and a ≤ 100-term weighted sum: a few ulps of the largest value each.
+    // fp32 dot products of ≤ 576 terms and weighted sums of ≤ 9000 terms (in tiles of 16 and spans merged in
+    // order): a few ulps of the largest value each.
     EXPECT_LE(worst, 1e-5 * std::max(1.0, scale)) << "lora " << c.lora << " topk " << c.topk;
   }
 }

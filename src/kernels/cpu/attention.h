@@ -2,7 +2,8 @@
 // (absolute position L−T+t) attends rows 0..L−T+t; a head's key is the row's first Dk elements, its value the
 // first Dv. It runs the key-tile kernel of sparse MLA (sparse_mla_tiles.h) with every causal row selected, so
 // its bits are sparse_mla_attention's (dsa_indexer.h) for idx = 0..L−T+t: a query's result does not depend on
-// the other queries or sequences, the head grouping, the thread count or the ISA path. (Long prefill chunks
+// the other queries or sequences, the head grouping, the thread count, the split of its rows' spans over the
+// threads (a lone decode query's rows are shared out that way) or the ISA path. (Long prefill chunks
 // run the expanded form, prefill_attention.h.)
 #pragma once
 

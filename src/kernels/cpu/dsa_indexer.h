@@ -48,10 +48,12 @@ void indexer_scores_reference(const IndexerTopkArgs& a, int64_t t, int64_t n, fl
 // idx[t, :] (−1 entries skipped). Latent rows in pages (token j at page j / page_tokens, row
 // j % page_tokens, each row.bytes() bytes in row.dtype, decoded on load when not fp32, once per group of
 // heads of a query, kv_row.h); keys are the first Dk elements of each row, values the first Dv.
-// The selected rows are taken in tiles of kSparseKeyTile (in idx order, −1 skipped): per head and tile, the
-// scores (16-lane fma dot in a fixed lane-sum tree, times scale), one online-softmax step (a rescale of the
-// output when the tile raises the running max, prefill_exp of each score minus the max, summed in order),
-// then the output += the tile's weighted values, key by key (sparse_mla_attention.cpp).
+// The list idx[t, :] is cut into spans at fixed list positions (at least 512 entries each, at most 16 spans:
+// sparse_mla_tiles.h); in each span the selected rows are taken in tiles of kSparseKeyTile (in idx order, −1
+// skipped): per head and tile, the scores (16-lane fma dot in a fixed lane-sum tree, times scale), one
+// online-softmax step (a rescale of the output when the tile raises the running max, prefill_exp of each score
+// minus the max, summed in order), then the output += the tile's weighted values, key by key
+// (sparse_mla_attention.cpp); the spans' states are then merged in list order (latent_spans.cpp).
 inline constexpr int64_t kSparseKeyTile = 16;
 struct SparseMlaArgs {
   int64_t T = 0, H = 0, Dk = 0, Dv = 0, topk = 0;

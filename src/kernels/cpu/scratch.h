@@ -9,7 +9,7 @@ namespace kestrel::kernels {
 
 enum ScratchSlot { kScratchLinear = 0, kScratchKdaP, kScratchKdaDecay, kScratchMla, kScratchGgufGemm, kScratchKvRow,
                    kScratchBlasWeights, kScratchBlasPadX, kScratchBlasPadY, kScratchVisionScores, kScratchInt8Gemm,
-                   kScratchLinearAcc,
+                   kScratchLinearAcc, kScratchLatentSpan,
                    kScratchSlots };
 
 inline float* thread_scratch(ScratchSlot slot, size_t n) {

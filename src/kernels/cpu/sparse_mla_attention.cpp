@@ -1,11 +1,13 @@
 // Latent attention (MLA's absorbed form) in key tiles, for sparse MLA (dsa_indexer.h: sparse_mla_attention,
-// each query's selected rows) and for dense causal MLA (attention.h: causal_attention, through
-// sparse_tiles::latent_heads): a query's rows are taken kSparseKeyTile at a time (decoded once per tile for the
-// whole group of heads when the cache is not fp32), every head scores the tile four rows per pass over its
-// query (lane_dot.h), takes one online-softmax step for the tile (one rescale, one exp per key) and accumulates
-// the tile's values into its output once per tile. The scalar definition below, the AVX-512 form and the
-// AVX2 + FMA form (sparse_mla_attention_avx2.cpp) compute the same bits; a head's result does not depend on
-// the head grouping, the thread count or the other queries.
+// each query's selected rows) and for dense causal MLA (attention.h: causal_attention): span_state attends one
+// span of a query's list (sparse_mla_tiles.h) kSparseKeyTile rows at a time (decoded once per tile for the whole
+// group of heads when the cache is not fp32): every head scores the tile four rows per pass over its query
+// (lane_dot.h), takes one online-softmax step for the tile (one rescale, one exp per key) and accumulates the
+// tile's values into its output once per tile. The scalar definition below, the AVX-512 form and the AVX2 + FMA
+// form (sparse_mla_attention_avx2.cpp) compute the same bits; a head's result does not depend on the head
+// grouping, the thread count or the other queries. On AVX-512 the next tile's rows are prefetched during a
+// tile's first score pass, one cache line of each of four rows per 16-lane step (the hardware prefetchers left
+// decode at depth waiting on the rows).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -15,6 +17,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
+#include <vector>
 
 #include "base/check.h"
 #include "kernels/cpu/avx512_mask.h"
@@ -57,10 +61,11 @@ void tile_step_reference(const float* q, const float* const* rows, int64_t n, co
 }
 
 // Scores of U heads against rows[0, 4) of the tile (rows past n repeat the last one): U × 4 accumulators,
-// each (head, row) accumulating as lane_dot, every q and row load shared.
+// each (head, row) accumulating as lane_dot, every q and row load shared; line w of each pf[r] is prefetched
+// at step w while w < pf_lines.
 template <int U>
 KESTREL_AVX512 void scores_avx512(const float* const* q, const float* const* rows, int64_t Dk, float (*s)[kSparseKeyTile + 3],
-                                  int64_t j) {
+                                  int64_t j, const uint8_t* const* pf, int64_t pf_lines) {
   __m512 acc[U][4];
   for (int u = 0; u < U; ++u)
     for (int r = 0; r < 4; ++r) acc[u][r] = _mm512_setzero_ps();
@@ -74,6 +79,8 @@ KESTREL_AVX512 void scores_avx512(const float* const* q, const float* const* row
     KESTREL_IN_ZMM(r1);
     KESTREL_IN_ZMM(r2);
     KESTREL_IN_ZMM(r3);
+    if (w < pf_lines)
+      for (int r = 0; r < 4; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf[r] + 64 * w), _MM_HINT_T0);
     for (int u = 0; u < U; ++u) {
       __m512 qv = _mm512_loadu_ps(q[u] + 16 * w);
       KESTREL_IN_ZMM(qv);
@@ -99,12 +106,15 @@ KESTREL_AVX512 void scores_avx512(const float* const* q, const float* const* row
 // One tile step of U heads at once (the steps of tile_step_reference, per head, sharing every row load).
 template <int U>
 KESTREL_AVX512 void tile_step_avx512(const float* const* q, const float* const* rows, int64_t n, const SparseMlaArgs& a,
-                                     float* m, float* l, float* const* o) {
+                                     float* m, float* l, float* const* o, const uint8_t* const* next, int64_t next_n,
+                                     int64_t pf_lines) {
   alignas(64) float s[U][kSparseKeyTile + 3];
   for (int64_t j = 0; j < n; j += 4) {
     const float* rr[4];
+    const uint8_t* pf[4];
     for (int64_t r = 0; r < 4; ++r) rr[r] = rows[std::min(j + r, n - 1)];
-    scores_avx512<U>(q, rr, a.Dk, s, j);
+    for (int64_t r = 0; r < 4; ++r) pf[r] = next_n > 0 ? next[std::min(j + r, next_n - 1)] : nullptr;
+    scores_avx512<U>(q, rr, a.Dk, s, j, pf, next_n > 0 ? pf_lines : 0);
   }
   __m512 rv[U];
   bool rescale[U];
@@ -151,19 +161,13 @@ bool has_avx512() {
   return yes;
 }
 
-using sparse_tiles::kMaxHeadGroup;
 using sparse_tiles::Path;
 
 void run(const SparseMlaArgs& a, Path path) {
   if (a.H <= 0 || a.T <= 0) return;
-  // Work items are (query, group of heads): as many heads as still leave two items per thread, so a
-  // tile of decoded rows serves the whole group.
-  const int64_t G = std::clamp<int64_t>(a.T * a.H / (2 * omp_get_max_threads()), 1, std::min(kMaxHeadGroup, a.H));
-  const int64_t groups = (a.H + G - 1) / G;
-  parallel_for(0, a.T * groups, 1, true, [&](int64_t i) {
-    const int64_t t = i / groups, h0 = (i % groups) * G;
-    sparse_tiles::latent_heads(a, t, h0, std::min(G, a.H - h0), a.idx + t * a.topk, a.topk, path);
-  });
+  std::vector<sparse_tiles::LatentQuery>& qs = sparse_tiles::query_scratch(static_cast<size_t>(a.T));
+  for (int64_t t = 0; t < a.T; ++t) qs[t] = {&a, t, a.idx + t * a.topk, a.topk};
+  sparse_tiles::attend(std::span<const sparse_tiles::LatentQuery>(qs.data(), static_cast<size_t>(a.T)), path);
 }
 
 }  // namespace
@@ -174,41 +178,48 @@ Path best_path() {
   return has_avx512() ? Path::kAvx512 : sparse_mla_attention_avx2_supported() ? Path::kAvx2 : Path::kScalar;
 }
 
-void latent_heads(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh, const int32_t* idx, int64_t count,
-                  Path path) {
-  KCHECK(nh >= 1 && nh <= kMaxHeadGroup, "latent_heads: 1 to 16 heads per call");
+void span_state(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh, const int32_t* idx, int64_t begin,
+                int64_t end, int64_t prefetch_end, Path path, float* m, float* l, float* const* out) {
+  KCHECK(nh >= 1 && nh <= kMaxHeadGroup, "latent attention: 1 to 16 heads per span state");
   const int64_t row_bytes = a.row.bytes(), row_n = std::max(a.Dk, a.Dv);
   float* buf = a.row.dtype != KvCacheDtype::kF32
                    ? thread_scratch(kScratchKvRow, static_cast<size_t>(kSparseKeyTile * row_n))
                    : nullptr;
-  float m[kMaxHeadGroup], l[kMaxHeadGroup];
   for (int64_t g = 0; g < nh; ++g) {
     m[g] = -INFINITY, l[g] = 0.0f;
-    float* o = a.out + (t * a.H + h0 + g) * a.Dv;
-    std::fill(o, o + a.Dv, 0.0f);
+    std::fill(out[g], out[g] + a.Dv, 0.0f);
   }
+  auto row_at = [&](int64_t j) { return a.pages[j / a.page_tokens] + (j % a.page_tokens) * row_bytes; };
   const float* rows[kSparseKeyTile];
-  for (int64_t i = 0; i < count;) {
+  const uint8_t* next[kSparseKeyTile];
+  const int64_t pf_lines = (row_bytes + 63) / 64;
+  for (int64_t i = begin; i < end;) {
     int64_t n = 0;
-    for (; i < count && n < kSparseKeyTile; ++i) {
+    for (; i < end && n < kSparseKeyTile; ++i) {
       const int64_t j = idx ? idx[i] : i;
       if (j < 0) continue;
-      const uint8_t* src = a.pages[j / a.page_tokens] + (j % a.page_tokens) * row_bytes;
-      rows[n] = kv_row_floats(a.row, src, row_n, buf ? buf + n * row_n : nullptr);
+      rows[n] = kv_row_floats(a.row, row_at(j), row_n, buf ? buf + n * row_n : nullptr);
       ++n;
     }
     if (n == 0) break;
+    // The next tile's rows (up to prefetch_end), prefetched during this tile's first score pass (AVX-512).
+    int64_t next_n = 0;
+    if (path == Path::kAvx512)
+      for (int64_t k = i; k < prefetch_end && next_n < kSparseKeyTile; ++k) {
+        const int64_t j = idx ? idx[k] : k;
+        if (j >= 0) next[next_n++] = row_at(j);
+      }
     int64_t g = 0;
     const float* q[4];
     float* o[4];
     auto at = [&](int64_t k) {
       q[k - g] = a.q + (t * a.H + h0 + k) * a.Dk;
-      o[k - g] = a.out + (t * a.H + h0 + k) * a.Dv;
+      o[k - g] = out[k];
     };
     if (path == Path::kAvx512)
       for (; g + 4 <= nh; g += 4) {  // four heads per pass over the tile's rows
         for (int64_t k = g; k < g + 4; ++k) at(k);
-        tile_step_avx512<4>(q, rows, n, a, m + g, l + g, o);
+        tile_step_avx512<4>(q, rows, n, a, m + g, l + g, o, next, g == 0 ? next_n : 0, pf_lines);
       }
     if (path == Path::kAvx2)
       for (; g + 2 <= nh; g += 2) {  // two heads per pass
@@ -217,15 +228,10 @@ void latent_heads(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh, con
       }
     for (; g < nh; ++g) {
       at(g);
-      if (path == Path::kAvx512) tile_step_avx512<1>(q, rows, n, a, m + g, l + g, o);
+      if (path == Path::kAvx512) tile_step_avx512<1>(q, rows, n, a, m + g, l + g, o, next, g == 0 ? next_n : 0, pf_lines);
       else if (path == Path::kAvx2) tile_step_avx2(1, q, rows, n, a, m + g, l + g, o);
       else tile_step_reference(q[0], rows, n, a, m[g], l[g], o[0]);
     }
-  }
-  for (int64_t g = 0; g < nh; ++g) {
-    const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
-    float* o = a.out + (t * a.H + h0 + g) * a.Dv;
-    for (int64_t d = 0; d < a.Dv; ++d) o[d] *= inv;
   }
 }
 

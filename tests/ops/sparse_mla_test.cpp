@@ -228,46 +228,51 @@ TEST(SparseMla, SpanMergeIsTheSoftmaxOfBothSpans) {
   }
 }
 
-// The definition against softmax attention in double precision over the same selected rows (decoded).
+// The definition against softmax attention in double precision over the same selected rows (decoded), on one
+// thread (a query's spans folded in as they come) and on two (spans of the lone queries spread, then merged).
 TEST(SparseMla, DefinitionAgreesWithDoublePrecisionSoftmax) {
   for (const Case& c : kCases) {
-    const Paged s = make(c, 5);
-    const std::vector<float> got = run(s.a, true);
-    const int64_t Dk = s.a.Dk, Dv = s.a.Dv;
-    std::vector<float> row(static_cast<size_t>(Dk));
-    double worst = 0, scale = 0;
-    for (int64_t t = 0; t < c.T; ++t)
-      for (int64_t h = 0; h < c.H; ++h) {
-        const float* q = s.q.data() + (t * c.H + h) * Dk;
-        std::vector<double> sc, o(static_cast<size_t>(Dv), 0.0);
-        std::vector<std::vector<float>> rows;
-        for (int64_t i = 0; i < c.topk; ++i) {
-          const int32_t j = s.idx[static_cast<size_t>(t * c.topk + i)];
-          if (j < 0) continue;
-          kernels::kv_load_row(s.a.row, s.pages[j / 7] + (j % 7) * s.a.row.bytes(), Dk, row.data());
-          double d = 0;
-          for (int64_t k = 0; k < Dk; ++k) d += static_cast<double>(q[k]) * row[static_cast<size_t>(k)];
-          sc.push_back(d * s.a.scale);
-          rows.push_back(row);
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      const Paged s = make(c, 5);
+      const std::vector<float> got = run(s.a, true);
+      const int64_t Dk = s.a.Dk, Dv = s.a.Dv;
+      std::vector<float> row(static_cast<size_t>(Dk));
+      double worst = 0, scale = 0;
+      for (int64_t t = 0; t < c.T; ++t)
+        for (int64_t h = 0; h < c.H; ++h) {
+          const float* q = s.q.data() + (t * c.H + h) * Dk;
+          std::vector<double> sc, o(static_cast<size_t>(Dv), 0.0);
+          std::vector<std::vector<float>> rows;
+          for (int64_t i = 0; i < c.topk; ++i) {
+            const int32_t j = s.idx[static_cast<size_t>(t * c.topk + i)];
+            if (j < 0) continue;
+            kernels::kv_load_row(s.a.row, s.pages[j / 7] + (j % 7) * s.a.row.bytes(), Dk, row.data());
+            double d = 0;
+            for (int64_t k = 0; k < Dk; ++k) d += static_cast<double>(q[k]) * row[static_cast<size_t>(k)];
+            sc.push_back(d * s.a.scale);
+            rows.push_back(row);
+          }
+          if (sc.empty()) continue;
+          double mx = sc[0], sum = 0;
+          for (double v : sc) mx = std::max(mx, v);
+          for (size_t i = 0; i < sc.size(); ++i) {
+            const double w = std::exp(sc[i] - mx);
+            sum += w;
+            for (int64_t d = 0; d < Dv; ++d) o[static_cast<size_t>(d)] += w * rows[i][static_cast<size_t>(d)];
+          }
+          for (int64_t d = 0; d < Dv; ++d) {
+            const double want = o[static_cast<size_t>(d)] / sum;
+            worst = std::max(worst, std::fabs(want - got[static_cast<size_t>((t * c.H + h) * Dv + d)]));
+            scale = std::max(scale, std::fabs(want));
+          }
         }
-        if (sc.empty()) continue;
-        double mx = sc[0], sum = 0;
-        for (double v : sc) mx = std::max(mx, v);
-        for (size_t i = 0; i < sc.size(); ++i) {
-          const double w = std::exp(sc[i] - mx);
-          sum += w;
-          for (int64_t d = 0; d < Dv; ++d) o[static_cast<size_t>(d)] += w * rows[i][static_cast<size_t>(d)];
-        }
-        for (int64_t d = 0; d < Dv; ++d) {
-          const double want = o[static_cast<size_t>(d)] / sum;
-          worst = std::max(worst, std::fabs(want - got[static_cast<size_t>((t * c.H + h) * Dv + d)]));
-          scale = std::max(scale, std::fabs(want));
-        }
-      }
-    // fp32 dot products of ≤ 576 terms and weighted sums of ≤ 9000 terms (in tiles of 16 and spans merged in
-    // order): a few ulps of the largest value each.
-    EXPECT_LE(worst, 1e-5 * std::max(1.0, scale)) << "lora " << c.lora << " topk " << c.topk;
+      // fp32 dot products of ≤ 576 terms and weighted sums of ≤ 9000 terms (in tiles of 16 and spans merged in
+      // order): a few ulps of the largest value each.
+      EXPECT_LE(worst, 1e-5 * std::max(1.0, scale)) << "lora " << c.lora << " topk " << c.topk << " threads " << threads;
+    }
   }
+  omp_set_num_threads(2);
 }
 
 TEST(LaneDot, VectorFormEqualsTheDefinitionAndTheDefinitionIsADot) {

@@ -5,9 +5,10 @@
 // (lane_dot.h), takes one online-softmax step for the tile (one rescale, one exp per key) and accumulates the
 // tile's values into its output once per tile. The scalar definition below, the AVX-512 form and the AVX2 + FMA
 // form (sparse_mla_attention_avx2.cpp) compute the same bits; a head's result does not depend on the head
-// grouping, the thread count or the other queries. On AVX-512 the next tile's rows are prefetched during a
-// tile's first score pass, one cache line of each of four rows per 16-lane step (the hardware prefetchers left
-// decode at depth waiting on the rows).
+// grouping, the thread count or the other queries. On AVX-512 the next tile's rows are prefetched while a tile
+// is scored, one cache line of each of four rows per 16-lane step, the lines spread over the tile's score passes
+// (one per group of four heads) so the requests trickle out over the whole tile (the hardware prefetchers left
+// decode at depth waiting on the rows; all of them in the first pass left it waiting less, but still waiting).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -62,10 +63,12 @@ void tile_step_reference(const float* q, const float* const* rows, int64_t n, co
 
 // Scores of U heads against rows[0, 4) of the tile (rows past n repeat the last one): U × 4 accumulators,
 // each (head, row) accumulating as lane_dot, every q and row load shared; line w of each pf[r] is prefetched
-// at step w while w < pf_lines.
+// at step w for w < pf_lines, w = pf_phase, pf_phase + pf_stride, …
 template <int U>
 KESTREL_AVX512 void scores_avx512(const float* const* q, const float* const* rows, int64_t Dk, float (*s)[kSparseKeyTile + 3],
-                                  int64_t j, const uint8_t* const* pf, int64_t pf_lines) {
+                                  int64_t j, const uint8_t* const* pf, int64_t pf_lines, int64_t pf_phase,
+                                  int64_t pf_stride) {
+  int64_t due = pf_phase;
   __m512 acc[U][4];
   for (int u = 0; u < U; ++u)
     for (int r = 0; r < 4; ++r) acc[u][r] = _mm512_setzero_ps();
@@ -79,8 +82,10 @@ KESTREL_AVX512 void scores_avx512(const float* const* q, const float* const* row
     KESTREL_IN_ZMM(r1);
     KESTREL_IN_ZMM(r2);
     KESTREL_IN_ZMM(r3);
-    if (w < pf_lines)
+    if (w == due && w < pf_lines) {
       for (int r = 0; r < 4; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf[r] + 64 * w), _MM_HINT_T0);
+      due += pf_stride;
+    }
     for (int u = 0; u < U; ++u) {
       __m512 qv = _mm512_loadu_ps(q[u] + 16 * w);
       KESTREL_IN_ZMM(qv);
@@ -107,14 +112,14 @@ KESTREL_AVX512 void scores_avx512(const float* const* q, const float* const* row
 template <int U>
 KESTREL_AVX512 void tile_step_avx512(const float* const* q, const float* const* rows, int64_t n, const SparseMlaArgs& a,
                                      float* m, float* l, float* const* o, const uint8_t* const* next, int64_t next_n,
-                                     int64_t pf_lines) {
+                                     int64_t pf_lines, int64_t pf_phase, int64_t pf_stride) {
   alignas(64) float s[U][kSparseKeyTile + 3];
   for (int64_t j = 0; j < n; j += 4) {
     const float* rr[4];
     const uint8_t* pf[4];
     for (int64_t r = 0; r < 4; ++r) rr[r] = rows[std::min(j + r, n - 1)];
     for (int64_t r = 0; r < 4; ++r) pf[r] = next_n > 0 ? next[std::min(j + r, next_n - 1)] : nullptr;
-    scores_avx512<U>(q, rr, a.Dk, s, j, pf, next_n > 0 ? pf_lines : 0);
+    scores_avx512<U>(q, rr, a.Dk, s, j, pf, next_n > 0 ? pf_lines : 0, pf_phase, pf_stride);
   }
   __m512 rv[U];
   bool rescale[U];
@@ -219,7 +224,7 @@ void span_state(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh, const
     if (path == Path::kAvx512)
       for (; g + 4 <= nh; g += 4) {  // four heads per pass over the tile's rows
         for (int64_t k = g; k < g + 4; ++k) at(k);
-        tile_step_avx512<4>(q, rows, n, a, m + g, l + g, o, next, g == 0 ? next_n : 0, pf_lines);
+        tile_step_avx512<4>(q, rows, n, a, m + g, l + g, o, next, next_n, pf_lines, g / 4, nh / 4);
       }
     if (path == Path::kAvx2)
       for (; g + 2 <= nh; g += 2) {  // two heads per pass
@@ -228,7 +233,7 @@ void span_state(const SparseMlaArgs& a, int64_t t, int64_t h0, int64_t nh, const
       }
     for (; g < nh; ++g) {
       at(g);
-      if (path == Path::kAvx512) tile_step_avx512<1>(q, rows, n, a, m + g, l + g, o, next, g == 0 ? next_n : 0, pf_lines);
+      if (path == Path::kAvx512) tile_step_avx512<1>(q, rows, n, a, m + g, l + g, o, next, g == 0 ? next_n : 0, pf_lines, 0, 1);
       else if (path == Path::kAvx2) tile_step_avx2(1, q, rows, n, a, m + g, l + g, o);
       else tile_step_reference(q[0], rows, n, a, m[g], l[g], o[0]);
     }

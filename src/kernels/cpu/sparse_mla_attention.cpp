@@ -61,6 +61,22 @@ void tile_step_reference(const float* q, const float* const* rows, int64_t n, co
     for (int64_t j = 0; j < n; ++j) o[d] = std::fma(s[j], rows[j][d], o[d]);
 }
 
+// The 16 lane sums of a 4 × 4 block of accumulators in one transposing pass, each in lane_sum's tree (lanes
+// (l, l + 8), then (l, l + 4), then (0, 2) and (1, 3), then the two): lane 4u + r of the result is
+// lane_sum_avx512(acc[u][r]), bit for bit (a sum of two floats does not depend on their order).
+KESTREL_AVX512 inline __m512 lane_sums_4x4(const __m512 (&acc)[4][4]) {
+  __m512 a[16], b[8], c[4], d[2];
+  for (int r = 0; r < 4; ++r)
+    for (int u = 0; u < 4; ++u) a[4 * r + u] = acc[u][r];
+  for (int i = 0; i < 8; ++i)  // (l, l + 8): the two accumulators' lanes 0-7 beside their lanes 8-15
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44), _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // (l, l + 4): 128-bit blocks 0, 2 beside 1, 3
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88), _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)  // (0, 2) and (1, 3) within each block
+    d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x44), _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));  // then the two
+}
+
 // Scores of U heads against rows[0, 4) of the tile (rows past n repeat the last one): U × 4 accumulators,
 // each (head, row) accumulating as lane_dot, every q and row load shared; line w of each pf[r] is prefetched
 // at step w for w < pf_lines, w = pf_phase, pf_phase + pf_stride, …
@@ -104,8 +120,16 @@ KESTREL_AVX512 void scores_avx512(const float* const* q, const float* const* row
       for (int r = 0; r < 4; ++r) acc[u][r] = _mm512_mask3_fmadd_ps(qv, rv[r], acc[u][r], mk);
     }
   }
-  for (int u = 0; u < U; ++u)
-    for (int r = 0; r < 4; ++r) s[u][j + r] = lane_sum_avx512(acc[u][r]);
+  if constexpr (U == 4) {
+    const __m512 sums = lane_sums_4x4(acc);
+    _mm_storeu_ps(s[0] + j, _mm512_extractf32x4_ps(sums, 0));
+    _mm_storeu_ps(s[1] + j, _mm512_extractf32x4_ps(sums, 1));
+    _mm_storeu_ps(s[2] + j, _mm512_extractf32x4_ps(sums, 2));
+    _mm_storeu_ps(s[3] + j, _mm512_extractf32x4_ps(sums, 3));
+  } else {
+    for (int u = 0; u < U; ++u)
+      for (int r = 0; r < 4; ++r) s[u][j + r] = lane_sum_avx512(acc[u][r]);
+  }
 }
 
 // One tile step of U heads at once (the steps of tile_step_reference, per head, sharing every row load).

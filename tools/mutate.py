@@ -228,6 +228,20 @@ MUTATIONS["prefill_attention_second_group_weights_dropped"] = (
     "          if (g == 0) add_weights<4>(p + g, l + i + g);",
     "PrefillAttention",
     "the AVX-512 8-query score tile leaves its second group's weights out of their softmax sums")
+NEEDS_CPU_FLAG["sparse_mla_lane_sums_heads_swapped"] = "avx512f"
+MUTATIONS["sparse_mla_lane_sums_heads_swapped"] = (
+    "src/kernels/cpu/sparse_mla_attention.cpp",
+    "    _mm_storeu_ps(s[1] + j, _mm512_extractf32x4_ps(sums, 1));",
+    "    _mm_storeu_ps(s[1] + j, _mm512_extractf32x4_ps(sums, 2));",
+    "SparseMla",
+    "the AVX-512 latent attention's transposed score sums give head 1 the scores of head 2")
+NEEDS_CPU_FLAG["sparse_mla_lane_sums_tree_reordered"] = "avx512f"
+MUTATIONS["sparse_mla_lane_sums_tree_reordered"] = (
+    "src/kernels/cpu/sparse_mla_attention.cpp",
+    "  return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));  // then the two",
+    "  return _mm512_add_ps(_mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_set1_ps(1e-7f)), _mm512_sub_ps(_mm512_shuffle_ps(d[0], d[1], 0xDD), _mm512_set1_ps(1e-7f)));",
+    "SparseMla",
+    "the AVX-512 latent attention's last score sum step rounds through another order than lane_sum's tree")
 MUTATIONS["latent_span_merge_dropped"] = (
     "src/kernels/cpu/latent_spans.cpp",
     "      for (int64_t g = 0; g < nh; ++g) merge_span(m[g], l[g], out[g], ms[g], ls[g], os[g], a.Dv);",

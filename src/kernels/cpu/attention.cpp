@@ -4,6 +4,7 @@
 
 #include "base/check.h"
 #include "kernels/cpu/dsa_indexer.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/cpu/sparse_mla_tiles.h"
 
 namespace kestrel::kernels {
@@ -18,13 +19,6 @@ SparseMlaArgs tile_args(const AttentionArgs& a) {
   return s;
 }
 
-// Per-call arguments in the tile kernel's form (grow only: steady decode allocates nothing).
-std::vector<SparseMlaArgs>& args_scratch(size_t n) {
-  thread_local std::vector<SparseMlaArgs> v;
-  if (v.size() < n) v.resize(n);
-  return v;
-}
-
 }  // namespace
 
 void causal_attention(const AttentionArgs& a) { causal_attention_many(std::span<const AttentionArgs>(&a, 1)); }
@@ -35,7 +29,7 @@ void causal_attention_many(std::span<const AttentionArgs> args) {
   size_t queries = 0;
   for (const AttentionArgs& a : args) queries += static_cast<size_t>(a.T);
   if (queries == 0) return;
-  std::vector<SparseMlaArgs>& tiles = args_scratch(args.size());
+  std::vector<SparseMlaArgs>& tiles = thread_table<SparseMlaArgs, struct CallArgs>(args.size());  // per call
   std::vector<sparse_tiles::LatentQuery>& qs = sparse_tiles::query_scratch(queries);
   size_t n = 0;
   for (size_t c = 0; c < args.size(); ++c) {

@@ -59,18 +59,6 @@ void whole_query(const LatentQuery& q, int64_t h0, int64_t nh, Path path) {
   for (int64_t g = 0; g < nh; ++g) normalise(out[g], l[g], a.Dv);
 }
 
-// Per-call tables of the work split (grow only: steady decode allocates nothing).
-std::vector<int64_t>& first_item_scratch(size_t n) {
-  thread_local std::vector<int64_t> f;
-  if (f.size() < n) f.resize(n);
-  return f;
-}
-std::vector<float>& state_scratch(size_t n) {
-  thread_local std::vector<float> s;
-  if (s.size() < n) s.resize(n);
-  return s;
-}
-
 }  // namespace
 
 void merge_span(float& M, float& L, float* O, float m, float l, const float* o, int64_t Dv) {
@@ -89,11 +77,7 @@ void merge_span(float& M, float& L, float* O, float m, float l, const float* o, 
   M = x;
 }
 
-std::vector<LatentQuery>& query_scratch(size_t n) {
-  thread_local std::vector<LatentQuery> q;
-  if (q.size() < n) q.resize(n);
-  return q;
-}
+std::vector<LatentQuery>& query_scratch(size_t n) { return thread_table<LatentQuery, struct Queries>(n); }
 
 void attend(std::span<const LatentQuery> qs, Path path) {
   const int64_t threads = omp_get_max_threads(), nq = static_cast<int64_t>(qs.size());
@@ -112,7 +96,7 @@ void attend(std::span<const LatentQuery> qs, Path path) {
     if (widest > 0) thread_scratch(kScratchKvRow, static_cast<size_t>(kSparseKeyTile * widest));
     thread_scratch(kScratchLatentSpan, static_cast<size_t>(kMaxHeadGroup * Dv));
   };
-  std::vector<int64_t>& first = first_item_scratch(2 * qs.size() + 2);  // item starts, then state offsets
+  std::vector<int64_t>& first = thread_table<int64_t, struct Items>(2 * qs.size() + 2);  // item starts, then state offsets
   auto query_of = [&](int64_t i) {
     return std::upper_bound(first.begin(), first.begin() + nq + 1, i) - first.begin() - 1;
   };
@@ -136,7 +120,7 @@ void attend(std::span<const LatentQuery> qs, Path path) {
     first[s + 1] = first[s] + spans * groups;
     floats += static_cast<size_t>(kMaxSpans * qs[s].a->H * (qs[s].a->Dv + 2));
   }
-  float* state = state_scratch(floats).data();
+  float* state = thread_table<float, struct SpanStates>(floats).data();
   int64_t* off = first.data() + nq + 1;
   off[0] = 0;
   for (int64_t s = 0; s < nq; ++s) off[s + 1] = off[s] + span_count(qs[s].count) * qs[s].a->H * (qs[s].a->Dv + 2);

@@ -12,6 +12,15 @@ enum ScratchSlot { kScratchLinear = 0, kScratchKdaP, kScratchKdaDecay, kScratchM
                    kScratchLinearAcc, kScratchLatentSpan,
                    kScratchSlots };
 
+// A per-thread vector of at least n elements that only grows, one for each (T, Tag): per-call tables of a kernel's
+// work split (steady decode allocates nothing). Tag is any type naming the use.
+template <class T, class Tag>
+std::vector<T>& thread_table(size_t n) {
+  thread_local std::vector<T> v;
+  if (v.size() < n) v.resize(n);
+  return v;
+}
+
 inline float* thread_scratch(ScratchSlot slot, size_t n) {
   thread_local std::vector<float> bufs[kScratchSlots];
   std::vector<float>& b = bufs[slot];

@@ -1,7 +1,7 @@
 // The tiled prefill attention (kernels/cpu/prefill_attention.h): its exp against libm, the kernel against its
 // scalar definition bit for bit (shapes around every tile edge, 1 and 2 threads; the CPU's own path and the
 // AVX2 + FMA path forced), a query's bits independent of the chunk it arrives in, nothing past a query's position read, and the result against softmax attention in
-// double precision.
+// double precision; grouped-query attention (kv_group) against copied key/value heads and the definition.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -124,6 +124,88 @@ TEST(PrefillAttention, Avx2KernelEqualsItsDefinitionBitForBit) {
 TEST(PrefillAttention, Avx2AQueryHasTheSameBitsInEveryChunking) {
   if (!kernels::prefill_attention_avx2_supported()) GTEST_SKIP() << "AVX2 path: this CPU lacks AVX2 or FMA";
   expect_same_bits_in_every_chunking(kernels::prefill_attention_avx2);
+}
+
+// Grouped-query attention: H query heads over H / group key/value heads, the first H / group heads of a Problem's
+// keys and values (its other heads NaN: never read). `copied` is the same attention with kv_group = 1: query head h
+// has its own copy of key/value head h / group.
+struct GroupedProblem {
+  Problem p;
+  int64_t group;
+  std::vector<float> kt, vh;  // H heads, head h a copy of p's head h / group
+  GroupedProblem(int64_t T, int64_t L, int64_t H, int64_t D, int64_t group_, uint32_t seed)
+      : p(T, L, H, D, D, seed), group(group_) {
+    const int64_t ks = kernels::packed_key_floats(L, D), vs = L * D;
+    kt.resize(H * ks), vh.resize(H * vs);
+    for (int64_t h = 0; h < H; ++h) {
+      std::memcpy(kt.data() + h * ks, p.kt.data() + h / group * ks, ks * 4);
+      std::memcpy(vh.data() + h * vs, p.vh.data() + h / group * vs, vs * 4);
+    }
+    std::fill(p.kt.begin() + H / group * ks, p.kt.end(), std::numeric_limits<float>::quiet_NaN());
+    std::fill(p.vh.begin() + H / group * vs, p.vh.end(), std::numeric_limits<float>::quiet_NaN());
+  }
+  PrefillAttentionArgs grouped(float* out) const {
+    PrefillAttentionArgs a = p.args(out);
+    a.kv_group = group;
+    return a;
+  }
+  PrefillAttentionArgs copied(float* out) const {
+    PrefillAttentionArgs a = p.args(out);
+    a.kt = kt.data(), a.v = vh.data();
+    return a;
+  }
+};
+
+// With kv_group 4 (8 query heads, 2 key/value heads) `kernel` gives, bit for bit, what it gives with each query
+// head's key/value head copied into its own slot, and what the scalar definition gives, on 1 and 2 threads.
+void expect_grouped_bits(Kernel kernel) {
+  struct Shape { int64_t T, L; };
+  uint32_t seed = 21;
+  for (const Shape s : {Shape{70, 100}, Shape{300, 300}})
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      const GroupedProblem g(s.T, s.L, 8, 128, 4, seed++);
+      std::vector<float> got(s.T * 8 * 128, -1.0f), copied(got.size(), -2.0f), want(got.size(), -3.0f);
+      kernel(g.grouped(got.data()));
+      kernel(g.copied(copied.data()));
+      kernels::prefill_attention_reference(g.grouped(want.data()));
+      EXPECT_TRUE(same_bits(got, copied)) << "T " << s.T << " L " << s.L << " threads " << threads;
+      EXPECT_TRUE(same_bits(got, want)) << "T " << s.T << " L " << s.L << " threads " << threads;
+      for (float x : got) ASSERT_TRUE(std::isfinite(x));
+    }
+  omp_set_num_threads(omp_get_num_procs());
+}
+
+TEST(PrefillAttention, GroupedQueryKernelEqualsCopiedHeadsAndDefinition) {
+  expect_grouped_bits(kernels::prefill_attention);
+}
+
+TEST(PrefillAttention, Avx2GroupedQueryKernelEqualsCopiedHeadsAndDefinition) {
+  if (!kernels::prefill_attention_avx2_supported()) GTEST_SKIP() << "AVX2 path: this CPU lacks AVX2 or FMA";
+  expect_grouped_bits(kernels::prefill_attention_avx2);
+}
+
+TEST(PrefillAttention, GroupedQueryDefinitionEqualsCopiedHeads) {
+  expect_grouped_bits(kernels::prefill_attention_reference);
+}
+
+// Query head h reads key/value head h / kv_group, not h % (H / kv_group): with every value of key/value head g
+// equal to g + 1, head h's outputs are h / 4 + 1 (heads 1, 3, 4 and 6 would read the other head under the modulo).
+TEST(PrefillAttention, GroupedQueryHeadReadsKeyValueHeadHOverGroup) {
+  GroupedProblem g(70, 100, 8, 128, 4, 5);
+  const int64_t vs = g.p.L * g.p.Dv;
+  for (int64_t kv = 0; kv < 2; ++kv) std::fill_n(g.p.vh.data() + kv * vs, vs, static_cast<float>(kv + 1));
+  std::vector<Kernel> kernels_to_test = {kernels::prefill_attention, kernels::prefill_attention_reference};
+  if (kernels::prefill_attention_avx2_supported()) kernels_to_test.push_back(kernels::prefill_attention_avx2);
+  for (size_t k = 0; k < kernels_to_test.size(); ++k) {
+    std::vector<float> out(g.p.T * g.p.H * g.p.Dv);
+    kernels_to_test[k](g.grouped(out.data()));
+    for (int64_t t = 0; t < g.p.T; ++t)
+      for (int64_t h = 0; h < g.p.H; ++h)
+        for (int64_t d = 0; d < g.p.Dv; ++d)
+          ASSERT_NEAR(out[(t * g.p.H + h) * g.p.Dv + d], h / 4 + 1, 1e-5)
+              << "kernel " << k << " t " << t << " head " << h;
+  }
 }
 
 // Softmax attention in double precision over keys 0..pos: the float kernel is within 1e-5 of each output's scale.

@@ -32,8 +32,9 @@ using namespace prefill_tiles;
 void reference_one(const PrefillAttentionArgs& a, int64_t t, int64_t h) {
   const int64_t pos = a.L - a.T + t;
   const float* q = a.q + (t * a.H + h) * a.Dk;
-  const float* kt = a.kt + h * a.kt_head_stride;
-  const float* v = a.v + h * a.v_head_stride;
+  const int64_t hk = h / a.kv_group;  // its key/value head
+  const float* kt = a.kt + hk * a.kt_head_stride;
+  const float* v = a.v + hk * a.v_head_stride;
   float* o = a.out + (t * a.H + h) * a.Dv;
   std::fill(o, o + a.Dv, 0.0f);
   float m = -INFINITY, l = 0.0f, s[kKeyBlock];
@@ -120,11 +121,11 @@ KESTREL_AVX512 void accumulate_values(float* const* o, const float (*p)[kKeyBloc
 // (KESTREL_IN_ZMM) each fma has one broadcast of a query element and no load of its own.
 constexpr int64_t kScoreTile = 8;
 
-// Work item: head h, queries [t0, t1) (at most kQueryBlock).
+// Work item: head h (its keys and values those of head h / kv_group), queries [t0, t1) (at most kQueryBlock).
 KESTREL_AVX512 void item_avx512(const PrefillAttentionArgs& a, int64_t h, int64_t t0, int64_t t1) {
-  const int64_t off = a.L - a.T, nq = t1 - t0, Dk = a.Dk, Dv = a.Dv;
-  const float* kt = a.kt + h * a.kt_head_stride;
-  const float* vh = a.v + h * a.v_head_stride;
+  const int64_t off = a.L - a.T, nq = t1 - t0, Dk = a.Dk, Dv = a.Dv, kvh = h / a.kv_group;
+  const float* kt = a.kt + kvh * a.kt_head_stride;
+  const float* vh = a.v + kvh * a.v_head_stride;
   float m[kQueryBlock], l[kQueryBlock];
   alignas(64) float p[kScoreTile][kKeyBlock];
   auto out_row = [&](int64_t i) { return a.out + ((t0 + i) * a.H + h) * Dv; };
@@ -190,6 +191,10 @@ KESTREL_AVX512 void item_avx512(const PrefillAttentionArgs& a, int64_t h, int64_
   for (int64_t i = 0; i < nq; ++i) scale_row(out_row(i), Dv, 1.0f / l[i]);
 }
 
+void check_groups(const PrefillAttentionArgs& a) {
+  KCHECK(a.kv_group >= 1 && a.H % a.kv_group == 0, "prefill_attention: kv_group must be >= 1 and divide H");
+}
+
 bool has_avx512() {
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
   return yes;
@@ -218,6 +223,7 @@ float prefill_exp(float x) {
 }
 
 void prefill_attention_reference(const PrefillAttentionArgs& a) {
+  check_groups(a);
   for (int64_t t = 0; t < a.T; ++t)
     for (int64_t h = 0; h < a.H; ++h) reference_one(a, t, h);
 }
@@ -229,11 +235,13 @@ bool prefill_attention_avx2_supported() {
 
 void prefill_attention_avx2(const PrefillAttentionArgs& a) {
   KCHECK(prefill_attention_avx2_supported(), "prefill_attention_avx2: this CPU lacks AVX2 or FMA");
+  check_groups(a);
   if (a.T <= 0 || a.H <= 0) return;
   run_items(a, item_avx2);
 }
 
 void prefill_attention(const PrefillAttentionArgs& a) {
+  check_groups(a);
   if (a.T <= 0 || a.H <= 0) return;
   if (has_avx512()) return run_items(a, item_avx512);
   if (prefill_attention_avx2_supported()) return run_items(a, item_avx2);

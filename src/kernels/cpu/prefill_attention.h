@@ -14,6 +14,8 @@
 // query's bits do not depend on the chunk it arrives in, the batch, the thread count or the ISA path:
 // prefill_attention (AVX-512 where the CPU has it, else AVX2 + FMA, else the scalar definition) equals
 // prefill_attention_reference bit for bit (tested, each vector path on its own).
+// Grouped-query attention (kv_group > 1, a divisor of H; KCHECK): query head h reads key/value head
+// h / kv_group, and computes exactly what it would with kv_group = 1 and that head copied into its own slot.
 #pragma once
 
 #include <cstdint>
@@ -32,12 +34,14 @@ inline void pack_key_part(float* kt_head, int64_t Dk, int64_t j, int64_t d0, con
 }
 
 struct PrefillAttentionArgs {
-  int64_t T = 0, L = 0, H = 0, Dk = 0, Dv = 0;  // queries are the last T of L positions
+  int64_t T = 0, L = 0, H = 0, Dk = 0, Dv = 0;  // queries are the last T of L positions; H query heads
   const float* q = nullptr;                     // [T, H, Dk]
-  const float* kt = nullptr;                    // head h at kt + h · kt_head_stride, packed (pack_key_part);
-  int64_t kt_head_stride = 0;                   //   what lies past L in the last block is never used
-  const float* v = nullptr;                     // head h at v + h · v_head_stride: [L, Dv]
+  const float* kt = nullptr;                    // head h at kt + (h / kv_group) · kt_head_stride, packed
+  int64_t kt_head_stride = 0;                   //   (pack_key_part); what lies past L in the last block is never used
+  const float* v = nullptr;                     // head h at v + (h / kv_group) · v_head_stride: [L, Dv]
   int64_t v_head_stride = 0;
+  int64_t kv_group = 1;  // query heads per key/value head: query head h reads key/value head h / kv_group (GQA);
+                         //   1 = one per head
   float scale = 1.0f;
   float* out = nullptr;  // [T, H, Dv]
 };

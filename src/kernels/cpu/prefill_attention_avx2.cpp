@@ -102,9 +102,9 @@ KESTREL_AVX2 void accumulate_values(float* const* o, const float (*p)[kKeyBlock]
 }  // namespace
 
 KESTREL_AVX2 void item_avx2(const PrefillAttentionArgs& a, int64_t h, int64_t t0, int64_t t1) {
-  const int64_t off = a.L - a.T, nq = t1 - t0, Dk = a.Dk, Dv = a.Dv;
-  const float* kt = a.kt + h * a.kt_head_stride;
-  const float* vh = a.v + h * a.v_head_stride;
+  const int64_t off = a.L - a.T, nq = t1 - t0, Dk = a.Dk, Dv = a.Dv, kvh = h / a.kv_group;
+  const float* kt = a.kt + kvh * a.kt_head_stride;
+  const float* vh = a.v + kvh * a.v_head_stride;
   float m[kQueryBlock], l[kQueryBlock];
   alignas(32) float p[kQueryTile][kKeyBlock];  // scores, then their weights
   auto out_row = [&](int64_t i) { return a.out + ((t0 + i) * a.H + h) * Dv; };

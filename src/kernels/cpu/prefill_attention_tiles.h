@@ -32,7 +32,8 @@ inline void add_weights(const float (*p)[kKeyBlock], float* l) {
   for (int u = 0; u < N; ++u) l[u] = s[u];
 }
 
-// Work item: head h, queries [t0, t1) (at most kQueryBlock), every output row of them written.
+// Work item: head h (its keys and values those of head h / kv_group), queries [t0, t1) (at most kQueryBlock),
+// every output row of them written.
 void item_avx2(const PrefillAttentionArgs& a, int64_t h, int64_t t0, int64_t t1);
 
 }  // namespace kestrel::kernels::prefill_tiles

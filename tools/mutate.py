@@ -228,6 +228,13 @@ MUTATIONS["prefill_attention_second_group_weights_dropped"] = (
     "          if (g == 0) add_weights<4>(p + g, l + i + g);",
     "PrefillAttention",
     "the AVX-512 8-query score tile leaves its second group's weights out of their softmax sums")
+NEEDS_CPU_FLAG["prefill_attention_kv_group_modulo"] = "avx512f"
+MUTATIONS["prefill_attention_kv_group_modulo"] = (
+    "src/kernels/cpu/prefill_attention.cpp",
+    "Dv = a.Dv, kvh = h / a.kv_group;",
+    "Dv = a.Dv, kvh = h % (a.H / a.kv_group);",
+    "PrefillAttention",
+    "the AVX-512 prefill attention gives query head h key/value head h % (H / kv_group) instead of h / kv_group")
 NEEDS_CPU_FLAG["sparse_mla_lane_sums_heads_swapped"] = "avx512f"
 MUTATIONS["sparse_mla_lane_sums_heads_swapped"] = (
     "src/kernels/cpu/sparse_mla_attention.cpp",

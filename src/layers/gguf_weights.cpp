@@ -30,6 +30,8 @@ constexpr Rename kLayerRenames[] = {
     {"self_attn.q_a_proj", "attn_q_a"}, {"self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"},
     {"self_attn.q_b_proj", "attn_q_b"}, {"self_attn.kv_a_proj_with_mqa", "attn_kv_a_mqa"},
     {"self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight"},
+    // GQA (qwen3moe): q/k/v/o as above, plus the per-head norms
+    {"self_attn.q_norm.weight", "attn_q_norm.weight"}, {"self_attn.k_norm.weight", "attn_k_norm.weight"},
     // dense MLP
     {"mlp.gate_proj", "ffn_gate"}, {"mlp.up_proj", "ffn_up"}, {"mlp.down_proj", "ffn_down"},
     // MoE

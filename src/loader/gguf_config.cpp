@@ -164,6 +164,48 @@ Result<std::string> deepseek2_config_json(const GgufHeader& h, const std::string
   return t.dump();
 }
 
+// `qwen3moe` (Qwen3-MoE as conversion/qwen.py's Qwen3MoeModel writes it) → a qwen3_moe config.json. llama.cpp
+// runs every layer as MoE with softmax routing and always renormalises the chosen weights (its graph passes
+// norm_w = true whatever the checkpoint's norm_topk_prob), so the config says the same.
+Result<std::string> qwen3moe_config_json(const GgufHeader& h, const std::string& label) {
+  Keys k(h, "qwen3moe", label);
+  json t;
+  t["model_type"] = "qwen3_moe";
+  t["num_hidden_layers"] = k.req_int("block_count");
+  t["hidden_size"] = k.req_int("embedding_length");
+  t["num_attention_heads"] = k.req_int("attention.head_count");
+  t["num_key_value_heads"] = k.req_int("attention.head_count_kv");
+  const int64_t hd = k.req_int("attention.key_length");
+  if (auto v = k.opt_int("attention.value_length"); v && *v != hd)
+    k.fail("attention.value_length", "must equal attention.key_length");
+  if (auto r = k.opt_int("rope.dimension_count"); r && *r != hd)
+    k.fail("rope.dimension_count", "partial RoPE is not supported (must equal attention.key_length)");
+  t["head_dim"] = hd;
+  t["intermediate_size"] = k.opt_int("feed_forward_length").value_or(0);
+  t["rms_norm_eps"] = k.req_num("attention.layer_norm_rms_epsilon");
+  if (auto v = k.opt_int("vocab_size")) {
+    t["vocab_size"] = *v;
+  } else if (const GgufTensorInfo* e = h.tensor("token_embd.weight"); e && e->ne.size() == 2) {
+    t["vocab_size"] = e->ne[1];
+  } else {
+    k.fail("vocab_size", "missing, and no 2-D token_embd.weight to read it from");
+  }
+  t["hidden_act"] = "silu";
+  t["num_experts"] = k.req_int("expert_count");
+  t["num_experts_per_tok"] = k.req_int("expert_used_count");
+  t["moe_intermediate_size"] = k.req_int("expert_feed_forward_length");
+  t["norm_topk_prob"] = true;
+  if (auto w = k.opt_num("expert_weights_scale"); w && *w != 0.0 && *w != 1.0)
+    k.fail("expert_weights_scale", "only 1 is supported");
+  t["rope_theta"] = k.opt_num("rope.freq_base").value_or(10000.0);
+  if (const auto scaling = opt_string(h, "qwen3moe.rope.scaling.type"); scaling && *scaling != "none")
+    k.fail("rope.scaling.type", "'" + *scaling + "' is not supported (none)");
+  t["tie_word_embeddings"] = h.tensor("output.weight") == nullptr;
+  token_ids(h, t);
+  if (!k.status().is_ok()) return k.status();
+  return t.dump();
+}
+
 }  // namespace
 
 Result<std::string> gguf_to_hf_config_json(const GgufHeader& h, const std::string& label) {
@@ -171,8 +213,10 @@ Result<std::string> gguf_to_hf_config_json(const GgufHeader& h, const std::strin
   const auto arch = archv ? archv->as_string() : std::nullopt;
   if (!arch) return invalid_argument(label + ": key 'general.architecture': missing or not a string");
   if (*arch == "deepseek2") return deepseek2_config_json(h, label);
+  if (*arch == "qwen3moe") return qwen3moe_config_json(h, label);
   if (*arch != "kimi-k3" && *arch != "kimi-linear")
-    return unsupported(label + ": GGUF architecture '" + *arch + "' is not supported (kimi-k3, kimi-linear, deepseek2 are)");
+    return unsupported(label + ": GGUF architecture '" + *arch +
+                       "' is not supported (kimi-k3, kimi-linear, deepseek2, qwen3moe are)");
   const bool k3 = *arch == "kimi-k3";
   Keys k(h, *arch, label);
   json t;
@@ -260,7 +304,7 @@ Result<ModelConfig> model_config_from_gguf(const GgufHeader& h, const std::strin
   auto c = parse_model_config(*text, label + " (metadata)");
   if (!c) return c.error();
   const GgufTensorInfo* e = h.tensor("blk." + std::to_string(c->text.num_hidden_layers - 1) + ".ffn_gate_exps.weight");
-  c->text.experts_mxfp4 = c->arch != Arch::kDeepseekV3 && e != nullptr && e->type == GgmlType::kMXFP4;
+  c->text.experts_mxfp4 = c->arch != Arch::kDeepseekV3 && c->arch != Arch::kQwen3Moe && e != nullptr && e->type == GgmlType::kMXFP4;
   return c;
 }
 

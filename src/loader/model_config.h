@@ -4,6 +4,8 @@
 // DeepSeek V3 / Kimi K2 ("deepseek_v3", "kimi_k2") and V3.2 ("deepseek_v32"): flat HF config with
 // MLA + decoupled (YaRN) RoPE, noaux_tc group-limited routing, optional FP8 block weights
 // (parsed in deepseek_config.cpp).
+// Qwen3-MoE ("qwen3_moe", Qwen3MoeForCausalLM): grouped-query attention with per-head q/k RMSNorm and NeoX RoPE,
+// softmax top-k MoE without shared experts (parsed in qwen3_config.cpp).
 #pragma once
 
 #include <optional>
@@ -14,9 +16,11 @@
 
 namespace kestrel {
 
-enum class Arch { kKimiK3, kKimiLinear, kDeepseekV3, kDeepseekV32 };
+enum class Arch { kKimiK3, kKimiLinear, kDeepseekV3, kDeepseekV32, kQwen3Moe };
 enum class Activation { kSiLU, kSiTU };
-enum class AttnKind { kKda, kMla };  // kMla layers listed in sparse_attn_layers also run the DSA indexer
+// kMla layers listed in sparse_attn_layers also run the DSA indexer; kGqa: grouped-query attention (Qwen3-MoE),
+// whose cached rows [keys of every KV head | values of every KV head] live in the same paged pool as MLA latents.
+enum class AttnKind { kKda, kMla, kGqa };
 enum class FfnKind { kDense, kMoe };
 enum class RouterScoring { kSigmoid, kSoftmax };
 
@@ -80,6 +84,15 @@ struct TextConfig {
   std::optional<MlaRopeConfig> mla_rope;  // DeepSeek: decoupled RoPE; absent → NoPE (Kimi)
   float mla_softmax_scale = 0.0f;        // qk_head_dim^-0.5 (× YaRN mscale² for DeepSeek)
   int num_nextn_predict_layers = 0;  // MTP layers stored after the main layers (not run)
+
+  // Grouped-query attention (AttnKind::kGqa): num_key_value_heads heads of head_dim for keys and values, shared
+  // by num_attention_heads / num_key_value_heads query heads each; q and k RMSNorm per head (qk_norm, eps
+  // rms_norm_eps) before NeoX RoPE (rotate-half) over the whole head at gqa_rope_theta; softmax scale head_dim^-0.5.
+  int num_key_value_heads = 0;
+  int head_dim = 0;
+  bool qk_norm = false;
+  double gqa_rope_theta = 10000.0;
+  int gqa_row_floats() const { return 2 * num_key_value_heads * head_dim; }
 
   // DSA (DeepSeek-V3.2 lightning indexer) on some full-attention layers. DeepSeek V3.2 (deepseek_v32):
   // every layer, sizes from its config (index_n_heads, index_head_dim, index_topk), rope dims =

@@ -204,7 +204,7 @@ std::vector<std::string> gen_preset_names() {
           "k3-bench", "k3-default",   "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v32-sparse-tiny", "deepseek-v2style-tiny",
           "deepseek-v3-micro-bf16", "deepseek-v2-lite-micro-bf16", "deepseek2-lite-bench",
           "deepseek-bench", "deepseek-bench-dsa", "k3-micro", "k3-micro-bf16", "kimi-linear-micro", "k3-tiny-dsa", "k3-bench-dsa",
-          "kimi-linear-bench", "k3-shape-bench"};
+          "kimi-linear-bench", "k3-shape-bench", "qwen3moe-micro-bf16", "qwen3moe-bench"};
 }
 
 Result<GenSpec> gen_preset(const std::string& name) {
@@ -375,11 +375,29 @@ Result<GenSpec> gen_preset(const std::string& name) {
     s.mxfp4_experts = false, s.fp8 = true, s.shards = 4;
     return s;
   }
+  if (name == "qwen3moe-micro-bf16" || name == "qwen3moe-bench") {  // Qwen3-MoE (docs/model-math.md §9)
+    s.arch = "qwen3_moe";
+    s.rope_theta = 1000000.0, s.norm_topk_prob = true;
+    s.mxfp4_experts = false, s.fp8 = false;
+    if (name == "qwen3moe-micro-bf16") {  // every matrix input width a multiple of 32 (Q8_0 / Q4_0 conversions)
+      s.hidden = 64, s.layers = 4, s.intermediate = 128;
+      s.mla_heads = 4, s.kv_heads = 2, s.head_dim = 32;
+      s.experts = 8, s.top_k = 2, s.moe_inter = 32;
+      s.shards = 1;
+    } else {  // Qwen3-30B-A3B widths: 32 query / 4 KV heads of 128, 128 experts top-8 of 768
+      s.vocab = 32768, s.hidden = 2048, s.layers = 8, s.intermediate = 6144;
+      s.mla_heads = 32, s.kv_heads = 4, s.head_dim = 128;
+      s.experts = 128, s.top_k = 8, s.moe_inter = 768;
+      s.shards = 4;
+    }
+    return s;
+  }
   return invalid_argument("unknown model preset '" + name + "'");
 }
 
 Status generate_checkpoint(const GenSpec& s, const std::string& dir, Progress* progress) {
   if (s.arch == "deepseek_v3" || s.arch == "deepseek_v32") return generate_deepseek_checkpoint(s, dir, progress);
+  if (s.arch == "qwen3_moe") return generate_qwen3_moe_checkpoint(s, dir, progress);
   if (s.arch != "kimi_k3" && s.arch != "kimi_linear") return invalid_argument("arch must be kimi_k3 or kimi_linear");
   if ((s.arch == "kimi_k3" ? s.latent : s.hidden) % 32 != 0 || s.moe_inter % 32 != 0)
     if (s.mxfp4_experts) return invalid_argument("MXFP4 experts need dims that are multiples of 32");

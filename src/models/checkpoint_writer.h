@@ -191,4 +191,6 @@ inline Status write_shards(std::vector<TensorToWrite>& tensors, int num_shards, 
 namespace kestrel {
 // deepseek_checkpoint.cpp: spec.arch "deepseek_v3" / "deepseek_v32".
 Status generate_deepseek_checkpoint(const GenSpec& spec, const std::string& dir, Progress* progress);
+// qwen3_checkpoint.cpp: spec.arch "qwen3_moe".
+Status generate_qwen3_moe_checkpoint(const GenSpec& spec, const std::string& dir, Progress* progress);
 }  // namespace kestrel

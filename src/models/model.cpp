@@ -10,6 +10,7 @@
 #include "loader/gguf.h"
 #include "models/deepseek_model.h"
 #include "models/kimi_model.h"
+#include "models/qwen3_model.h"
 
 namespace kestrel {
 
@@ -24,8 +25,10 @@ CacheGeometry cache_geometry_of(const TextConfig& c, const std::vector<bool>& is
     g.kda_conv_floats = KdaState::conv_floats(c);
     g.kda_recurrent_floats = KdaState::recurrent_floats(c);
   }
-  g.mla_row_floats = c.kv_lora_rank + c.qk_rope_head_dim;
-  g.mla_rope = c.qk_rope_head_dim;
+  // Paged rows: MLA latents [c_kv | k_r], or GQA keys and values [k | v] of every KV head (no positional part).
+  const bool gqa = !c.attn_kind.empty() && c.attn_kind.front() == AttnKind::kGqa;
+  g.mla_row_floats = gqa ? c.gqa_row_floats() : c.kv_lora_rank + c.qk_rope_head_dim;
+  g.mla_rope = gqa ? 0 : c.qk_rope_head_dim;
   return g;
 }
 
@@ -160,7 +163,7 @@ Result<std::string> gguf_architecture(const std::string& path) {
 Result<std::unique_ptr<Model>> load_model(const std::string& dir, ExpertShard* shard) {
 
   std::error_code ec;
-  if (std::filesystem::is_regular_file(dir, ec)) {  // a GGUF file (kimi-k3 / kimi-linear / deepseek2)
+  if (std::filesystem::is_regular_file(dir, ec)) {  // a GGUF file (kimi-k3 / kimi-linear / deepseek2 / qwen3moe)
     if (shard != nullptr && shard->size > 1)
       return unsupported(dir + ": expert parallelism needs a safetensors checkpoint (a GGUF file stacks a layer's "
                                "experts in one tensor)");
@@ -168,6 +171,11 @@ Result<std::unique_ptr<Model>> load_model(const std::string& dir, ExpertShard* s
     if (!arch) return arch.error();
     if (*arch == "deepseek2") {
       auto m = DeepseekModel::load_gguf(dir);
+      if (!m) return m.error();
+      return std::unique_ptr<Model>(std::move(*m));
+    }
+    if (*arch == "qwen3moe") {
+      auto m = Qwen3MoeModel::load_gguf(dir);
       if (!m) return m.error();
       return std::unique_ptr<Model>(std::move(*m));
     }
@@ -187,6 +195,11 @@ Result<std::unique_ptr<Model>> load_model(const std::string& dir, ExpertShard* s
     case Arch::kDeepseekV3:
     case Arch::kDeepseekV32: {
       auto m = DeepseekModel::load(dir, shard);
+      if (!m) return m.error();
+      return std::unique_ptr<Model>(std::move(*m));
+    }
+    case Arch::kQwen3Moe: {
+      auto m = Qwen3MoeModel::load(dir, shard);
       if (!m) return m.error();
       return std::unique_ptr<Model>(std::move(*m));
     }

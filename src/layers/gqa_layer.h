@@ -1,0 +1,46 @@
+// Grouped-query attention (Qwen3-MoE; docs/model-math.md §9): q = x Wq, k = x Wk, v = x Wv; RMSNorm over each
+// q and k head (its own weight, the model's eps); NeoX RoPE (rotate-half) over the whole head at the token's
+// position; causal softmax attention in which query head h uses key/value head h / (heads / kv_heads), scale
+// head_dim^-0.5; out = attn Wo.
+// Cache per token: one row [k of every KV head (post-norm, post-RoPE) | v of every KV head], in the same paged
+// pool and row dtypes as MLA latents (MlaCache with row.lora = 2 · kv_heads · head_dim, row.rope = 0).
+// Attention for every chunk, decode step included, runs the tiled prefill kernel (kernels/cpu/prefill_attention.h)
+// on the keys and values decoded from the rows, so a query's bits depend only on its position and the cached rows:
+// one prefill, the same prompt in chunks, a prefix-cache hit and prefill + decode give the same logits bit for bit.
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "layers/binder.h"
+#include "layers/kda_layer.h"
+#include "layers/mla_layer.h"
+#include "loader/model_config.h"
+
+namespace kestrel {
+
+class GqaLayer {
+ public:
+  Status bind(Binder& b, const std::string& prefix, const TextConfig& c);
+  // x: [T_total, hidden] (input-normed); each segment appends its tokens to its cache and attends over it;
+  // out: [T_total, hidden]. Projections run once over the batch.
+  void forward(const float* x, int64_t T_total, std::span<const Segment<MlaCache>> segs, float* out);
+  int64_t row_floats() const { return 2 * nkv_ * hd_; }
+
+ private:
+  void attend(int64_t off, int64_t T, const MlaCache& cache);
+
+  const TextConfig* c_ = nullptr;
+  int64_t nh_ = 0, nkv_ = 0, hd_ = 0;
+  kernels::WeightMatrix wq_, wk_, wv_, wo_;
+  std::vector<float> q_norm_, k_norm_, inv_freq_;
+  float scale_ = 1.0f;
+  // A call's temporaries, shared by the GQA layers of the calling thread (layers/shared_temps.h): queries, the new
+  // tokens' cache rows, attention output, RoPE cos/sin, one segment's packed keys and values, a decoded row.
+  struct Temps {
+    std::vector<float> q, rows, attn, cos, sin, kt, v, row_buf;
+  };
+};
+
+}  // namespace kestrel

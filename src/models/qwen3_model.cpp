@@ -1,0 +1,113 @@
+#include "models/qwen3_model.h"
+
+#include <filesystem>
+
+#include "base/check.h"
+#include "kernels/cpu/elementwise.h"
+#include "loader/gguf_config.h"
+
+namespace kestrel {
+
+Result<std::unique_ptr<Qwen3MoeModel>> Qwen3MoeModel::load(const std::string& dir, ExpertShard* shard) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(dir, ec)) {
+    if (shard != nullptr && shard->size > 1)
+      return unsupported(dir + ": expert parallelism needs a safetensors checkpoint (a GGUF file stacks a layer's "
+                               "experts in one tensor)");
+    return load_gguf(dir);
+  }
+  auto cfg = load_model_config(dir);
+  if (!cfg) return cfg.error();
+  if (cfg->arch != Arch::kQwen3Moe) return invalid_argument(dir + ": model_type '" + cfg->model_type + "' is not qwen3_moe");
+  auto ck = Checkpoint::open(dir);
+  if (!ck) return ck.error();
+  auto m = std::unique_ptr<Qwen3MoeModel>(new Qwen3MoeModel());
+  m->cfg_ = std::move(*cfg);
+  m->ckpt_ = std::make_unique<Checkpoint>(std::move(*ck));
+  m->ckpt_->show_progress("loading " + dir);
+  Binder b(*m->ckpt_);
+  b.set_expert_shard(shard);
+  KESTREL_RETURN_IF_ERROR(m->bind(b));
+  m->bound_weight_bytes_ = m->ckpt_->bound_bytes();
+  m->ckpt_->finish_progress();
+  const auto unused = m->ckpt_->unused();
+  if (!unused.empty())
+    return corrupt(m->ckpt_->file_of(unused.front()) + ": unexpected tensor '" + unused.front() + "' (" +
+                   std::to_string(unused.size()) + " tensor(s) not used by " + m->cfg_.model_type + ")");
+  return m;
+}
+
+Result<std::unique_ptr<Qwen3MoeModel>> Qwen3MoeModel::load_gguf(const std::string& path) {
+  auto g = GgufWeights::open(path);
+  if (!g) return g.error();
+  auto cfg = model_config_from_gguf((*g)->file().header(), path);
+  if (!cfg) return cfg.error();
+  if (cfg->arch != Arch::kQwen3Moe) return invalid_argument(path + ": not a qwen3moe GGUF file");
+  auto m = std::unique_ptr<Qwen3MoeModel>(new Qwen3MoeModel());
+  m->cfg_ = std::move(*cfg);
+  m->gguf_ = std::move(*g);
+  KESTREL_RETURN_IF_ERROR(bind_whole_gguf(*m->gguf_, path, m->cfg_.model_type, [&](Binder& b) { return m->bind(b); }));
+  return m;
+}
+
+Status Qwen3MoeModel::bind(Binder& b) {
+  const TextConfig& c = cfg_.text;
+  const int64_t D = c.hidden_size, V = c.vocab_size;
+  embed_ = b.linear("model.embed_tokens", V, D);
+  lm_head_ = c.tie_word_embeddings ? embed_ : b.linear("lm_head", V, D);
+  final_norm_ = b.vec("model.norm.weight", {D});
+  layers_.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int l = 0; l < c.num_hidden_layers && b.ok(); ++l) {
+    Layer& L = layers_[static_cast<size_t>(l)];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    L.in_norm = b.vec(p + "input_layernorm.weight", {D});
+    L.post_norm = b.vec(p + "post_attention_layernorm.weight", {D});
+    KESTREL_RETURN_IF_ERROR(L.attn.bind(b, p + "self_attn.", c));
+    if (c.ffn_kind[static_cast<size_t>(l)] == FfnKind::kDense) {
+      L.dense = std::make_unique<GatedMlp>();
+      L.dense->bind_dense(b, p + "mlp.", "gate_proj", "up_proj", "down_proj", D, c.intermediate_size, c);
+    } else {
+      L.moe = std::make_unique<MoeBlock>();
+      KESTREL_RETURN_IF_ERROR(L.moe->bind(b, p + "mlp.", c, kHfExpertNames));
+    }
+  }
+  set_geometry(std::vector<bool>(layers_.size(), false));
+  return b.status();
+}
+
+// Plain pre-norm residual stream: h += GQA(norm h); h += FFN(norm h); logits = lm_head(norm h).
+void Qwen3MoeModel::forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions&) {
+  const TextConfig& c = cfg_.text;
+  const int64_t D = c.hidden_size;
+  int64_t T = 0;
+  for (const SeqRun& r : runs) {
+    if (r.st->owns_storage) reserve(*r.st, r.st->n_tokens + r.T);
+    T += r.T;
+  }
+  h_.resize(static_cast<size_t>(T * D));
+  int64_t t = 0;
+  for (const SeqRun& r : runs)
+    for (int64_t i = 0; i < r.T; ++i, ++t) {
+      KCHECK(r.ids[i] >= 0 && r.ids[i] < c.vocab_size, "token id out of range (callers validate)");
+      kernels::decode_row(embed_, r.ids[i], h_.data() + t * D);
+    }
+  const int64_t n = T * D;
+  normed_.resize(static_cast<size_t>(n));
+  sub_.resize(static_cast<size_t>(n));
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    Layer& L = layers_[l];
+    kernels::rms_norm(h_.data(), L.in_norm.data(), T, D, c.rms_norm_eps, normed_.data());
+    segs_.clear();
+    int64_t off = 0;
+    for (const SeqRun& r : runs) segs_.push_back({off, r.T, &r.st->mla[l]}), off += r.T;
+    L.attn.forward(normed_.data(), T, segs_, sub_.data());
+    for (int64_t i = 0; i < n; ++i) h_[static_cast<size_t>(i)] += sub_[static_cast<size_t>(i)];
+    kernels::rms_norm(h_.data(), L.post_norm.data(), T, D, c.rms_norm_eps, normed_.data());
+    if (L.dense) L.dense->forward(normed_.data(), T, sub_.data());
+    else L.moe->forward(normed_.data(), T, sub_.data());
+    for (int64_t i = 0; i < n; ++i) h_[static_cast<size_t>(i)] += sub_[static_cast<size_t>(i)];
+  }
+  emit_logits(runs, h_.data(), final_norm_.data(), lm_head_, logits);
+}
+
+}  // namespace kestrel

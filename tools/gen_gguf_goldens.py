@@ -2,12 +2,13 @@
 """GGUF test files and golden logits from an INDEPENDENT reference: llama.cpp's converter and runtime.
 
 Reference: the llama.cpp vendored in llama-cpp-python 0.3.36 (convert_hf_to_gguf.py + conversion/kimi_k3.py,
-conversion/kimi_linear.py, conversion/deepseek.py; src/models/kimi-k3.cpp, kimi-linear.cpp, deepseek2.cpp;
-gguf-py). Installation as described in tools/gen_k3_goldens.py (or the sdist's llama_cpp package on PYTHONPATH
+conversion/kimi_linear.py, conversion/deepseek.py, conversion/qwen.py; src/models/kimi-k3.cpp, kimi-linear.cpp,
+deepseek2.cpp, qwen3moe.cpp; gguf-py). Installation as described in tools/gen_k3_goldens.py (or the sdist's llama_cpp package on PYTHONPATH
 with LLAMA_CPP_LIB_PATH naming a directory of libllama.so / libggml*.so built from the same sdist; the package
 imports numpy, diskcache and jinja2). The deepseek2 cases: `--only deepseek_v3_micro_bf16,deepseek_v3_micro_f16,
 deepseek_v3_micro_q8_0,deepseek_v3_micro_q4_0` (DeepSeek V3 structure) and `--only deepseek_v2_lite_micro_bf16,
-deepseek_v2_lite_micro_q8_0,deepseek_v2_lite_micro_q4_0` (DeepSeek-V2-Lite structure).
+deepseek_v2_lite_micro_q8_0,deepseek_v2_lite_micro_q4_0` (DeepSeek-V2-Lite structure). The qwen3moe cases:
+`--only qwen3moe_micro_bf16,qwen3moe_micro_q8_0,qwen3moe_micro_q4_0` (Qwen3-MoE structure).
 
 Run (from the repository root, with the project venv):
 
@@ -67,11 +68,13 @@ import sys
 src, model_dir, out, outtype = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 sys.path.insert(0, src)
 import convert_hf_to_gguf as conv
-from conversion import deepseek, kimi_k3, kimi_linear
+from conversion import deepseek, kimi_k3, kimi_linear, qwen
 # tokenizer-less test checkpoints: dummy vocabulary (vocab size still comes from the config)
 kimi_k3.KimiK3Model.set_vocab = lambda self: self._set_vocab_none()
 kimi_linear.KimiLinearModel.set_vocab = lambda self: self._set_vocab_none()
 deepseek.DeepseekV2Model.set_vocab = lambda self: self._set_vocab_none()
+# (conversion/qwen.py writes no <arch>.vocab_size, which llama.cpp needs without a vocabulary: added here)
+qwen.Qwen3MoeModel.set_vocab = lambda self: (self._set_vocab_none(), self.gguf_writer.add_vocab_size(self.hparams["vocab_size"]))
 sys.argv = ["convert_hf_to_gguf.py", "--outtype", outtype, "--outfile", out, model_dir]
 conv.main()
 """
@@ -92,6 +95,10 @@ CASES = [
     ("deepseek_v2_lite_micro_bf16", "deepseek-v2-lite-micro-bf16", "convert", "bf16"),
     ("deepseek_v2_lite_micro_q8_0", "deepseek-v2-lite-micro-bf16", "convert", "q8_0"),
     ("deepseek_v2_lite_micro_q4_0", "deepseek-v2-lite-micro-bf16", "quantize_q4_0", None),
+    # qwen3moe (Qwen3MoeForCausalLM → conversion/qwen.py Qwen3MoeModel): GQA, q/k norms, experts stacked
+    ("qwen3moe_micro_bf16", "qwen3moe-micro-bf16", "convert", "bf16"),
+    ("qwen3moe_micro_q8_0", "qwen3moe-micro-bf16", "convert", "q8_0"),
+    ("qwen3moe_micro_q4_0", "qwen3moe-micro-bf16", "quantize_q4_0", None),
 ]
 
 # llama.cpp 0.3.36 runs deepseek2 files with quantized or F16 weights only without its CPU weight repacking
@@ -377,8 +384,12 @@ def main():
             f32 = os.path.join(tmp, name + "-f32.gguf")
             convert("f32", f32)
             quantize_q4_0(llama_cpp, f32, out)
-        vocab = int(gguf_mod.GGUFReader(out).fields[next(k for k in gguf_mod.GGUFReader(out).fields
-                                                         if k.endswith(".vocab_size"))].contents())
+        reader = gguf_mod.GGUFReader(out)
+        vocab_key = next((k for k in reader.fields if k.endswith(".vocab_size")), None)
+        if vocab_key is not None:
+            vocab = int(reader.fields[vocab_key].contents())
+        else:  # converters that write no <arch>.vocab_size (qwen3moe): token_embd.weight is [hidden, vocab]
+            vocab = int(next(t for t in reader.tensors if t.name == "token_embd.weight").shape[1])
         prompt = np.random.RandomState(0).randint(0, vocab, N_PROMPT).astype(np.int32)
         exact_path = os.path.join(tmp, name + "-exact-f32.gguf")
         dequantize_gguf(gguf_mod, out, exact_path)

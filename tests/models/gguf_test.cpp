@@ -159,7 +159,8 @@ INSTANTIATE_TEST_SUITE_P(Micro, GgufVsSafetensors,
                                            SameModelCase{"deepseek_v3_bf16", "deepseek-v3-micro-bf16", "deepseek_v3_micro_bf16", 1e-4},
                                            SameModelCase{"deepseek_v3_f16", "deepseek-v3-micro-bf16", "deepseek_v3_micro_f16", 1e-4},
                                            SameModelCase{"deepseek_v2_lite_bf16", "deepseek-v2-lite-micro-bf16",
-                                                         "deepseek_v2_lite_micro_bf16", 1e-4}),
+                                                         "deepseek_v2_lite_micro_bf16", 1e-4},
+                                           SameModelCase{"qwen3moe_bf16", "qwen3moe-micro-bf16", "qwen3moe_micro_bf16", 1e-4}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 struct RefCase {
@@ -214,7 +215,13 @@ INSTANTIATE_TEST_SUITE_P(
                       // worst 1.9e-2 / 0.13 / 2.4e-2, rows > 0.1: 0 / 1 / 0, top-1 0.95 / 0.92 / 0.95.
                       RefCase{"deepseek_v2_lite_bf16", "deepseek_v2_lite_micro_bf16", 3e-3, 6e-2, 0, 0.88},
                       RefCase{"deepseek_v2_lite_q8_0", "deepseek_v2_lite_micro_q8_0", 1.5e-2, 1.0, 8, 0.82},
-                      RefCase{"deepseek_v2_lite_q4_0", "deepseek_v2_lite_micro_q4_0", 1.2e-2, 1.0, 8, 0.85}),
+                      RefCase{"deepseek_v2_lite_q4_0", "deepseek_v2_lite_micro_q4_0", 1.2e-2, 1.0, 8, 0.85},
+                      // Qwen3-MoE structure (GQA 4 / 2 heads): measured median 2.0e-5 / 2.7e-4 / 3.3e-4, worst 5.1e-5 /
+                      // 0.11 / 7.4e-2, rows > 0.1: 0 / 1 / 0, top-1 0.98 / 0.97 / 0.94 (llama.cpp's own native path
+                      // against its exact decode: the same figures).
+                      RefCase{"qwen3moe_bf16", "qwen3moe_micro_bf16", 6e-5, 1.5e-4, 0, 0.95},
+                      RefCase{"qwen3moe_q8_0", "qwen3moe_micro_q8_0", 8e-4, 0.35, 3, 0.9},
+                      RefCase{"qwen3moe_q4_0", "qwen3moe_micro_q4_0", 1e-3, 0.25, 2, 0.88}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // The default int8 mode (GGUF Q4_0/Q8_0/MXFP4 products with Q8_0 activations, as llama.cpp computes
@@ -303,16 +310,21 @@ INSTANTIATE_TEST_SUITE_P(Micro, GgufInt8VsLlamaCpp,
                          ::testing::Values(Int8Case{"k3_q8_0", "k3_micro_q8_0", 3e-3, 9e-4, 0.5, 6, 0.9},
                                            Int8Case{"k3_q4_0", "k3_micro_q4_0", 1.5e-3, 5e-4, 0.05, 2, 0.9},
                                            Int8Case{"k3_mxfp4_experts", "k3_micro_mxfp4", 1e-3, 2.2e-4, 0.8, 6, 0.82, true},
-                                           Int8Case{"kimi_linear_bf16", "kimi_linear_micro_bf16", 7e-5, 3.5e-5, 2e-4, 0, 0.95, true}),
+                                           Int8Case{"kimi_linear_bf16", "kimi_linear_micro_bf16", 7e-5, 3.5e-5, 2e-4, 0, 0.95, true},
+                                           // Qwen3-MoE (AVX-512 VNNI, Zen 4, 2026-12-07), int8 mode / exact path: q25 NMSE
+                                           // 3.1e-15 / 2.0e-4 (Q8_0), 0 / 2.2e-4 (Q4_0); median 3.4e-15 / 3.0e-5; worst row
+                                           // 4.7e-15 / 1.3e-4; top-1 1.00 / 0.98.
+                                           Int8Case{"qwen3moe_q8_0", "qwen3moe_micro_q8_0", 1e-6, 1e-6, 1e-3, 0, 0.95},
+                                           Int8Case{"qwen3moe_q4_0", "qwen3moe_micro_q4_0", 1e-4, 2e-5, 5e-4, 0, 0.95}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // deepseek2, one token per call: every position runs MLA in the absorbed (MQA) form over the cache instead
 // of the expanded form of the chunked prefill, with YaRN RoPE at each position; on the exact path the same
 // fp32 bounds against llama.cpp on the exact F32 decode hold (measured max |Δlogit| 6.5e-6..7.2e-6, NMSE
-// ≤ 5.2e-12).
-class GgufDeepseek2TokenByToken : public ::testing::TestWithParam<const char*> {};
+// ≤ 5.2e-12). qwen3moe: each decode step attends over the rows cached by the steps before it.
+class GgufTokenByToken : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(GgufDeepseek2TokenByToken, AbsorbedDecodeMatchesExactDecode) {
+TEST_P(GgufTokenByToken, AbsorbedDecodeMatchesExactDecode) {
   const Golden g = read_golden(data(std::string(GetParam()) + ".logits.safetensors"));
   const auto got = run(data(std::string(GetParam()) + ".gguf"), g.prompt, false, 1);
   ASSERT_EQ(got.size(), g.logits_exact.size());
@@ -324,10 +336,11 @@ TEST_P(GgufDeepseek2TokenByToken, AbsorbedDecodeMatchesExactDecode) {
   EXPECT_EQ(e.top1, 1.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Micro, GgufDeepseek2TokenByToken,
+INSTANTIATE_TEST_SUITE_P(Micro, GgufTokenByToken,
                          ::testing::Values("deepseek_v3_micro_bf16", "deepseek_v3_micro_f16", "deepseek_v3_micro_q8_0",
                                            "deepseek_v3_micro_q4_0", "deepseek_v2_lite_micro_bf16",
-                                           "deepseek_v2_lite_micro_q8_0", "deepseek_v2_lite_micro_q4_0"));
+                                           "deepseek_v2_lite_micro_q8_0", "deepseek_v2_lite_micro_q4_0",
+                                           "qwen3moe_micro_bf16", "qwen3moe_micro_q8_0", "qwen3moe_micro_q4_0"));
 
 // deepseek2 Q8_0 / Q4_0 in the default int8 mode, one token per call: the absorbed MLA runs the file's
 // k_b / v_b halves in place as per-head int8 products, which is llama.cpp's deepseek2 graph (always absorbed),
@@ -395,7 +408,7 @@ TEST_P(GgufMoeFused, SameBitsAsGroupedExperts) {
 
 INSTANTIATE_TEST_SUITE_P(Micro, GgufMoeFused,
                          ::testing::Values("k3_micro_q4_0", "k3_micro_q8_0", "deepseek_v3_micro_q4_0",
-                                           "deepseek_v3_micro_q8_0", "deepseek_v2_lite_micro_q4_0"));
+                                           "deepseek_v3_micro_q8_0", "deepseek_v2_lite_micro_q4_0", "qwen3moe_micro_q4_0"));
 
 // deepseek2 metadata (llama.cpp's converter) → the same ModelConfig as the checkpoint's config.json it was
 // converted from: every field the DeepSeek model reads, the derived softmax scale bit for bit (YaRN mscale

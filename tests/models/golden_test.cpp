@@ -16,6 +16,9 @@
 //   deepseek_v2style_tiny.safetensors ← transformers DeepseekV2ForCausalLM fp32 (same script): no q_lora,
 //                                   softmax group_limited_greedy routing, and an independent
 //                                   (complex-multiply) implementation of the interleaved RoPE.
+//   qwen3moe_micro.safetensors    ← transformers Qwen3MoeForCausalLM fp32 (tools/gen_qwen3_goldens.py): GQA
+//                                   (4 query / 2 KV heads), per-head q/k RMSNorm, NeoX RoPE at θ = 1e6,
+//                                   softmax top-2 of 8 experts renormalised, no shared experts.
 //   k3_tiny_mxfp4_allexp.safetensors ← llama.cpp's native MXFP4 path, every expert routed. llama.cpp rounds
 //                                   the expert inputs to Q8_0 there, which with top-k routing flips expert
 //                                   choices and then diverges (docs/model-math.md §2.9); with all experts routed the
@@ -218,6 +221,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"deepseek_v32_fp8_vs_transformers", "deepseek-v32-tiny", "deepseek_v32_tiny.safetensors", 2e-4, 1e-9, 1.0, true},
                       Case{"deepseek_v32_sparse_top8_vs_transformers", "deepseek-v32-sparse-tiny", "deepseek_v32_sparse_tiny.safetensors", 2e-4, 1e-9, 1.0, true},
                       Case{"deepseek_v2style_vs_transformers_v2", "deepseek-v2style-tiny", "deepseek_v2style_tiny.safetensors", 2e-4, 1e-9, 1.0, true},
+                      Case{"qwen3moe_vs_transformers", "qwen3moe-micro-bf16", "qwen3moe_micro.safetensors", 2e-4, 1e-9, 1.0, true},
                       Case{"k3_mxfp4_native_vs_llamacpp_q8", "k3-tiny-allexp", "k3_tiny_mxfp4_allexp.safetensors", 1.0, 3e-2, 0.9, false}),
     [](const auto& info) { return std::string(info.param.name); });
 

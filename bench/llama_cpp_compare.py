@@ -21,6 +21,8 @@ Models (made once under --work-dir, reused afterwards; sha256 recorded):
   deepseek2-lite-bench  DeepSeek-V2-Lite layer widths (hidden 2048, 16 MLA heads without q_lora, kv_lora 512,
                      64 experts top-6 + 2 shared at 1408, dense 10944), 1 dense + 3 MoE layers, vocab 32768
                                                                                           -> Q4_0
+  qwen3moe-bench     Qwen3-30B-A3B layer widths (hidden 2048, 32 query / 4 KV heads of 128, q/k norms,
+                     128 experts top-8 at 768, no shared expert), 8 of its 48 layers, vocab 32768 -> Q4_0
 Pipeline: `kestrel make-model` (HF layout) -> llama.cpp's convert_hf_to_gguf.py -> llama_model_quantize
 (Q4_0; output and token_embd forced to Q4_0, F32 norms/routers kept as llama.cpp keeps them).
 
@@ -109,8 +111,9 @@ CELLS = [
     ("k3-shape-bench Q4_0", "k3-shape-bench", "q4_0", []),
     ("k3-shape-bench MXFP4 experts + BF16", "k3-shape-bench", "mxfp4", ["int8"]),
     ("deepseek2-lite-bench Q4_0", "deepseek2-lite-bench", "q4_0", []),
+    ("qwen3moe-bench Q4_0", "qwen3moe-bench", "q4_0", []),
 ]
-IK_ARCHS = {"deepseek2"}  # GGUF architectures of these cells that ik_llama.cpp loads
+IK_ARCHS = {"deepseek2", "qwen3moe"}  # GGUF architectures of these cells that ik_llama.cpp loads
 NO_REPACK_ARCHS = {"deepseek2"}
 IK_ARGS = "-mla 3 -fa 1 -fmoe 1"
 

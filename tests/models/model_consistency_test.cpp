@@ -48,6 +48,9 @@ std::vector<Variant> variants() {
       {"deepseek_v3_bf16_no_q_lora_one_group", "deepseek-v3-tiny",
        [](GenSpec& s) { s.fp8 = false, s.q_lora = 0, s.n_group = 1, s.topk_group = 1, s.mla_heads = 3; },
        false},
+      // Qwen3-MoE: grouped-query attention (4 query / 2 KV heads; 6 / 3 of 64), softmax top-2 MoE.
+      {"qwen3moe", "qwen3moe-micro-bf16", nullptr},
+      {"qwen3moe_heads6_kv3", "qwen3moe-micro-bf16", [](GenSpec& s) { s.mla_heads = 6, s.kv_heads = 3, s.head_dim = 64; }},
       // DSA: layers 4 and 8 sparse with top-16 (prompts of 30..150 tokens really select), layer 9 dense.
       {"k3_dsa", "k3-tiny-dsa", nullptr, true},
       // Every MLA layer sparse, top-5, 1 indexer head, no indexer RoPE.
@@ -327,6 +330,69 @@ void pool_backed_batch_equals_owned(const char* preset, size_t sparse_layer) {
 
 TEST(DsaModel, PoolBackedBatchEqualsOwned) { pool_backed_batch_equals_owned("k3-tiny-dsa", 3); }
 TEST(DeepseekV32, PoolBackedBatchEqualsOwned) { pool_backed_batch_equals_owned("deepseek-v32-sparse-tiny", 0); }
+
+// Qwen3-MoE's attention reads every earlier token's [k | v] row back from the cache and runs the same tiled kernel
+// whatever the chunk, so chunked prefill, prefill + decode and a pool-backed batch (pages of 16 tokens, two
+// sequences per forward) give the one-chunk logits bit for bit.
+TEST(Qwen3Moe, ChunksDecodeAndPooledBatchAreBitwiseOneChunk) {
+  testing::TempDir tmp;
+  testing::make_checkpoint("qwen3moe-micro-bf16", tmp.path(), nullptr);
+  auto e = Engine::load(tmp.path());
+  ASSERT_TRUE(e) << e.error().message();
+  Model& m = (*e)->model();
+  const int vocab = m.config().text.vocab_size;
+  const auto a = prompt(150, vocab, 3), b = prompt(90, vocab, 4);
+  auto owned = [&](const std::vector<int32_t>& ids, int64_t chunk) {
+    SequenceState s = m.new_sequence();
+    auto r = (*e)->prefill(s, ids, chunk, true);
+    EXPECT_TRUE(r);
+    return r ? *r : std::vector<float>{};
+  };
+  auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+  const auto ra = owned(a, 0), rb = owned(b, 0);
+  for (int64_t chunk : {1, 7, 64}) EXPECT_TRUE(same(owned(a, chunk), ra)) << "chunks of " << chunk;
+  {
+    SequenceState s = m.new_sequence();
+    auto r = (*e)->prefill(s, std::span<const int32_t>(a.data(), 100), 0, false);
+    ASSERT_TRUE(r);
+    EXPECT_TRUE(same(*r, std::vector<float>(ra.begin() + 99 * vocab, ra.begin() + 100 * vocab)));
+    for (int t = 100; t < 150; ++t) {
+      auto d = (*e)->decode(s, a[static_cast<size_t>(t)]);
+      ASSERT_TRUE(d);
+      EXPECT_TRUE(same(*d, std::vector<float>(ra.begin() + t * vocab, ra.begin() + (t + 1) * vocab))) << "step " << t;
+    }
+  }
+  CachePoolConfig pc;
+  pc.page_tokens = 16, pc.max_slots = 2, pc.max_seq_tokens = 256, pc.budget_bytes = 64 << 20;
+  auto pools = CachePools::create(m.cache_geometry(), pc);
+  ASSERT_TRUE(pools) << pools.error().message();
+  SequenceState sa, sb;
+  const auto slot_a = (*pools)->acquire_slot(sa), slot_b = (*pools)->acquire_slot(sb);
+  ASSERT_TRUE(slot_a && slot_b);
+  std::vector<int32_t> ba, bb;
+  std::vector<float> la, lb, logits;
+  const int64_t chunk = 37;
+  for (int64_t s = 0; s < 150; s += chunk) {
+    std::vector<SeqRun> runs;
+    const int64_t ta = std::min<int64_t>(chunk, 150 - s), tb = std::max<int64_t>(0, std::min<int64_t>(chunk, 90 - s));
+    ASSERT_TRUE((*pools)->grow(sa, ba, s + ta));
+    runs.push_back(SeqRun{a.data() + s, ta, &sa, true});
+    if (tb > 0) {
+      ASSERT_TRUE((*pools)->grow(sb, bb, s + tb));
+      runs.push_back(SeqRun{b.data() + s, tb, &sb, true});
+    }
+    m.forward_batch(runs, logits);
+    la.insert(la.end(), logits.begin(), logits.begin() + ta * vocab);
+    if (tb > 0) lb.insert(lb.end(), logits.begin() + ta * vocab, logits.begin() + (ta + tb) * vocab);
+  }
+  EXPECT_TRUE(same(la, ra));
+  EXPECT_TRUE(same(lb, rb));
+  EXPECT_FALSE(same(std::vector<float>(ra.begin(), ra.begin() + 90 * vocab), rb));
+  (*pools)->release(sa, *slot_a, ba);
+  (*pools)->release(sb, *slot_b, bb);
+}
 
 INSTANTIATE_TEST_SUITE_P(Tiny, ModelConsistency, ::testing::ValuesIn(variants()),
                          [](const auto& info) { return std::string(info.param.name); });

@@ -74,7 +74,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(Case{"k3", "k3-tiny"}, Case{"k3_dsa", "k3-tiny-dsa"},
                                          Case{"kimi_linear", "kimi-linear-tiny"},
                                          Case{"deepseek_v3", "deepseek-v3-tiny"},
-                                         Case{"deepseek_v32_dsa", "deepseek-v32-sparse-tiny"}),
+                                         Case{"deepseek_v32_dsa", "deepseek-v32-sparse-tiny"},
+                                         Case{"qwen3moe", "qwen3moe-micro-bf16"}),
                        ::testing::Values(1, 2, 4)),
     [](const auto& info) {
       return std::string(std::get<0>(info.param).name) + "_ep" + std::to_string(std::get<1>(info.param));

@@ -767,7 +767,8 @@ std::string name(const ::testing::TestParamInfo<const char*>& info) {
   return n;
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Handoff, ::testing::Values("k3-tiny", "k3-tiny-dsa", "deepseek-v3-tiny"), name);
+INSTANTIATE_TEST_SUITE_P(Models, Handoff,
+                         ::testing::Values("k3-tiny", "k3-tiny-dsa", "deepseek-v3-tiny", "qwen3moe-micro-bf16"), name);
 INSTANTIATE_TEST_SUITE_P(Models, HandoffFault, ::testing::Values("k3-tiny"), name);
 INSTANTIATE_TEST_SUITE_P(Models, HandoffCancel, ::testing::Values("k3-tiny"), name);
 

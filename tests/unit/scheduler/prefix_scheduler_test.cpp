@@ -378,7 +378,7 @@ std::string name(const ::testing::TestParamInfo<const char*>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Models, PrefixScheduler,
                          ::testing::Values("k3-tiny", "k3-tiny-dsa", "kimi-linear-tiny", "deepseek-v3-tiny",
-                                           "deepseek-v32-sparse-tiny"),
+                                           "deepseek-v32-sparse-tiny", "qwen3moe-micro-bf16"),
                          name);
 INSTANTIATE_TEST_SUITE_P(Models, PrefixSchedulerHybrid, ::testing::Values("k3-tiny", "k3-tiny-dsa", "kimi-linear-tiny"),
                          name);

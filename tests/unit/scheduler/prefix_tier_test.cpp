@@ -275,7 +275,8 @@ TEST_P(PrefixTier, MissingSharedSegmentIsNoHitBeyondIt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, PrefixTier,
-                         ::testing::Values("k3-tiny", "k3-tiny-dsa", "deepseek-v3-tiny", "deepseek-v32-sparse-tiny"),
+                         ::testing::Values("k3-tiny", "k3-tiny-dsa", "deepseek-v3-tiny", "deepseek-v32-sparse-tiny",
+                                           "qwen3moe-micro-bf16"),
                          param_name);
 
 }  // namespace

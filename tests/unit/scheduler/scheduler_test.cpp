@@ -335,9 +335,10 @@ TEST(SchedulerGguf, Deepseek2BatchedEqualsAloneBitwise) {
 
 // DeepSeek through the scheduler: pool-backed MLA pages with no KDA slots (slot size 0), batched
 // requests equal their solo runs bitwise. Also V3.2 with top-8 DSA (every layer sparse, indexer keys
-// in their own pool pages) on prompts of 45..90 tokens, so the selection is really sparse.
+// in their own pool pages) on prompts of 45..90 tokens, so the selection is really sparse. And Qwen3-MoE, whose
+// GQA [k | v] rows live in the same pool pages.
 TEST(SchedulerDeepseek, BatchedEqualsAlone) {
-  for (const char* preset : {"deepseek-v3-tiny", "deepseek-v32-sparse-tiny"}) {
+  for (const char* preset : {"deepseek-v3-tiny", "deepseek-v32-sparse-tiny", "qwen3moe-micro-bf16"}) {
     SCOPED_TRACE(preset);
     testing::TempDir dir;
     testing::make_checkpoint(preset, dir.path());

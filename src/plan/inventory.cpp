@@ -204,6 +204,10 @@ int64_t TensorEntry::bytes_per_copy() const {
 }
 
 Result<Inventory> build_inventory(const ModelConfig& cfg, const InventoryOptions& opt) {
+  if (cfg.arch == Arch::kQwen3Moe)
+    return unsupported("model_type '" + cfg.model_type +
+                       "': the planner models Kimi (KDA + MLA) and DeepSeek (MLA) checkpoints; grouped-query "
+                       "attention (Qwen3-MoE) is not modelled");
   const TextConfig& t = cfg.text;
   const bool k3 = cfg.arch == Arch::kKimiK3;
   Inventory inv;

@@ -179,9 +179,9 @@ RolePlan plan_role(const Ctx& x, const char* name, const RoleSpec& s, bool prefi
 }  // namespace
 
 Result<Plan> make_plan(const ModelConfig& cfg, const std::string& model_label, const ClusterSpec& cluster) {
-  KESTREL_RETURN_IF_ERROR(validate(cluster, cfg));
-  auto inv = build_inventory(cfg, cluster.a.weights);
+  auto inv = build_inventory(cfg, cluster.a.weights);  // first: it refuses architectures the planner does not model
   if (!inv) return inv.error();
+  KESTREL_RETURN_IF_ERROR(validate(cluster, cfg));
   Plan p;
   p.model_label = model_label;
   p.inventory = std::move(*inv);

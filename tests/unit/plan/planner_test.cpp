@@ -123,6 +123,19 @@ TEST(PlanPlanner, RejectsLayoutsTheModelCannotUse) {
   EXPECT_NE(err([](ClusterSpec& c) { c.a.mfu = 0; }).find("assumptions"), std::string::npos);
 }
 
+// The planner models KDA / MLA checkpoints only: a grouped-query attention model is refused by name, not planned
+// as a model with no attention cache.
+TEST(PlanPlanner, RefusesArchitecturesItDoesNotModel) {
+  auto cfg = parse_model_config(R"({"model_type": "qwen3_moe", "vocab_size": 1024, "hidden_size": 256,
+      "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
+      "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "norm_topk_prob": true})", "test");
+  ASSERT_TRUE(cfg) << cfg.error().message();
+  auto p = make_plan(*cfg, "qwen3", *cluster_preset("h200"));
+  ASSERT_FALSE(p.has_value());
+  EXPECT_NE(p.error().message().find("grouped-query attention (Qwen3-MoE) is not modelled"), std::string::npos)
+      << p.error().message();
+}
+
 // A measured hand-off throughput (--transfer-gbps, assumptions.transfer_gb_s) replaces the NIC roofline in the
 // P->D transfer time of K3 and the K3.1-style config on 4P+4D: time = bytes / (links x measured), so doubling
 // the measured figure halves the time exactly; nothing else in the plan depends on it.

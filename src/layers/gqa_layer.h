@@ -1,4 +1,4 @@
-// Grouped-query attention (Qwen3-MoE; docs/model-math.md §9): q = x Wq, k = x Wk, v = x Wv; RMSNorm over each
+// Grouped-query attention (Qwen3-MoE; docs/model-math.md §11): q = x Wq, k = x Wk, v = x Wv; RMSNorm over each
 // q and k head (its own weight, the model's eps); NeoX RoPE (rotate-half) over the whole head at the token's
 // position; causal softmax attention in which query head h uses key/value head h / (heads / kv_heads), scale
 // head_dim^-0.5; out = attn Wo.

@@ -87,7 +87,7 @@ Status parse_qwen3_moe_config(const json& j, const std::string& label, ModelConf
       return invalid_argument(label + ": key 'num_experts_per_tok': must be in 1..num_experts");
     if (t.moe_intermediate_size < 1) return invalid_argument(label + ": key 'moe_intermediate_size': missing or zero");
   }
-  // Softmax routing over every expert, no groups, no correction bias, no shared experts (docs/model-math.md §9).
+  // Softmax routing over every expert, no groups, no correction bias, no shared experts (docs/model-math.md §11).
   t.router_scoring = RouterScoring::kSoftmax;
   t.router_bias = false;
   t.num_expert_group = t.topk_group = 1;

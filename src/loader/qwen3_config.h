@@ -1,6 +1,6 @@
 // Qwen3-MoE config.json (model_type "qwen3_moe", transformers' Qwen3MoeConfig) → typed ModelConfig (internal to
 // loader/; model_config.cpp dispatches here on model_type). Key names and defaults follow transformers'
-// Qwen3MoeConfig; every error names the file and the key. What the model does with them: docs/model-math.md §9.
+// Qwen3MoeConfig; every error names the file and the key. What the model does with them: docs/model-math.md §11.
 #pragma once
 
 #include <nlohmann/json.hpp>

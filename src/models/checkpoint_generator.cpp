@@ -375,7 +375,7 @@ Result<GenSpec> gen_preset(const std::string& name) {
     s.mxfp4_experts = false, s.fp8 = true, s.shards = 4;
     return s;
   }
-  if (name == "qwen3moe-micro-bf16" || name == "qwen3moe-bench") {  // Qwen3-MoE (docs/model-math.md §9)
+  if (name == "qwen3moe-micro-bf16" || name == "qwen3moe-bench") {  // Qwen3-MoE (docs/model-math.md §11)
     s.arch = "qwen3_moe";
     s.rope_theta = 1000000.0, s.norm_topk_prob = true;
     s.mxfp4_experts = false, s.fp8 = false;

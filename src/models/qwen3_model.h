@@ -1,4 +1,4 @@
-// Qwen3-MoE (model_type qwen3_moe, Qwen3MoeForCausalLM) text model on CPU (docs/model-math.md §9), built from
+// Qwen3-MoE (model_type qwen3_moe, Qwen3MoeForCausalLM) text model on CPU (docs/model-math.md §11), built from
 // layers/: every layer is grouped-query attention (layers/gqa_layer.h) followed by a softmax top-k MoE without
 // shared experts (or a dense SwiGLU MLP where the config asks for one); plain pre-norm residual. Weights stay in
 // checkpoint format and are decoded inside the kernels; math in fp32.

@@ -477,6 +477,38 @@ INSTANTIATE_TEST_SUITE_P(Micro, GgufDeepseek2Metadata,
                                            MetaCase{"deepseek-v2-lite-micro-bf16", "deepseek_v2_lite_micro_bf16.gguf",
                                                     2.4e-7}));
 
+// qwen3moe metadata (llama.cpp's converter) → the same ModelConfig as the config.json it was converted from.
+TEST(GgufQwen3moe, MetadataGivesTheCheckpointsConfig) {
+  testing::TempDir tmp;
+  testing::make_checkpoint("qwen3moe-micro-bf16", tmp.path());
+  auto want = load_model_config(tmp.path());
+  ASSERT_TRUE(want) << want.error().message();
+  auto f = GgufFile::open(data("qwen3moe_micro_bf16.gguf"));
+  ASSERT_TRUE(f) << f.error().message();
+  auto got = model_config_from_gguf(f->header(), "qwen3moe_micro_bf16.gguf");
+  ASSERT_TRUE(got) << got.error().message();
+  EXPECT_EQ(got->arch, Arch::kQwen3Moe);
+  const TextConfig &a = got->text, &b = want->text;
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.hidden_size, b.hidden_size);
+  EXPECT_EQ(a.num_hidden_layers, b.num_hidden_layers);
+  EXPECT_EQ(a.num_attention_heads, b.num_attention_heads);
+  EXPECT_EQ(a.num_key_value_heads, b.num_key_value_heads);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+  EXPECT_EQ(a.gqa_rope_theta, b.gqa_rope_theta);
+  EXPECT_EQ(a.qk_norm, b.qk_norm);
+  EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
+  EXPECT_EQ(a.attn_kind, b.attn_kind);
+  EXPECT_EQ(a.ffn_kind, b.ffn_kind);
+  EXPECT_EQ(a.num_experts, b.num_experts);
+  EXPECT_EQ(a.num_experts_per_token, b.num_experts_per_token);
+  EXPECT_EQ(a.moe_intermediate_size, b.moe_intermediate_size);
+  EXPECT_EQ(a.moe_renormalize, b.moe_renormalize);
+  EXPECT_EQ(a.router_scoring, b.router_scoring);
+  EXPECT_EQ(a.router_bias, b.router_bias);
+  EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
+}
+
 // DeepSeek-V2-Lite files: what llama.cpp reads the same way is accepted as the same model (no
 // expert_gating_func = softmax; q_lora_rank 0 = none); softmax with groups is DeepSeek V2's
 // group_limited_greedy; what is not built is refused naming the key.

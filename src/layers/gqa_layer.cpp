@@ -7,6 +7,7 @@
 
 #include "base/check.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/gqa_decode.h"
 #include "kernels/cpu/kv_row.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/parallel.h"
@@ -79,8 +80,20 @@ void GqaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCac
       kernels::kv_store_row(cache.row, ts.rows.data() + r * row, cache.row_ptr(cache.n_tokens + t));
     }
     cache.n_tokens += sg.T;
-    attend(sg.offset, sg.T, cache);
+    if (sg.T > kernels::kGqaDecodeMaxT) {
+      attend(sg.offset, sg.T, cache);
+      continue;
+    }
+    kernels::GqaDecodeArgs d;  // decode-like: straight from the rows, every such segment in one region below
+    d.T = sg.T, d.L = cache.n_tokens, d.H = nh_, d.G = nkv_, d.D = hd_;
+    d.q = ts.q.data() + sg.offset * nh_ * hd_;
+    d.pages = cache.pages.data(), d.page_tokens = cache.page_tokens, d.row = cache.row;
+    d.scale = scale_;
+    d.out = ts.attn.data() + sg.offset * nh_ * hd_;
+    decode_.push_back(d);
   }
+  if (!decode_.empty()) kernels::gqa_decode(decode_);
+  decode_.clear();
   kernels::matmul(wo_, ts.attn.data(), T, out);
 }
 

@@ -4,15 +4,18 @@
 // head_dim^-0.5; out = attn Wo.
 // Cache per token: one row [k of every KV head (post-norm, post-RoPE) | v of every KV head], in the same paged
 // pool and row dtypes as MLA latents (MlaCache with row.lora = 2 · kv_heads · head_dim, row.rope = 0).
-// Attention for every chunk, decode step included, runs the tiled prefill kernel (kernels/cpu/prefill_attention.h)
-// on the keys and values decoded from the rows, so a query's bits depend only on its position and the cached rows:
-// one prefill, the same prompt in chunks, a prefix-cache hit and prefill + decode give the same logits bit for bit.
+// Attention: segments of up to 16 tokens (decode steps) read the rows in place (kernels/cpu/gqa_decode.h, every
+// such segment of the batch in one parallel region); longer chunks run the tiled prefill kernel
+// (kernels/cpu/prefill_attention.h) on keys and values decoded from the rows. Both compute the prefill kernel's
+// definition, so a query's bits depend only on its position and the cached rows: one prefill, the same prompt in
+// chunks, a prefix-cache hit and prefill + decode give the same logits bit for bit.
 #pragma once
 
 #include <span>
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/gqa_decode.h"
 #include "layers/binder.h"
 #include "layers/kda_layer.h"
 #include "layers/mla_layer.h"
@@ -41,6 +44,7 @@ class GqaLayer {
   struct Temps {
     std::vector<float> q, rows, attn, cos, sin, kt, v, row_buf;
   };
+  std::vector<kernels::GqaDecodeArgs> decode_;  // this call's decode-like segments
 };
 
 }  // namespace kestrel

@@ -9,7 +9,7 @@ namespace kestrel::kernels {
 
 enum ScratchSlot { kScratchLinear = 0, kScratchKdaP, kScratchKdaDecay, kScratchMla, kScratchGgufGemm, kScratchKvRow,
                    kScratchBlasWeights, kScratchBlasPadX, kScratchBlasPadY, kScratchVisionScores, kScratchInt8Gemm,
-                   kScratchLinearAcc, kScratchLatentSpan,
+                   kScratchLinearAcc, kScratchLatentSpan, kScratchGqaRows, kScratchGqaQ, kScratchGqaOut,
                    kScratchSlots };
 
 // A per-thread vector of at least n elements that only grows, one for each (T, Tag): per-call tables of a kernel's

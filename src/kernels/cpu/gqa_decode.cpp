@@ -1,0 +1,200 @@
+#include "kernels/cpu/gqa_decode.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "base/check.h"
+#include "kernels/cpu/exp_lanes.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/prefill_attention.h"
+#include "kernels/cpu/scratch.h"
+
+namespace kestrel::kernels {
+namespace {
+
+constexpr int kLanes = 8;  // query heads per score vector
+
+void check(const GqaDecodeArgs& a) {
+  KCHECK(a.T >= 1 && a.T <= a.L && a.H >= 1 && a.G >= 1 && a.H % a.G == 0 && a.D >= 1,
+         "gqa_decode: needs 1 <= T <= L, G dividing H, D >= 1");
+  KCHECK(a.row.lora == 2 * a.G * a.D && a.row.rope == 0, "gqa_decode: rows must be [k | v] of G heads of width D");
+}
+
+const uint8_t* row_at(const GqaDecodeArgs& a, int64_t j) {
+  return a.pages[j / a.page_tokens] + (j % a.page_tokens) * a.row.bytes();
+}
+
+// The rows of keys [kb, kb + n) as fp32: in place for fp32 pages, else decoded into buf (n rows of 2·G·D).
+// ptr[j] is key kb + j's row.
+void block_rows(const GqaDecodeArgs& a, int64_t kb, int64_t n, float* buf, const float** ptr) {
+  const int64_t w = 2 * a.G * a.D;
+  for (int64_t j = 0; j < n; ++j) ptr[j] = kv_row_floats(a.row, row_at(a, kb + j), w, buf + j * w);
+}
+
+#define KESTREL_AVX2_FMA __attribute__((target("avx2,fma")))
+
+// Query t of sequence a, key/value head g: its H / G query heads, kLanes at a time.
+KESTREL_AVX2_FMA void item_avx2(const GqaDecodeArgs& a, int64_t t, int64_t g) {
+  const int64_t D = a.D, per = a.H / a.G, pos = a.L - a.T + t, w = 2 * a.G * D;
+  float* rows = thread_scratch(kScratchGqaRows, static_cast<size_t>(kKeyBlock * w));
+  float* qt = thread_scratch(kScratchGqaQ, static_cast<size_t>(D * kLanes));
+  float* o = thread_scratch(kScratchGqaOut, static_cast<size_t>(kLanes * D));
+  const float* ptr[kKeyBlock];
+  const __m256 scale = _mm256_set1_ps(a.scale);
+  for (int64_t h0 = g * per; h0 < (g + 1) * per; h0 += kLanes) {
+    const int nh = static_cast<int>(std::min<int64_t>(kLanes, (g + 1) * per - h0));
+    // q transposed: qt[d · 8 + i] = q[t, h0 + i, d] (zeros in unused lanes).
+    for (int64_t d = 0; d < D; ++d)
+      for (int i = 0; i < kLanes; ++i) qt[d * kLanes + i] = i < nh ? a.q[(t * a.H + h0 + i) * D + d] : 0.0f;
+    std::fill(o, o + kLanes * D, 0.0f);
+    __m256 m = _mm256_set1_ps(-INFINITY), l = _mm256_setzero_ps();
+    alignas(32) float s[kKeyBlock][kLanes];
+    for (int64_t kb = 0; kb <= pos; kb += kKeyBlock) {
+      const int64_t n = std::min(kKeyBlock, pos - kb + 1);
+      block_rows(a, kb, n, rows, ptr);
+      // Scores, 4 keys at a time (independent chains over d, each lane the definition's own fma chain).
+      __m256 mb = _mm256_set1_ps(-INFINITY);
+      int64_t j = 0;
+      for (; j + 4 <= n; j += 4) {
+        const float *k0 = ptr[j] + g * D, *k1 = ptr[j + 1] + g * D, *k2 = ptr[j + 2] + g * D, *k3 = ptr[j + 3] + g * D;
+        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+        for (int64_t d = 0; d < D; ++d) {
+          const __m256 qd = _mm256_loadu_ps(qt + d * kLanes);
+          c0 = _mm256_fmadd_ps(qd, _mm256_broadcast_ss(k0 + d), c0);
+          c1 = _mm256_fmadd_ps(qd, _mm256_broadcast_ss(k1 + d), c1);
+          c2 = _mm256_fmadd_ps(qd, _mm256_broadcast_ss(k2 + d), c2);
+          c3 = _mm256_fmadd_ps(qd, _mm256_broadcast_ss(k3 + d), c3);
+        }
+        const __m256 sv[4] = {_mm256_mul_ps(c0, scale), _mm256_mul_ps(c1, scale), _mm256_mul_ps(c2, scale),
+                              _mm256_mul_ps(c3, scale)};
+        for (int u = 0; u < 4; ++u) {
+          _mm256_store_ps(s[j + u], sv[u]);
+          mb = _mm256_max_ps(sv[u], mb);  // std::max(mb, s): mb unless s is larger (NaN keeps mb)
+        }
+      }
+      for (; j < n; ++j) {
+        const float* k = ptr[j] + g * D;
+        __m256 c = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; ++d) c = _mm256_fmadd_ps(_mm256_loadu_ps(qt + d * kLanes), _mm256_broadcast_ss(k + d), c);
+        const __m256 sv = _mm256_mul_ps(c, scale);
+        _mm256_store_ps(s[j], sv);
+        mb = _mm256_max_ps(sv, mb);
+      }
+      // A larger block max rescales l and o (lanes where mb > m).
+      const __m256 grow = _mm256_cmp_ps(mb, m, _CMP_GT_OQ);
+      const int gm = _mm256_movemask_ps(grow);
+      if (gm != 0) {
+        const __m256 r = exp8(_mm256_sub_ps(m, mb));
+        l = _mm256_blendv_ps(l, _mm256_mul_ps(l, r), grow);
+        m = _mm256_blendv_ps(m, mb, grow);
+        alignas(32) float rs[kLanes];
+        _mm256_store_ps(rs, r);
+        for (int i = 0; i < nh; ++i) {
+          if (!(gm >> i & 1)) continue;
+          const __m256 rv = _mm256_set1_ps(rs[i]);
+          float* oi = o + i * D;
+          int64_t d = 0;
+          for (; d + 8 <= D; d += 8) _mm256_storeu_ps(oi + d, _mm256_mul_ps(_mm256_loadu_ps(oi + d), rv));
+          for (; d < D; ++d) oi[d] *= rs[i];
+        }
+      }
+      // Weights and values, keys ascending.
+      for (j = 0; j < n; ++j) {
+        const __m256 p = exp8(_mm256_sub_ps(_mm256_load_ps(s[j]), m));
+        l = _mm256_add_ps(l, p);
+        alignas(32) float ps[kLanes];
+        _mm256_store_ps(ps, p);
+        const float* v = ptr[j] + a.G * D + g * D;
+        for (int i = 0; i < nh; ++i) {
+          const __m256 pv = _mm256_set1_ps(ps[i]);
+          float* oi = o + i * D;
+          int64_t d = 0;
+          for (; d + 8 <= D; d += 8)
+            _mm256_storeu_ps(oi + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + d), _mm256_loadu_ps(oi + d)));
+          for (; d < D; ++d) oi[d] = std::fma(ps[i], v[d], oi[d]);
+        }
+      }
+    }
+    alignas(32) float ls[kLanes];
+    _mm256_store_ps(ls, l);
+    for (int i = 0; i < nh; ++i) {
+      const float inv = 1.0f / ls[i];
+      float* dst = a.out + (t * a.H + h0 + i) * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = o[i * D + d] * inv;
+    }
+  }
+}
+
+void one_reference(const GqaDecodeArgs& a, int64_t t, int64_t h, std::vector<float>& row) {
+  const int64_t D = a.D, g = h / (a.H / a.G), pos = a.L - a.T + t, w = 2 * a.G * D;
+  const float* q = a.q + (t * a.H + h) * D;
+  float* o = a.out + (t * a.H + h) * D;
+  std::fill(o, o + D, 0.0f);
+  row.resize(static_cast<size_t>(kKeyBlock * w));
+  const float* ptr[kKeyBlock];
+  float m = -INFINITY, l = 0.0f, s[kKeyBlock];
+  for (int64_t kb = 0; kb <= pos; kb += kKeyBlock) {
+    const int64_t n = std::min(kKeyBlock, pos - kb + 1);
+    block_rows(a, kb, n, row.data(), ptr);
+    float mb = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+      const float* k = ptr[j] + g * D;
+      float acc = 0.0f;
+      for (int64_t d = 0; d < D; ++d) acc = std::fma(q[d], k[d], acc);
+      s[j] = acc * a.scale;
+      mb = std::max(mb, s[j]);
+    }
+    if (mb > m) {
+      const float r = prefill_exp(m - mb);
+      l *= r;
+      for (int64_t d = 0; d < D; ++d) o[d] *= r;
+      m = mb;
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const float p = prefill_exp(s[j] - m);
+      l += p;
+      const float* v = ptr[j] + a.G * D + g * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = std::fma(p, v[d], o[d]);
+    }
+  }
+  const float inv = 1.0f / l;
+  for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+}
+
+bool avx2_fma() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+
+}  // namespace
+
+void gqa_decode_reference(const GqaDecodeArgs& a) {
+  check(a);
+  std::vector<float> row;
+  for (int64_t t = 0; t < a.T; ++t)
+    for (int64_t h = 0; h < a.H; ++h) one_reference(a, t, h, row);
+}
+
+void gqa_decode(std::span<const GqaDecodeArgs> seqs) {
+  int64_t items = 0;
+  for (const GqaDecodeArgs& a : seqs) check(a), items += a.T * a.G;
+  const bool vec = avx2_fma();
+  parallel_for_dynamic(items, 1, [&](int64_t i) {
+    size_t s = 0;
+    while (i >= seqs[s].T * seqs[s].G) i -= seqs[s].T * seqs[s].G, ++s;
+    const GqaDecodeArgs& a = seqs[s];
+    const int64_t t = i / a.G, g = i % a.G;
+    if (vec) {
+      item_avx2(a, t, g);
+    } else {
+      thread_local std::vector<float> row;
+      for (int64_t h = g * (a.H / a.G); h < (g + 1) * (a.H / a.G); ++h) one_reference(a, t, h, row);
+    }
+  });
+}
+
+}  // namespace kestrel::kernels

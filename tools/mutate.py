@@ -235,6 +235,26 @@ MUTATIONS["prefill_attention_kv_group_modulo"] = (
     "Dv = a.Dv, kvh = h % (a.H / a.kv_group);",
     "PrefillAttention",
     "the AVX-512 prefill attention gives query head h key/value head h % (H / kv_group) instead of h / kv_group")
+NEEDS_CPU_FLAG["gqa_decode_values_unfused"] = "avx2"
+MUTATIONS["gqa_decode_values_unfused"] = (
+    "src/kernels/cpu/gqa_decode.cpp",
+    "_mm256_storeu_ps(oi + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + d), _mm256_loadu_ps(oi + d)));",
+    "_mm256_storeu_ps(oi + d, _mm256_add_ps(_mm256_mul_ps(pv, _mm256_loadu_ps(v + d)), _mm256_loadu_ps(oi + d)));",
+    "GqaDecode",
+    "the grouped-query decode kernel rounds p·v before adding it (two roundings where its definition fuses)")
+NEEDS_CPU_FLAG["gqa_decode_rescale_dropped"] = "avx2"
+MUTATIONS["gqa_decode_rescale_dropped"] = (
+    "src/kernels/cpu/gqa_decode.cpp",
+    "          if (!(gm >> i & 1)) continue;",
+    "          if (gm != 0) continue;",
+    "GqaDecode",
+    "the grouped-query decode kernel keeps a head's output unscaled when a later key block raises its max")
+MUTATIONS["gqa_decode_cached_rows_dropped"] = (
+    "src/layers/gqa_layer.cpp",
+    "    d.T = sg.T, d.L = cache.n_tokens, d.H = nh_, d.G = nkv_, d.D = hd_;",
+    "    d.T = sg.T, d.L = sg.T, d.H = nh_, d.G = nkv_, d.D = hd_;",
+    "Qwen3|qwen3",
+    "a Qwen3-MoE decode step attends only to its own new rows: the cached keys and values of earlier tokens are dropped")
 NEEDS_CPU_FLAG["sparse_mla_lane_sums_heads_swapped"] = "avx512f"
 MUTATIONS["sparse_mla_lane_sums_heads_swapped"] = (
     "src/kernels/cpu/sparse_mla_attention.cpp",

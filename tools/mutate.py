@@ -238,8 +238,8 @@ MUTATIONS["prefill_attention_kv_group_modulo"] = (
 NEEDS_CPU_FLAG["gqa_decode_values_unfused"] = "avx2"
 MUTATIONS["gqa_decode_values_unfused"] = (
     "src/kernels/cpu/gqa_decode.cpp",
-    "_mm256_storeu_ps(oi + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + d), _mm256_loadu_ps(oi + d)));",
-    "_mm256_storeu_ps(oi + d, _mm256_add_ps(_mm256_mul_ps(pv, _mm256_loadu_ps(v + d)), _mm256_loadu_ps(oi + d)));",
+    "acc[u] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + 8 * u), acc[u]);",
+    "acc[u] = _mm256_add_ps(_mm256_mul_ps(pv, _mm256_loadu_ps(v + 8 * u)), acc[u]);",
     "GqaDecode",
     "the grouped-query decode kernel rounds p·v before adding it (two roundings where its definition fuses)")
 NEEDS_CPU_FLAG["gqa_decode_rescale_dropped"] = "avx2"

@@ -4,7 +4,7 @@
 // head_dim^-0.5; out = attn Wo.
 // Cache per token: one row [k of every KV head (post-norm, post-RoPE) | v of every KV head], in the same paged
 // pool and row dtypes as MLA latents (MlaCache with row.lora = 2 · kv_heads · head_dim, row.rope = 0).
-// Attention: segments of up to 16 tokens (decode steps) read the rows in place (kernels/cpu/gqa_decode.h, every
+// Attention: segments of up to 4 tokens (decode steps) read the rows in place (kernels/cpu/gqa_decode.h, every
 // such segment of the batch in one parallel region); longer chunks run the tiled prefill kernel
 // (kernels/cpu/prefill_attention.h) on keys and values decoded from the rows. Both compute the prefill kernel's
 // definition, so a query's bits depend only on its position and the cached rows: one prefill, the same prompt in

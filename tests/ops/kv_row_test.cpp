@@ -233,6 +233,28 @@ TEST_P(KvRowKernels, SparseMlaDecodesOnLoadExactly) {
   }
 }
 
+// A range of a row's latent part decodes to exactly what the whole row's decode holds at those positions, for
+// ranges inside one fp8 tile, across tile edges and up to the end of the latent part.
+TEST(KvRow, RangeDecodeEqualsTheRowsDecodeThere) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n(0.0f, 3.0f);
+  for (KvCacheDtype dt : {KvCacheDtype::kF32, KvCacheDtype::kBF16, KvCacheDtype::kFP8}) {
+    const KvRowFormat f{dt, 1024, 0};
+    std::vector<float> x(1024), whole(1024);
+    for (float& v : x) v = n(rng);
+    std::vector<uint8_t> row(f.bytes());
+    kernels::kv_store_row(f, x.data(), row.data());
+    kernels::kv_load_row(f, row.data(), 1024, whole.data());
+    for (auto [b, len] : {std::pair<int64_t, int64_t>{0, 128}, {128, 128}, {384, 128}, {100, 60}, {120, 300}, {896, 128},
+                          {1000, 24}, {5, 1}}) {
+      std::vector<float> part(static_cast<size_t>(len), -1.0f);
+      kernels::kv_load_range(f, row.data(), b, len, part.data());
+      EXPECT_EQ(std::memcmp(part.data(), whole.data() + b, static_cast<size_t>(len) * 4), 0)
+          << kv_cache_dtype_name(dt) << " [" << b << ", " << b + len << ")";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, KvRowKernels, ::testing::Values(KvCacheDtype::kBF16, KvCacheDtype::kFP8),
                          [](const auto& i) { return std::string(kv_cache_dtype_name(i.param)); });
 

@@ -28,22 +28,34 @@ const uint8_t* row_at(const GqaDecodeArgs& a, int64_t j) {
   return a.pages[j / a.page_tokens] + (j % a.page_tokens) * a.row.bytes();
 }
 
-// The rows of keys [kb, kb + n) as fp32: in place for fp32 pages, else decoded into buf (n rows of 2·G·D).
-// ptr[j] is key kb + j's row.
-void block_rows(const GqaDecodeArgs& a, int64_t kb, int64_t n, float* buf, const float** ptr) {
-  const int64_t w = 2 * a.G * a.D;
-  for (int64_t j = 0; j < n; ++j) ptr[j] = kv_row_floats(a.row, row_at(a, kb + j), w, buf + j * w);
+// KV head g's keys and values of positions [kb, kb + n) as fp32: kp[j] / vp[j] point into the row (fp32 pages)
+// or at its slice decoded into k / v ([n][D]; other page dtypes: only this head's slices are decoded).
+void block_slices(const GqaDecodeArgs& a, int64_t kb, int64_t n, int64_t g, float* k, float* v, const float** kp,
+                  const float** vp) {
+  for (int64_t j = 0; j < n; ++j) {
+    const uint8_t* r = row_at(a, kb + j);
+    if (a.row.dtype == KvCacheDtype::kF32) {
+      kp[j] = reinterpret_cast<const float*>(r) + g * a.D;
+      vp[j] = reinterpret_cast<const float*>(r) + (a.G + g) * a.D;
+      continue;
+    }
+    kv_load_range(a.row, r, g * a.D, a.D, k + j * a.D);
+    kv_load_range(a.row, r, (a.G + g) * a.D, a.D, v + j * a.D);
+    kp[j] = k + j * a.D, vp[j] = v + j * a.D;
+  }
 }
 
 #define KESTREL_AVX2_FMA __attribute__((target("avx2,fma")))
 
 // Query t of sequence a, key/value head g: its H / G query heads, kLanes at a time.
 KESTREL_AVX2_FMA void item_avx2(const GqaDecodeArgs& a, int64_t t, int64_t g) {
-  const int64_t D = a.D, per = a.H / a.G, pos = a.L - a.T + t, w = 2 * a.G * D;
-  float* rows = thread_scratch(kScratchGqaRows, static_cast<size_t>(kKeyBlock * w));
+  const int64_t D = a.D, per = a.H / a.G, pos = a.L - a.T + t;
+  float* kv = thread_scratch(kScratchGqaRows, static_cast<size_t>(2 * kKeyBlock * D));
+  float* const kbuf = kv;
+  float* const vbuf = kv + kKeyBlock * D;
   float* qt = thread_scratch(kScratchGqaQ, static_cast<size_t>(D * kLanes));
   float* o = thread_scratch(kScratchGqaOut, static_cast<size_t>(kLanes * D));
-  const float* ptr[kKeyBlock];
+  const float *kp[kKeyBlock], *vp[kKeyBlock];
   const __m256 scale = _mm256_set1_ps(a.scale);
   for (int64_t h0 = g * per; h0 < (g + 1) * per; h0 += kLanes) {
     const int nh = static_cast<int>(std::min<int64_t>(kLanes, (g + 1) * per - h0));
@@ -55,29 +67,27 @@ KESTREL_AVX2_FMA void item_avx2(const GqaDecodeArgs& a, int64_t t, int64_t g) {
     alignas(32) float s[kKeyBlock][kLanes];
     for (int64_t kb = 0; kb <= pos; kb += kKeyBlock) {
       const int64_t n = std::min(kKeyBlock, pos - kb + 1);
-      block_rows(a, kb, n, rows, ptr);
-      // Scores, 4 keys at a time (independent chains over d, each lane the definition's own fma chain).
+      block_slices(a, kb, n, g, kbuf, vbuf, kp, vp);
+      // Scores, 8 keys at a time (independent chains over d, each lane the definition's own fma chain).
       __m256 mb = _mm256_set1_ps(-INFINITY);
       int64_t j = 0;
-      for (; j + 4 <= n; j += 4) {
-        const float *k0 = ptr[j] + g * D, *k1 = ptr[j + 1] + g * D, *k2 = ptr[j + 2] + g * D, *k3 = ptr[j + 3] + g * D;
-        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+      for (; j + 8 <= n; j += 8) {
+        const float* k[8];
+        for (int u = 0; u < 8; ++u) k[u] = kp[j + u];
+        __m256 c[8];
+        for (int u = 0; u < 8; ++u) c[u] = _mm256_setzero_ps();
         for (int64_t d = 0; d < D; ++d) {
           const __m256 qd = _mm256_loadu_ps(qt + d * kLanes);
-          c0 = _mm256_fmadd_ps(qd, _mm256_broadcast_ss(k0 + d), c0);
-          c1 = _mm256_fmadd_ps(qd, _mm256_broadcast_ss(k1 + d), c1);
-          c2 = _mm256_fmadd_ps(qd, _mm256_broadcast_ss(k2 + d), c2);
-          c3 = _mm256_fmadd_ps(qd, _mm256_broadcast_ss(k3 + d), c3);
+          for (int u = 0; u < 8; ++u) c[u] = _mm256_fmadd_ps(qd, _mm256_broadcast_ss(k[u] + d), c[u]);
         }
-        const __m256 sv[4] = {_mm256_mul_ps(c0, scale), _mm256_mul_ps(c1, scale), _mm256_mul_ps(c2, scale),
-                              _mm256_mul_ps(c3, scale)};
-        for (int u = 0; u < 4; ++u) {
-          _mm256_store_ps(s[j + u], sv[u]);
-          mb = _mm256_max_ps(sv[u], mb);  // std::max(mb, s): mb unless s is larger (NaN keeps mb)
+        for (int u = 0; u < 8; ++u) {
+          const __m256 sv = _mm256_mul_ps(c[u], scale);
+          _mm256_store_ps(s[j + u], sv);
+          mb = _mm256_max_ps(sv, mb);  // std::max(mb, s): mb unless s is larger (NaN keeps mb)
         }
       }
       for (; j < n; ++j) {
-        const float* k = ptr[j] + g * D;
+        const float* k = kp[j];
         __m256 c = _mm256_setzero_ps();
         for (int64_t d = 0; d < D; ++d) c = _mm256_fmadd_ps(_mm256_loadu_ps(qt + d * kLanes), _mm256_broadcast_ss(k + d), c);
         const __m256 sv = _mm256_mul_ps(c, scale);
@@ -102,20 +112,36 @@ KESTREL_AVX2_FMA void item_avx2(const GqaDecodeArgs& a, int64_t t, int64_t g) {
           for (; d < D; ++d) oi[d] *= rs[i];
         }
       }
-      // Weights and values, keys ascending.
+      // Weights (l summed over keys ascending), then each head's values: its output slice stays in registers
+      // while the block's keys go by in order (every element's fma chain over j ascending, as the definition).
+      alignas(32) float ps[kKeyBlock][kLanes];
       for (j = 0; j < n; ++j) {
         const __m256 p = exp8(_mm256_sub_ps(_mm256_load_ps(s[j]), m));
         l = _mm256_add_ps(l, p);
-        alignas(32) float ps[kLanes];
-        _mm256_store_ps(ps, p);
-        const float* v = ptr[j] + a.G * D + g * D;
-        for (int i = 0; i < nh; ++i) {
-          const __m256 pv = _mm256_set1_ps(ps[i]);
-          float* oi = o + i * D;
-          int64_t d = 0;
-          for (; d + 8 <= D; d += 8)
-            _mm256_storeu_ps(oi + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + d), _mm256_loadu_ps(oi + d)));
-          for (; d < D; ++d) oi[d] = std::fma(ps[i], v[d], oi[d]);
+        _mm256_store_ps(ps[j], p);
+      }
+      for (int i = 0; i < nh; ++i) {
+        float* oi = o + i * D;
+        int64_t d0 = 0;
+        for (; d0 + 64 <= D; d0 += 64) {
+          __m256 acc[8];
+          for (int u = 0; u < 8; ++u) acc[u] = _mm256_loadu_ps(oi + d0 + 8 * u);
+          for (j = 0; j < n; ++j) {
+            const __m256 pv = _mm256_set1_ps(ps[j][i]);
+            const float* v = vp[j] + d0;
+            for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + 8 * u), acc[u]);
+          }
+          for (int u = 0; u < 8; ++u) _mm256_storeu_ps(oi + d0 + 8 * u, acc[u]);
+        }
+        for (; d0 + 8 <= D; d0 += 8) {
+          __m256 acc = _mm256_loadu_ps(oi + d0);
+          for (j = 0; j < n; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(ps[j][i]), _mm256_loadu_ps(vp[j] + d0), acc);
+          _mm256_storeu_ps(oi + d0, acc);
+        }
+        for (; d0 < D; ++d0) {
+          float acc = oi[d0];
+          for (j = 0; j < n; ++j) acc = std::fma(ps[j][i], vp[j][d0], acc);
+          oi[d0] = acc;
         }
       }
     }
@@ -129,20 +155,21 @@ KESTREL_AVX2_FMA void item_avx2(const GqaDecodeArgs& a, int64_t t, int64_t g) {
   }
 }
 
-void one_reference(const GqaDecodeArgs& a, int64_t t, int64_t h, std::vector<float>& row) {
-  const int64_t D = a.D, g = h / (a.H / a.G), pos = a.L - a.T + t, w = 2 * a.G * D;
+void one_reference(const GqaDecodeArgs& a, int64_t t, int64_t h, std::vector<float>& kv) {
+  const int64_t D = a.D, g = h / (a.H / a.G), pos = a.L - a.T + t;
   const float* q = a.q + (t * a.H + h) * D;
   float* o = a.out + (t * a.H + h) * D;
   std::fill(o, o + D, 0.0f);
-  row.resize(static_cast<size_t>(kKeyBlock * w));
-  const float* ptr[kKeyBlock];
+  kv.resize(static_cast<size_t>(2 * kKeyBlock * D));
+  float *kbuf = kv.data(), *vbuf = kv.data() + kKeyBlock * D;
+  const float *kp[kKeyBlock], *vp[kKeyBlock];
   float m = -INFINITY, l = 0.0f, s[kKeyBlock];
   for (int64_t kb = 0; kb <= pos; kb += kKeyBlock) {
     const int64_t n = std::min(kKeyBlock, pos - kb + 1);
-    block_rows(a, kb, n, row.data(), ptr);
+    block_slices(a, kb, n, g, kbuf, vbuf, kp, vp);
     float mb = -INFINITY;
     for (int64_t j = 0; j < n; ++j) {
-      const float* k = ptr[j] + g * D;
+      const float* k = kp[j];
       float acc = 0.0f;
       for (int64_t d = 0; d < D; ++d) acc = std::fma(q[d], k[d], acc);
       s[j] = acc * a.scale;
@@ -157,7 +184,7 @@ void one_reference(const GqaDecodeArgs& a, int64_t t, int64_t h, std::vector<flo
     for (int64_t j = 0; j < n; ++j) {
       const float p = prefill_exp(s[j] - m);
       l += p;
-      const float* v = ptr[j] + a.G * D + g * D;
+      const float* v = vp[j];
       for (int64_t d = 0; d < D; ++d) o[d] = std::fma(p, v[d], o[d]);
     }
   }

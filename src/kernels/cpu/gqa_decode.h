@@ -1,5 +1,4 @@
-// Causal grouped-query attention for a few queries per sequence (decode steps and chunks of up to
-// kGqaDecodeMaxT tokens), read straight from the cached rows [k of every KV head | v of every KV head]
+// Causal grouped-query attention for a few queries per sequence (decode steps, short chunks), read straight from the cached rows [k of every KV head | v of every KV head]
 // (layers/gqa_layer.h) in their page dtype, with the bits of the tiled prefill kernel's definition
 // (prefill_attention.h): for one (query, head), keys in blocks [32b, 32b + 32) cut at the query's position,
 // s_j = (fma over d from 0 of q[d]·k_j[d]) · scale, the block's max, the rescale by exp(m − m') when it grows, then
@@ -17,8 +16,6 @@
 #include "kernels/cpu/kv_row.h"
 
 namespace kestrel::kernels {
-
-inline constexpr int64_t kGqaDecodeMaxT = 16;
 
 struct GqaDecodeArgs {
   int64_t T = 0, L = 0;         // queries are the last T of the L cached positions (rows 0..L−1 present)

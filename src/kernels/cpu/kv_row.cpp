@@ -76,4 +76,26 @@ void kv_load_row(const KvRowFormat& f, const uint8_t* row, int64_t n, float* out
   }
 }
 
+void kv_load_range(const KvRowFormat& f, const uint8_t* row, int64_t begin, int64_t n, float* out) {
+  switch (f.dtype) {
+    case KvCacheDtype::kF32:
+      std::memcpy(out, row + 4 * begin, static_cast<size_t>(n) * 4);
+      return;
+    case KvCacheDtype::kBF16:
+      load_bf16(row + 2 * begin, n, out);
+      return;
+    case KvCacheDtype::kFP8: {
+      const uint8_t* scales = row + f.lora;
+      decode_e4m3(row + begin, out, n);
+      for (int64_t i = 0; i < n;) {  // one scale per 128-element tile
+        const int64_t t = (begin + i) / kKvFp8Tile, end = std::min(n, (t + 1) * kKvFp8Tile - begin);
+        float s;
+        std::memcpy(&s, scales + 4 * t, 4);
+        for (; i < end; ++i) out[i] *= s;
+      }
+      return;
+    }
+  }
+}
+
 }  // namespace kestrel::kernels

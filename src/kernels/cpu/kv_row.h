@@ -22,6 +22,9 @@ struct KvRowFormat {
 void kv_store_row(const KvRowFormat& f, const float* x, uint8_t* dst);
 // Decodes elements [0, n) of a stored row into out (n ≤ lora + rope).
 void kv_load_row(const KvRowFormat& f, const uint8_t* row, int64_t n, float* out);
+// Decodes latent elements [begin, begin + n) of a stored row into out (begin + n ≤ lora): the values kv_load_row
+// gives at those positions.
+void kv_load_range(const KvRowFormat& f, const uint8_t* row, int64_t begin, int64_t n, float* out);
 // The row's first n elements as fp32: the row itself when it is fp32, else decoded into buf (≥ n floats).
 inline const float* kv_row_floats(const KvRowFormat& f, const uint8_t* row, int64_t n, float* buf) {
   if (f.dtype == KvCacheDtype::kF32) return reinterpret_cast<const float*>(row);

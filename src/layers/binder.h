@@ -96,4 +96,23 @@ Status bind_whole_gguf(GgufWeights& g, const std::string& label, const std::stri
   return Status::ok();
 }
 
+// The same for a checkpoint directory: `bind` (a model's bind, plus whatever else it binds or accepts), with the
+// binding progress shown, then a tensor nothing used is an error naming its file. A cell rank's shard and a W4A8
+// checkpoint's int4 group size are set on the Binder first.
+template <class BindFn>
+Status bind_whole_checkpoint(Checkpoint& ck, const std::string& dir, const std::string& model_type, ExpertShard* shard,
+                             int64_t int4_group_size, BindFn&& bind) {
+  ck.show_progress("loading " + dir);
+  Binder b(ck);
+  b.set_int4_group_size(int4_group_size);
+  b.set_expert_shard(shard);
+  KESTREL_RETURN_IF_ERROR(bind(b));
+  ck.finish_progress();
+  const auto unused = ck.unused();
+  if (!unused.empty())
+    return corrupt(ck.file_of(unused.front()) + ": unexpected tensor '" + unused.front() + "' (" +
+                   std::to_string(unused.size()) + " tensor(s) not used by " + model_type + ")");
+  return Status::ok();
+}
+
 }  // namespace kestrel

@@ -25,17 +25,11 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(const std::string& di
   auto m = std::unique_ptr<DeepseekModel>(new DeepseekModel());
   m->cfg_ = std::move(*cfg);
   m->ckpt_ = std::make_unique<Checkpoint>(std::move(*ck));
-  m->ckpt_->show_progress("loading " + dir);
-  Binder b(*m->ckpt_);
-  b.set_expert_shard(shard);
-  KESTREL_RETURN_IF_ERROR(m->bind(b));
-  m->bound_weight_bytes_ = m->ckpt_->bound_bytes();
-  KESTREL_RETURN_IF_ERROR(m->skip_mtp_layers());
-  m->ckpt_->finish_progress();
-  const auto unused = m->ckpt_->unused();
-  if (!unused.empty())
-    return corrupt(m->ckpt_->file_of(unused.front()) + ": unexpected tensor '" + unused.front() + "' (" +
-                   std::to_string(unused.size()) + " tensor(s) not used by " + m->cfg_.model_type + ")");
+  KESTREL_RETURN_IF_ERROR(bind_whole_checkpoint(*m->ckpt_, dir, m->cfg_.model_type, shard, 0, [&](Binder& b) {
+    KESTREL_RETURN_IF_ERROR(m->bind(b));
+    m->bound_weight_bytes_ = m->ckpt_->bound_bytes();  // before the MTP tensors, which are accepted, not bound
+    return m->skip_mtp_layers();
+  }));
   return m;
 }
 
@@ -109,20 +103,7 @@ std::span<const int32_t> DeepseekModel::last_topk(size_t layer) const {
 // Plain pre-norm residual stream: h += MLA(norm h); h += FFN(norm h); logits = lm_head(norm h).
 void DeepseekModel::forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions& o) {
   const TextConfig& c = cfg_.text;
-  const int64_t D = c.hidden_size;
-  int64_t T = 0;
-  for (const SeqRun& r : runs) {
-    if (r.st->owns_storage) reserve(*r.st, r.st->n_tokens + r.T);
-    T += r.T;
-  }
-  h_.resize(static_cast<size_t>(T * D));
-  int64_t t = 0;
-  for (const SeqRun& r : runs)
-    for (int64_t i = 0; i < r.T; ++i, ++t) {
-      KCHECK(r.ids[i] >= 0 && r.ids[i] < c.vocab_size, "token id out of range (callers validate)");
-      kernels::decode_row(embed_, r.ids[i], h_.data() + t * D);
-    }
-  const int64_t n = T * D;
+  const int64_t T = embed_runs(runs, embed_, h_), D = c.hidden_size, n = T * D;
   normed_.resize(static_cast<size_t>(n));
   sub_.resize(static_cast<size_t>(n));
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -132,11 +113,11 @@ void DeepseekModel::forward_batch(std::span<const SeqRun> runs, std::vector<floa
     int64_t off = 0;
     for (const SeqRun& r : runs) mla_segs_.push_back({off, r.T, &r.st->mla[l]}), off += r.T;
     L.mla.forward(normed_.data(), T, mla_segs_, sub_.data(), o.mla_mode);
-    for (int64_t i = 0; i < n; ++i) h_[static_cast<size_t>(i)] += sub_[static_cast<size_t>(i)];
+    add_residual(h_, sub_, n);
     kernels::rms_norm(h_.data(), L.post_norm.data(), T, D, c.rms_norm_eps, normed_.data());
     if (L.dense) L.dense->forward(normed_.data(), T, sub_.data());
     else L.moe->forward(normed_.data(), T, sub_.data());
-    for (int64_t i = 0; i < n; ++i) h_[static_cast<size_t>(i)] += sub_[static_cast<size_t>(i)];
+    add_residual(h_, sub_, n);
   }
   emit_logits(runs, h_.data(), final_norm_.data(), lm_head_, logits);
 }

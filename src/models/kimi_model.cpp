@@ -35,37 +35,35 @@ Result<std::unique_ptr<KimiModel>> KimiModel::load(const std::string& dir, Exper
   auto m = std::unique_ptr<KimiModel>(new KimiModel());
   m->cfg_ = std::move(*cfg);
   m->ckpt_ = std::make_unique<Checkpoint>(std::move(*ck));
-  m->ckpt_->show_progress("loading " + dir);
-  Binder b(*m->ckpt_);
-  b.set_int4_group_size(m->cfg_.text.int4_group_size);
-  b.set_expert_shard(shard);
-  KESTREL_RETURN_IF_ERROR(m->bind(b));
-  m->bound_weight_bytes_ = m->ckpt_->bound_bytes();
-  if (m->cfg_.arch == Arch::kKimiK3) {
+  KESTREL_RETURN_IF_ERROR(bind_whole_checkpoint(*m->ckpt_, dir, m->cfg_.model_type, shard, m->cfg_.text.int4_group_size,
+                                                [&](Binder& b) { return m->bind_checkpoint(b, dir); }));
+  return m;
+}
+
+// The text model, then (K3) the released vision tower and projector.
+Status KimiModel::bind_checkpoint(Binder& b, const std::string& dir) {
+  KESTREL_RETURN_IF_ERROR(bind(b));
+  bound_weight_bytes_ = ckpt_->bound_bytes();
+  if (cfg_.arch == Arch::kKimiK3) {
     // The released K3 checkpoint carries the vision tower and projector: the layout is checked against
     // vision_config (one clear error per wrong tensor), then every tensor is bound by its released name.
-    auto vision = check_vision_tensors(*m->ckpt_, m->cfg_.vision_config_json, m->cfg_.text.hidden_size);
+    auto vision = check_vision_tensors(*ckpt_, cfg_.vision_config_json, cfg_.text.hidden_size);
     if (!vision) return vision.error();
     if (vision->tensors > 0) {
-      auto vc = parse_vision_config(m->cfg_.vision_config_json, dir + "/config.json");
+      auto vc = parse_vision_config(cfg_.vision_config_json, dir + "/config.json");
       if (!vc) return vc.error();
-      if (m->cfg_.media_pad_id < 0)
+      if (cfg_.media_pad_id < 0)
         return invalid_argument(dir + "/config.json: a vision tower but no media_placeholder_token_id or bos_token_id");
-      m->vision_tower_ = std::make_unique<VisionTower>();
-      KESTREL_RETURN_IF_ERROR(m->vision_tower_->bind(b, *vc));
-      KESTREL_RETURN_IF_ERROR(m->vision_projector_.bind(b, *vc));
+      vision_tower_ = std::make_unique<VisionTower>();
+      KESTREL_RETURN_IF_ERROR(vision_tower_->bind(b, *vc));
+      KESTREL_RETURN_IF_ERROR(vision_projector_.bind(b, *vc));
       char note[256];
       std::snprintf(note, sizeof note, "vision tower + projector: %lld tensors, %.2f M params, loaded (image input)",
                     static_cast<long long>(vision->tensors), static_cast<double>(vision->params) / 1e6);
-      m->load_notes_.push_back(note);
+      load_notes_.push_back(note);
     }
   }
-  m->ckpt_->finish_progress();
-  const auto unused = m->ckpt_->unused();
-  if (!unused.empty())
-    return corrupt(m->ckpt_->file_of(unused.front()) + ": unexpected tensor '" + unused.front() + "' (" +
-                   std::to_string(unused.size()) + " tensor(s) not used by " + m->cfg_.model_type + ")");
-  return m;
+  return Status::ok();
 }
 
 Result<std::vector<float>> KimiModel::encode_images(std::span<const VisionImage> images, const StopFn& stop,

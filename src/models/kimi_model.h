@@ -46,6 +46,7 @@ class KimiModel final : public Model {
     std::unique_ptr<MoeBlock> moe;
   };
   Status bind(Binder& b);
+  Status bind_checkpoint(Binder& b, const std::string& dir);  // bind, then the K3 vision tower and projector
   void run_attn(size_t l, const float* x, int64_t T, float* out, const ForwardOptions& o);
   void run_ffn(size_t l, const float* x, int64_t T, float* out);
   void forward_k3(int64_t T, const ForwardOptions& o);

@@ -119,6 +119,28 @@ void Model::fill_synthetic_context(SequenceState& st, int64_t n, uint64_t seed) 
   st.n_tokens = n;
 }
 
+int64_t Model::embed_runs(std::span<const SeqRun> runs, const kernels::WeightMatrix& embed, std::vector<float>& h) {
+  const TextConfig& c = cfg_.text;
+  const int64_t D = c.hidden_size;
+  int64_t T = 0;
+  for (const SeqRun& r : runs) {
+    if (r.st->owns_storage) reserve(*r.st, r.st->n_tokens + r.T);
+    T += r.T;
+  }
+  h.resize(static_cast<size_t>(T * D));
+  int64_t t = 0;
+  for (const SeqRun& r : runs)
+    for (int64_t i = 0; i < r.T; ++i, ++t) {
+      KCHECK(r.ids[i] >= 0 && r.ids[i] < c.vocab_size, "token id out of range (callers validate)");
+      kernels::decode_row(embed, r.ids[i], h.data() + t * D);
+    }
+  return T;
+}
+
+void Model::add_residual(std::vector<float>& h, const std::vector<float>& sub, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) h[static_cast<size_t>(i)] += sub[static_cast<size_t>(i)];
+}
+
 void Model::emit_logits(std::span<const SeqRun> runs, const float* h, const float* final_norm,
                         const kernels::WeightMatrix& lm_head, std::vector<float>& logits) {
   const TextConfig& c = cfg_.text;

@@ -126,6 +126,11 @@ class Model {
   Model() = default;
   // After binding: sizes the per-sequence state from the layer kinds.
   void set_geometry(const std::vector<bool>& is_kda);
+  // Start of forward_batch for models without image inputs: owned sequences get pages for their new tokens, and h
+  // becomes the token embeddings of every run, concatenated [T, hidden]. Returns T.
+  int64_t embed_runs(std::span<const SeqRun> runs, const kernels::WeightMatrix& embed, std::vector<float>& h);
+  // h[0, n) += sub[0, n): a residual connection.
+  static void add_residual(std::vector<float>& h, const std::vector<float>& sub, int64_t n);
   // End of forward_batch: advances every run's token count and writes logits for the rows that need
   // them (each run's last token, or all with all_logits): final RMSNorm of h [tokens, hidden], lm_head.
   void emit_logits(std::span<const SeqRun> runs, const float* h, const float* final_norm,

@@ -96,6 +96,22 @@ void add_mla(Builder& b, const TextConfig& t, const std::string& p, int l) {
   b.linear(p + "o_proj", hid, nh * t.v_head_dim, M, T, l);
 }
 
+// Grouped-query attention (Qwen3-MoE, docs/model-math.md §11), counted with the attention projections (kMla).
+void add_gqa(Builder& b, const TextConfig& t, const std::string& p, int l) {
+  const int64_t hid = t.hidden_size, q = static_cast<int64_t>(t.num_attention_heads) * t.head_dim,
+                kv = static_cast<int64_t>(t.num_key_value_heads) * t.head_dim;
+  const auto M = Component::kMla;
+  const auto R = Placement::kReplicated, T = Placement::kTensor;
+  b.linear(p + "q_proj", q, hid, M, T, l);
+  b.linear(p + "k_proj", kv, hid, M, T, l);
+  b.linear(p + "v_proj", kv, hid, M, T, l);
+  b.linear(p + "o_proj", hid, q, M, T, l);
+  if (t.qk_norm) {
+    b.vec(p + "q_norm.weight", t.head_dim, Component::kNorms, R, l);
+    b.vec(p + "k_norm.weight", t.head_dim, Component::kNorms, R, l);
+  }
+}
+
 // DeepSeek-V3.2 indexer tensors (docs/model-math.md §6.2), counted bf16 and replicated under TP
 // (the reference builds them as plain Linear layers). The query reads the MLA q latent when there is one.
 void add_indexer(Builder& b, const TextConfig& t, const std::string& p, int l) {
@@ -113,7 +129,7 @@ void add_moe(Builder& b, const TextConfig& t, const std::string& p, int l, Exper
   const int64_t hid = t.hidden_size, E = t.num_experts, in = t.latent_moe() ? t.routed_expert_hidden_size : hid;
   const auto R = Placement::kReplicated, T = Placement::kTensor;
   b.linear(p + "gate", E, hid, Component::kRouter, R, l);
-  b.vec(p + "gate.e_score_correction_bias", E, Component::kRouter, R, l, DType::kF32);
+  if (t.router_bias) b.vec(p + "gate.e_score_correction_bias", E, Component::kRouter, R, l, DType::kF32);
   if (t.latent_moe()) {  // latent projections stay bf16 and replicated (docs/model-math.md §2.4)
     b.linear(p + "routed_expert_down_proj", in, hid, Component::kLatentProj, R, l);
     if (t.latent_moe_use_norm) b.vec(p + "routed_expert_norm.weight", in, Component::kNorms, R, l);
@@ -204,10 +220,6 @@ int64_t TensorEntry::bytes_per_copy() const {
 }
 
 Result<Inventory> build_inventory(const ModelConfig& cfg, const InventoryOptions& opt) {
-  if (cfg.arch == Arch::kQwen3Moe)
-    return unsupported("model_type '" + cfg.model_type +
-                       "': the planner models Kimi (KDA + MLA) and DeepSeek (MLA) checkpoints; grouped-query "
-                       "attention (Qwen3-MoE) is not modelled");
   const TextConfig& t = cfg.text;
   const bool k3 = cfg.arch == Arch::kKimiK3;
   Inventory inv;
@@ -240,8 +252,11 @@ Result<Inventory> build_inventory(const ModelConfig& cfg, const InventoryOptions
         b.add(p + s + "_proj.weight", DType::kBF16, {1, H}, Component::kNorms, R, l);
       }
     }
-    if (t.attn_kind[static_cast<size_t>(l)] == AttnKind::kMla) add_mla(b, t, p + "self_attn.", l);
-    else add_kda(b, t, k3, p + "self_attn.", l);
+    switch (t.attn_kind[static_cast<size_t>(l)]) {
+      case AttnKind::kMla: add_mla(b, t, p + "self_attn.", l); break;
+      case AttnKind::kGqa: add_gqa(b, t, p + "self_attn.", l); break;
+      case AttnKind::kKda: add_kda(b, t, k3, p + "self_attn.", l); break;
+    }
     if (sparse[static_cast<size_t>(l)]) add_indexer(b, t, p + "self_attn.indexer.", l);
     if (t.ffn_kind[static_cast<size_t>(l)] == FfnKind::kDense) {
       b.linear(p + "mlp.gate_proj", t.intermediate_size, H, Component::kDenseMlp, T, l);

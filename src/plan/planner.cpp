@@ -179,9 +179,13 @@ RolePlan plan_role(const Ctx& x, const char* name, const RoleSpec& s, bool prefi
 }  // namespace
 
 Result<Plan> make_plan(const ModelConfig& cfg, const std::string& model_label, const ClusterSpec& cluster) {
-  auto inv = build_inventory(cfg, cluster.a.weights);  // first: it refuses architectures the planner does not model
-  if (!inv) return inv.error();
+  if (cfg.arch == Arch::kQwen3Moe)
+    return unsupported("model_type '" + cfg.model_type +
+                       "': the planner models Kimi (KDA + MLA) and DeepSeek (MLA) checkpoints; grouped-query "
+                       "attention (Qwen3-MoE) is not modelled");
   KESTREL_RETURN_IF_ERROR(validate(cluster, cfg));
+  auto inv = build_inventory(cfg, cluster.a.weights);
+  if (!inv) return inv.error();
   Plan p;
   p.model_label = model_label;
   p.inventory = std::move(*inv);

@@ -15,9 +15,9 @@ bool TierWriter::submit(const Digest& key, std::vector<uint8_t> bytes) {
       ++stats_.dropped_shutdown;
       return false;
     }
-    if (queued_keys_.count(key) != 0) {
-      ++stats_.dropped_queued;
-      return false;
+    if (queued_keys_.count(key) != 0) {  // the same object is on its way
+      ++stats_.already_queued;
+      return true;
     }
     if (stats_.queued + 1 > opts_.max_queued_objects || stats_.queued_bytes + size > opts_.max_queued_bytes) {
       ++stats_.dropped_full;

@@ -60,6 +60,17 @@ void token_ids(const GgufHeader& h, json& t) {
     if (const GgufValue* v = h.find(key); v && !v->is_array() && v->as_int()) t[hf] = *v->as_int();
 }
 
+// `<arch>.vocab_size`, or (converters that write none) the second dimension of token_embd.weight.
+void vocab_size(const GgufHeader& h, Keys& k, json& t) {
+  if (auto v = k.opt_int("vocab_size")) {
+    t["vocab_size"] = *v;
+  } else if (const GgufTensorInfo* e = h.tensor("token_embd.weight"); e && e->ne.size() == 2) {
+    t["vocab_size"] = e->ne[1];
+  } else {
+    k.fail("vocab_size", "missing, and no 2-D token_embd.weight to read it from");
+  }
+}
+
 // `deepseek2` (DeepSeek V2 / V2-Lite, V3, V3.2 without its indexer, Kimi K2 as conversion/deepseek.py
 // writes them) → a deepseek_v3 config.json. Only what that converter writes for these models is accepted:
 // MLA with or without q_lora and the k_b/v_b split (key_length_mla present), sigmoid routing with the
@@ -75,13 +86,7 @@ Result<std::string> deepseek2_config_json(const GgufHeader& h, const std::string
   t["num_attention_heads"] = k.req_int("attention.head_count");
   t["intermediate_size"] = k.req_int("feed_forward_length");
   t["rms_norm_eps"] = k.req_num("attention.layer_norm_rms_epsilon");
-  if (auto v = k.opt_int("vocab_size")) {
-    t["vocab_size"] = *v;
-  } else if (const GgufTensorInfo* e = h.tensor("token_embd.weight"); e && e->ne.size() == 2) {
-    t["vocab_size"] = e->ne[1];
-  } else {
-    k.fail("vocab_size", "missing, and no 2-D token_embd.weight to read it from");
-  }
+  vocab_size(h, k, t);
   t["hidden_act"] = "silu";
   t["first_k_dense_replace"] = k.opt_int("leading_dense_block_count").value_or(0);
   t["n_routed_experts"] = k.req_int("expert_count");
@@ -183,13 +188,7 @@ Result<std::string> qwen3moe_config_json(const GgufHeader& h, const std::string&
   t["head_dim"] = hd;
   t["intermediate_size"] = k.opt_int("feed_forward_length").value_or(0);
   t["rms_norm_eps"] = k.req_num("attention.layer_norm_rms_epsilon");
-  if (auto v = k.opt_int("vocab_size")) {
-    t["vocab_size"] = *v;
-  } else if (const GgufTensorInfo* e = h.tensor("token_embd.weight"); e && e->ne.size() == 2) {
-    t["vocab_size"] = e->ne[1];
-  } else {
-    k.fail("vocab_size", "missing, and no 2-D token_embd.weight to read it from");
-  }
+  vocab_size(h, k, t);
   t["hidden_act"] = "silu";
   t["num_experts"] = k.req_int("expert_count");
   t["num_experts_per_tok"] = k.req_int("expert_used_count");
@@ -227,13 +226,7 @@ Result<std::string> gguf_to_hf_config_json(const GgufHeader& h, const std::strin
   t["num_attention_heads"] = k.req_int("attention.head_count");
   t["intermediate_size"] = k.req_int("feed_forward_length");
   t["rms_norm_eps"] = k.req_num("attention.layer_norm_rms_epsilon");
-  if (auto v = k.opt_int("vocab_size")) {
-    t["vocab_size"] = *v;
-  } else if (const GgufTensorInfo* e = h.tensor("token_embd.weight"); e && e->ne.size() == 2) {
-    t["vocab_size"] = e->ne[1];
-  } else {
-    k.fail("vocab_size", "missing, and no 2-D token_embd.weight to read it from");
-  }
+  vocab_size(h, k, t);
   if (k3) {
     t["hidden_act"] = "situ";
     t["activation_situ_beta"] = k.req_num("activation.situ_beta");

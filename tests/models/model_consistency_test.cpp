@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "common/test_util.h"
@@ -280,6 +281,44 @@ TEST(DsaModel, TopkAtLeastLengthEqualsDenseModel) {
 // Server-style sequences: latents and indexer keys in CachePools blocks (page 16, so a 150-token
 // prompt spans 10 blocks), two sequences batched in one forward_batch per chunk — must equal owned
 // single-sequence runs (same KDA path on both sides; see the DSA note at the top).
+// Sequences a (150 tokens) and b (90) prefilled together in chunks of 37 from pool pages of 16 tokens, two runs
+// per forward while both have tokens left: every row's logits, per sequence. `inspect` sees a's state before its
+// pages are released; with `indexed` the pools must hold indexer pages.
+void pooled_batch(Model& m, const std::vector<int32_t>& a, const std::vector<int32_t>& b, const ForwardOptions& o,
+                  std::vector<float>& la, std::vector<float>& lb,
+                  const std::function<void(const SequenceState&)>& inspect, bool indexed) {
+  const int64_t vocab = m.config().text.vocab_size;
+  CachePoolConfig pc;
+  pc.page_tokens = 16, pc.max_slots = 2, pc.max_seq_tokens = 256, pc.budget_bytes = 64 << 20;
+  auto pools = CachePools::create(m.cache_geometry(), pc);
+  ASSERT_TRUE(pools) << pools.error().message();
+  if (indexed) {
+    EXPECT_GT((*pools)->index_block_bytes(), 0);
+  }
+  SequenceState sa, sb;
+  const auto slot_a = (*pools)->acquire_slot(sa), slot_b = (*pools)->acquire_slot(sb);
+  ASSERT_TRUE(slot_a && slot_b);
+  std::vector<int32_t> ba, bb;
+  std::vector<float> logits;
+  const int64_t chunk = 37, na = static_cast<int64_t>(a.size()), nb = static_cast<int64_t>(b.size());
+  for (int64_t s = 0; s < na; s += chunk) {
+    std::vector<SeqRun> runs;
+    const int64_t ta = std::min<int64_t>(chunk, na - s), tb = std::max<int64_t>(0, std::min<int64_t>(chunk, nb - s));
+    ASSERT_TRUE((*pools)->grow(sa, ba, s + ta));
+    runs.push_back(SeqRun{a.data() + s, ta, &sa, true});
+    if (tb > 0) {
+      ASSERT_TRUE((*pools)->grow(sb, bb, s + tb));
+      runs.push_back(SeqRun{b.data() + s, tb, &sb, true});
+    }
+    m.forward_batch(runs, logits, o);
+    la.insert(la.end(), logits.begin(), logits.begin() + ta * vocab);
+    if (tb > 0) lb.insert(lb.end(), logits.begin() + ta * vocab, logits.begin() + (ta + tb) * vocab);
+  }
+  if (inspect) inspect(sa);
+  (*pools)->release(sa, *slot_a, ba);
+  (*pools)->release(sb, *slot_b, bb);
+}
+
 void pool_backed_batch_equals_owned(const char* preset, size_t sparse_layer) {
   testing::TempDir tmp;
   testing::make_checkpoint(preset, tmp.path(), nullptr);
@@ -297,35 +336,12 @@ void pool_backed_batch_equals_owned(const char* preset, size_t sparse_layer) {
     return r ? *r : std::vector<float>{};
   };
   const auto ra = owned(a), rb = owned(b);
-  CachePoolConfig pc;
-  pc.page_tokens = 16, pc.max_slots = 2, pc.max_seq_tokens = 256, pc.budget_bytes = 64 << 20;
-  auto pools = CachePools::create(m.cache_geometry(), pc);
-  ASSERT_TRUE(pools) << pools.error().message();
-  EXPECT_GT((*pools)->index_block_bytes(), 0);
-  SequenceState sa, sb;
-  const auto slot_a = (*pools)->acquire_slot(sa), slot_b = (*pools)->acquire_slot(sb);
-  ASSERT_TRUE(slot_a && slot_b);
-  std::vector<int32_t> ba, bb;
-  std::vector<float> la, lb, logits;
-  const int64_t chunk = 37;
-  for (int64_t s = 0; s < 150; s += chunk) {
-    std::vector<SeqRun> runs;
-    const int64_t ta = std::min<int64_t>(chunk, 150 - s), tb = std::max<int64_t>(0, std::min<int64_t>(chunk, 90 - s));
-    ASSERT_TRUE((*pools)->grow(sa, ba, s + ta));
-    runs.push_back(SeqRun{a.data() + s, ta, &sa, true});
-    if (tb > 0) {
-      ASSERT_TRUE((*pools)->grow(sb, bb, s + tb));
-      runs.push_back(SeqRun{b.data() + s, tb, &sb, true});
-    }
-    m.forward_batch(runs, logits, o);
-    la.insert(la.end(), logits.begin(), logits.begin() + ta * vocab);
-    if (tb > 0) lb.insert(lb.end(), logits.begin() + ta * vocab, logits.begin() + (ta + tb) * vocab);
-  }
+  std::vector<float> la, lb;
+  int64_t indexer_tokens = 0;
+  pooled_batch(m, a, b, o, la, lb, [&](const SequenceState& sa) { indexer_tokens = sa.mla[sparse_layer].indexer.n_tokens; }, true);
   expect_close(la, ra, 1e-4, "pooled sequence a");
   expect_close(lb, rb, 1e-4, "pooled sequence b");
-  EXPECT_EQ(sa.mla[sparse_layer].indexer.n_tokens, 150);
-  (*pools)->release(sa, *slot_a, ba);
-  (*pools)->release(sb, *slot_b, bb);
+  EXPECT_EQ(indexer_tokens, 150);
 }
 
 TEST(DsaModel, PoolBackedBatchEqualsOwned) { pool_backed_batch_equals_owned("k3-tiny-dsa", 3); }
@@ -364,34 +380,11 @@ TEST(Qwen3Moe, ChunksDecodeAndPooledBatchAreBitwiseOneChunk) {
       EXPECT_TRUE(same(*d, std::vector<float>(ra.begin() + t * vocab, ra.begin() + (t + 1) * vocab))) << "step " << t;
     }
   }
-  CachePoolConfig pc;
-  pc.page_tokens = 16, pc.max_slots = 2, pc.max_seq_tokens = 256, pc.budget_bytes = 64 << 20;
-  auto pools = CachePools::create(m.cache_geometry(), pc);
-  ASSERT_TRUE(pools) << pools.error().message();
-  SequenceState sa, sb;
-  const auto slot_a = (*pools)->acquire_slot(sa), slot_b = (*pools)->acquire_slot(sb);
-  ASSERT_TRUE(slot_a && slot_b);
-  std::vector<int32_t> ba, bb;
-  std::vector<float> la, lb, logits;
-  const int64_t chunk = 37;
-  for (int64_t s = 0; s < 150; s += chunk) {
-    std::vector<SeqRun> runs;
-    const int64_t ta = std::min<int64_t>(chunk, 150 - s), tb = std::max<int64_t>(0, std::min<int64_t>(chunk, 90 - s));
-    ASSERT_TRUE((*pools)->grow(sa, ba, s + ta));
-    runs.push_back(SeqRun{a.data() + s, ta, &sa, true});
-    if (tb > 0) {
-      ASSERT_TRUE((*pools)->grow(sb, bb, s + tb));
-      runs.push_back(SeqRun{b.data() + s, tb, &sb, true});
-    }
-    m.forward_batch(runs, logits);
-    la.insert(la.end(), logits.begin(), logits.begin() + ta * vocab);
-    if (tb > 0) lb.insert(lb.end(), logits.begin() + ta * vocab, logits.begin() + (ta + tb) * vocab);
-  }
+  std::vector<float> la, lb;
+  pooled_batch(m, a, b, ForwardOptions{}, la, lb, nullptr, false);
   EXPECT_TRUE(same(la, ra));
   EXPECT_TRUE(same(lb, rb));
   EXPECT_FALSE(same(std::vector<float>(ra.begin(), ra.begin() + 90 * vocab), rb));
-  (*pools)->release(sa, *slot_a, ba);
-  (*pools)->release(sb, *slot_b, bb);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, ModelConsistency, ::testing::ValuesIn(variants()),

@@ -11,6 +11,7 @@
 #include "kernels/cpu/exp_lanes.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/prefill_attention.h"
+#include "kernels/cpu/prefill_attention_tiles.h"
 #include "kernels/cpu/scratch.h"
 
 namespace kestrel::kernels {
@@ -21,6 +22,7 @@ constexpr int kLanes = 8;  // query heads per score vector
 void check(const GqaDecodeArgs& a) {
   KCHECK(a.T >= 1 && a.T <= a.L && a.H >= 1 && a.G >= 1 && a.H % a.G == 0 && a.D >= 1,
          "gqa_decode: needs 1 <= T <= L, G dividing H, D >= 1");
+  KCHECK(a.window >= 0, "gqa_decode: window must be >= 0");
   KCHECK(a.row.lora == 2 * a.G * a.D && a.row.rope == 0, "gqa_decode: rows must be [k | v] of G heads of width D");
 }
 
@@ -47,9 +49,39 @@ void block_slices(const GqaDecodeArgs& a, int64_t kb, int64_t n, int64_t g, floa
 
 #define KESTREL_AVX2_FMA __attribute__((target("avx2,fma")))
 
+// Lanes where mb > m: r = exp(m − mb), l ·= r, o ·= r (each head's row of o, [kLanes][D]), m = mb.
+KESTREL_AVX2_FMA inline void raise_max(__m256 mb, int nh, int64_t D, __m256& m, __m256& l, float* o) {
+  const __m256 grow = _mm256_cmp_ps(mb, m, _CMP_GT_OQ);
+  const int gm = _mm256_movemask_ps(grow);
+  if (gm == 0) return;
+  const __m256 r = exp8(_mm256_sub_ps(m, mb));
+  l = _mm256_blendv_ps(l, _mm256_mul_ps(l, r), grow);
+  m = _mm256_blendv_ps(m, mb, grow);
+  alignas(32) float rs[kLanes];
+  _mm256_store_ps(rs, r);
+  for (int i = 0; i < nh; ++i) {
+    if (!(gm >> i & 1)) continue;
+    const __m256 rv = _mm256_set1_ps(rs[i]);
+    float* oi = o + i * D;
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) _mm256_storeu_ps(oi + d, _mm256_mul_ps(_mm256_loadu_ps(oi + d), rv));
+    for (; d < D; ++d) oi[d] *= rs[i];
+  }
+}
+
+// The sink of heads [h0, h0 + nh) (sinks[i] for lane i), after the last block: the rescale when it exceeds m, then
+// l += exp(sink − m). Unused lanes take a sink of −∞ (no rescale, weight 0).
+KESTREL_AVX2_FMA inline void add_sinks(const float* sinks, int nh, int64_t D, __m256& m, __m256& l, float* o) {
+  alignas(32) float sk[kLanes];
+  for (int i = 0; i < kLanes; ++i) sk[i] = i < nh ? sinks[i] : -INFINITY;
+  const __m256 sv = _mm256_load_ps(sk);
+  raise_max(sv, nh, D, m, l, o);
+  l = _mm256_add_ps(l, exp8(_mm256_sub_ps(sv, m)));
+}
+
 // Query t of sequence a, key/value head g: its H / G query heads, kLanes at a time.
 KESTREL_AVX2_FMA void item_avx2(const GqaDecodeArgs& a, int64_t t, int64_t g) {
-  const int64_t D = a.D, per = a.H / a.G, pos = a.L - a.T + t;
+  const int64_t D = a.D, per = a.H / a.G, pos = a.L - a.T + t, lo = window_first_key(pos, a.window);
   float* kv = thread_scratch(kScratchGqaRows, static_cast<size_t>(2 * kKeyBlock * D));
   float* const kbuf = kv;
   float* const vbuf = kv + kKeyBlock * D;
@@ -65,9 +97,10 @@ KESTREL_AVX2_FMA void item_avx2(const GqaDecodeArgs& a, int64_t t, int64_t g) {
     std::fill(o, o + kLanes * D, 0.0f);
     __m256 m = _mm256_set1_ps(-INFINITY), l = _mm256_setzero_ps();
     alignas(32) float s[kKeyBlock][kLanes];
-    for (int64_t kb = 0; kb <= pos; kb += kKeyBlock) {
-      const int64_t n = std::min(kKeyBlock, pos - kb + 1);
-      block_slices(a, kb, n, g, kbuf, vbuf, kp, vp);
+    for (int64_t kb = lo / kKeyBlock * kKeyBlock; kb <= pos; kb += kKeyBlock) {
+      // The block's keys the query sees, [first, first + n): index j below is key first + j.
+      const int64_t first = std::max(kb, lo), n = std::min(kKeyBlock, pos - kb + 1) - (first - kb);
+      block_slices(a, first, n, g, kbuf, vbuf, kp, vp);
       // Scores, 8 keys at a time (independent chains over d, each lane the definition's own fma chain).
       __m256 mb = _mm256_set1_ps(-INFINITY);
       int64_t j = 0;
@@ -94,24 +127,7 @@ KESTREL_AVX2_FMA void item_avx2(const GqaDecodeArgs& a, int64_t t, int64_t g) {
         _mm256_store_ps(s[j], sv);
         mb = _mm256_max_ps(sv, mb);
       }
-      // A larger block max rescales l and o (lanes where mb > m).
-      const __m256 grow = _mm256_cmp_ps(mb, m, _CMP_GT_OQ);
-      const int gm = _mm256_movemask_ps(grow);
-      if (gm != 0) {
-        const __m256 r = exp8(_mm256_sub_ps(m, mb));
-        l = _mm256_blendv_ps(l, _mm256_mul_ps(l, r), grow);
-        m = _mm256_blendv_ps(m, mb, grow);
-        alignas(32) float rs[kLanes];
-        _mm256_store_ps(rs, r);
-        for (int i = 0; i < nh; ++i) {
-          if (!(gm >> i & 1)) continue;
-          const __m256 rv = _mm256_set1_ps(rs[i]);
-          float* oi = o + i * D;
-          int64_t d = 0;
-          for (; d + 8 <= D; d += 8) _mm256_storeu_ps(oi + d, _mm256_mul_ps(_mm256_loadu_ps(oi + d), rv));
-          for (; d < D; ++d) oi[d] *= rs[i];
-        }
-      }
+      raise_max(mb, nh, D, m, l, o);
       // Weights (l summed over keys ascending), then each head's values: its output slice stays in registers
       // while the block's keys go by in order (every element's fma chain over j ascending, as the definition).
       alignas(32) float ps[kKeyBlock][kLanes];
@@ -145,6 +161,7 @@ KESTREL_AVX2_FMA void item_avx2(const GqaDecodeArgs& a, int64_t t, int64_t g) {
         }
       }
     }
+    if (a.sinks != nullptr) add_sinks(a.sinks + h0, nh, D, m, l, o);
     alignas(32) float ls[kLanes];
     _mm256_store_ps(ls, l);
     for (int i = 0; i < nh; ++i) {
@@ -163,10 +180,12 @@ void one_reference(const GqaDecodeArgs& a, int64_t t, int64_t h, std::vector<flo
   kv.resize(static_cast<size_t>(2 * kKeyBlock * D));
   float *kbuf = kv.data(), *vbuf = kv.data() + kKeyBlock * D;
   const float *kp[kKeyBlock], *vp[kKeyBlock];
+  const int64_t lo = window_first_key(pos, a.window);
   float m = -INFINITY, l = 0.0f, s[kKeyBlock];
-  for (int64_t kb = 0; kb <= pos; kb += kKeyBlock) {
-    const int64_t n = std::min(kKeyBlock, pos - kb + 1);
-    block_slices(a, kb, n, g, kbuf, vbuf, kp, vp);
+  for (int64_t kb = lo / kKeyBlock * kKeyBlock; kb <= pos; kb += kKeyBlock) {
+    // The block's keys the query sees, [first, first + n): index j below is key first + j.
+    const int64_t first = std::max(kb, lo), n = std::min(kKeyBlock, pos - kb + 1) - (first - kb);
+    block_slices(a, first, n, g, kbuf, vbuf, kp, vp);
     float mb = -INFINITY;
     for (int64_t j = 0; j < n; ++j) {
       const float* k = kp[j];
@@ -188,6 +207,10 @@ void one_reference(const GqaDecodeArgs& a, int64_t t, int64_t h, std::vector<flo
       for (int64_t d = 0; d < D; ++d) o[d] = std::fma(p, v[d], o[d]);
     }
   }
+  if (a.sinks != nullptr)
+    prefill_tiles::add_sink(a.sinks[h], m, l, [&](float r) {
+      for (int64_t d = 0; d < D; ++d) o[d] *= r;
+    });
   const float inv = 1.0f / l;
   for (int64_t d = 0; d < D; ++d) o[d] *= inv;
 }

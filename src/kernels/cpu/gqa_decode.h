@@ -2,7 +2,9 @@
 // (layers/gqa_layer.h) in their page dtype, with the bits of the tiled prefill kernel's definition
 // (prefill_attention.h): for one (query, head), keys in blocks [32b, 32b + 32) cut at the query's position,
 // s_j = (fma over d from 0 of q[d]·k_j[d]) · scale, the block's max, the rescale by exp(m − m') when it grows, then
-// p_j = exp(s_j − m), l += p_j and o = fma(p_j, v_j, o) for j ascending, out = o · (1 / l), with prefill_exp.
+// p_j = exp(s_j − m), l += p_j and o = fma(p_j, v_j, o) for j ascending, out = o · (1 / l), with prefill_exp;
+// the same sliding window (keys j ≥ max(0, p − window + 1), blocks still [32b, 32b + 32), rows below the window
+// never read) and the same sink (one more key of score sinks[h] and value 0 after the last block).
 // So a query gives the same bits here as in a prefill chunk: prefill + decode equals one prefill bit for bit.
 //
 // A work item is one (sequence, query, KV head): the query heads sharing that KV head are the lanes of the score
@@ -25,7 +27,9 @@ struct GqaDecodeArgs {
   int64_t page_tokens = 0;
   KvRowFormat row;  // row.lora = 2 · G · D, row.rope = 0
   float scale = 1.0f;
-  float* out = nullptr;  // [T, H, D]
+  int64_t window = 0;            // keys per query, its own included (sliding window); 0 = every key up to it
+  const float* sinks = nullptr;  // [H]: each query head's sink score; nullptr = none
+  float* out = nullptr;          // [T, H, D]
 };
 
 // Every sequence's queries in one parallel region; items (sequence, query, KV head) taken dynamically.

@@ -37,12 +37,13 @@ void reference_one(const PrefillAttentionArgs& a, int64_t t, int64_t h) {
   const float* v = a.v + hk * a.v_head_stride;
   float* o = a.out + (t * a.H + h) * a.Dv;
   std::fill(o, o + a.Dv, 0.0f);
+  const int64_t lo = window_first_key(pos, a.window);
   float m = -INFINITY, l = 0.0f, s[kKeyBlock];
-  for (int64_t kb = 0; kb <= pos; kb += kKeyBlock) {
-    const int64_t n = std::min(kKeyBlock, pos - kb + 1);
+  for (int64_t kb = lo / kKeyBlock * kKeyBlock; kb <= pos; kb += kKeyBlock) {
+    const int64_t j0 = std::max<int64_t>(0, lo - kb), n = std::min(kKeyBlock, pos - kb + 1);  // keys [j0, n)
     const float* blk = kt + kb * a.Dk;
     float mb = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = j0; j < n; ++j) {
       float acc = 0.0f;
       for (int64_t d = 0; d < a.Dk; ++d) acc = std::fma(q[d], blk[d * kKeyBlock + j], acc);
       s[j] = acc * a.scale;
@@ -54,13 +55,17 @@ void reference_one(const PrefillAttentionArgs& a, int64_t t, int64_t h) {
       for (int64_t d = 0; d < a.Dv; ++d) o[d] *= r;
       m = mb;
     }
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = j0; j < n; ++j) {
       const float p = prefill_exp(s[j] - m);
       l += p;
       const float* vj = v + (kb + j) * a.Dv;
       for (int64_t d = 0; d < a.Dv; ++d) o[d] = std::fma(p, vj[d], o[d]);
     }
   }
+  if (a.sinks != nullptr)
+    add_sink(a.sinks[h], m, l, [&](float r) {
+      for (int64_t d = 0; d < a.Dv; ++d) o[d] *= r;
+    });
   const float inv = 1.0f / l;
   for (int64_t d = 0; d < a.Dv; ++d) o[d] *= inv;
 }
@@ -75,19 +80,19 @@ KESTREL_AVX512 void scale_row(float* o, int64_t n, float r) {
 
 constexpr int W = 4;  // value vectors per chunk: 64 lanes
 
-// o_u[c, c + 64) = fma(p_u[j], v_j, o_u) for j < n, j ascending, for the U queries of a tile that share the key
-// block's values (U = 4: every query sees all 32 keys; U = 1: one query, its own count). Full chunks load and
+// o_u[c, c + 64) = fma(p_u[j], v_j, o_u) for j0 ≤ j < n, j ascending, for the U queries of a tile that share the
+// key block's values (U = 4: every query sees all 32 keys; U = 1: one query, its own keys). Full chunks load and
 // store without masks (mask registers moved inside the key loop cost more than the fmas here).
 template <int U, bool kMasked>
-KESTREL_AVX512 inline void accumulate_chunk(float* const* o, const float (*p)[kKeyBlock], int64_t n, const float* v,
-                                            int64_t Dv, int64_t c) {
+KESTREL_AVX512 inline void accumulate_chunk(float* const* o, const float (*p)[kKeyBlock], int64_t j0, int64_t n,
+                                            const float* v, int64_t Dv, int64_t c) {
   __mmask16 mk[W];
   for (int w = 0; w < W; ++w) mk[w] = kMasked ? lanes(Dv - c, w) : __mmask16(0xffff);
   __m512 acc[U][W];
   for (int u = 0; u < U; ++u)
     for (int w = 0; w < W; ++w)
       acc[u][w] = kMasked ? _mm512_maskz_loadu_ps(mk[w], o[u] + c + 16 * w) : _mm512_loadu_ps(o[u] + c + 16 * w);
-  for (int64_t j = 0; j < n; ++j) {
+  for (int64_t j = j0; j < n; ++j) {
     const float* vj = v + j * Dv + c;
     auto ld = [&](int w) { return kMasked ? _mm512_maskz_loadu_ps(mk[w], vj + 16 * w) : _mm512_loadu_ps(vj + 16 * w); };
     __m512 v0 = ld(0), v1 = ld(1), v2 = ld(2), v3 = ld(3);  // named, so that they stay in registers
@@ -111,10 +116,11 @@ KESTREL_AVX512 inline void accumulate_chunk(float* const* o, const float (*p)[kK
 }
 
 template <int U>
-KESTREL_AVX512 void accumulate_values(float* const* o, const float (*p)[kKeyBlock], int64_t n, const float* v, int64_t Dv) {
+KESTREL_AVX512 void accumulate_values(float* const* o, const float (*p)[kKeyBlock], int64_t j0, int64_t n,
+                                      const float* v, int64_t Dv) {
   int64_t c = 0;
-  for (; c + 64 <= Dv; c += 64) accumulate_chunk<U, false>(o, p, n, v, Dv, c);
-  if (c < Dv) accumulate_chunk<U, true>(o, p, n, v, Dv, c);
+  for (; c + 64 <= Dv; c += 64) accumulate_chunk<U, false>(o, p, j0, n, v, Dv, c);
+  if (c < Dv) accumulate_chunk<U, true>(o, p, j0, n, v, Dv, c);
 }
 
 // Queries per score tile here: 8 × 32 keys is 16 accumulators, with the two key vectors held in registers
@@ -134,10 +140,12 @@ KESTREL_AVX512 void item_avx512(const PrefillAttentionArgs& a, int64_t h, int64_
     std::fill(out_row(i), out_row(i) + Dv, 0.0f);
   }
   const __m512 scale = _mm512_set1_ps(a.scale), neg_inf = _mm512_set1_ps(-INFINITY);
-  for (int64_t kb = 0; kb <= off + t1 - 1; kb += kKeyBlock) {
+  const ItemKeys keys{off, t0, nq, a.window};
+  for (int64_t kb = keys.first_block(); kb < keys.last(); kb += kKeyBlock) {
     const float* blk = kt + kb * Dk;
-    for (int64_t i = std::max<int64_t>(0, kb - off - t0); i < nq; i += kScoreTile) {
-      const int64_t nt = std::min(kScoreTile, nq - i);
+    const int64_t end = keys.end(kb);
+    for (int64_t i = keys.begin(kb); i < end; i += kScoreTile) {
+      const int64_t nt = std::min(kScoreTile, end - i);
       const float* qp[kScoreTile];
       for (int64_t u = 0; u < kScoreTile; ++u) qp[u] = a.q + ((t0 + i + std::min(u, nt - 1)) * a.H + h) * Dk;
       __m512 acc[kScoreTile][2];
@@ -152,10 +160,12 @@ KESTREL_AVX512 void item_avx512(const PrefillAttentionArgs& a, int64_t h, int64_
           acc[u][1] = _mm512_fmadd_ps(b, k1, acc[u][1]);
         }
       }
-      int64_t nv[kScoreTile];
+      int64_t j0[kScoreTile], nv[kScoreTile];  // query u sees the block's keys [j0, nv)
       for (int64_t u = 0; u < nt; ++u) {
-        nv[u] = std::min(kKeyBlock, off + t0 + i + u - kb + 1);  // ≥ 1: the tile starts at or after the block
-        const __mmask16 lo = lanes(nv[u], 0), hi = lanes(nv[u], 1);
+        const int64_t pos = off + t0 + i + u;
+        j0[u] = std::max<int64_t>(0, window_first_key(pos, a.window) - kb);  // < 32: the query sees the block
+        nv[u] = std::min(kKeyBlock, pos - kb + 1);                           // ≥ 1: the tile starts at or after it
+        const __mmask16 lo = lanes(nv[u], 0) & ~lanes(j0[u], 0), hi = lanes(nv[u], 1) & ~lanes(j0[u], 1);
         const __m512 s0 = _mm512_mask_mov_ps(neg_inf, lo, _mm512_mul_ps(acc[u][0], scale));
         const __m512 s1 = _mm512_mask_mov_ps(neg_inf, hi, _mm512_mul_ps(acc[u][1], scale));
         const float mb = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
@@ -172,27 +182,32 @@ KESTREL_AVX512 void item_avx512(const PrefillAttentionArgs& a, int64_t h, int64_
       }
       const float* vb = vh + kb * Dv;
       // Values in tiles of 4 queries (16 accumulators over 64 lanes): each group of 4 whose queries all see the
-      // whole block at once, the rest one query at a time over its own keys.
+      // whole block at once (the first of them all keys up to the last, the last of them all keys from the first),
+      // the rest one query at a time over its own keys.
       for (int64_t g = 0; g < nt; g += 4) {
-        if (nt - g >= 4 && nv[g] == kKeyBlock) {
+        if (nt - g >= 4 && nv[g] == kKeyBlock && j0[g + 3] == 0) {
           add_weights<4>(p + g, l + i + g);
           float* o[4] = {out_row(i + g), out_row(i + g + 1), out_row(i + g + 2), out_row(i + g + 3)};
-          accumulate_values<4>(o, p + g, kKeyBlock, vb, Dv);
+          accumulate_values<4>(o, p + g, 0, kKeyBlock, vb, Dv);
           continue;
         }
         for (int64_t u = g; u < std::min(nt, g + 4); ++u) {
-          for (int64_t j = 0; j < nv[u]; ++j) l[i + u] += p[u][j];
+          for (int64_t j = j0[u]; j < nv[u]; ++j) l[i + u] += p[u][j];
           float* o[1] = {out_row(i + u)};
-          accumulate_values<1>(o, p + u, nv[u], vb, Dv);
+          accumulate_values<1>(o, p + u, j0[u], nv[u], vb, Dv);
         }
       }
     }
   }
-  for (int64_t i = 0; i < nq; ++i) scale_row(out_row(i), Dv, 1.0f / l[i]);
+  for (int64_t i = 0; i < nq; ++i) {
+    if (a.sinks != nullptr) add_sink(a.sinks[h], m[i], l[i], [&](float r) { scale_row(out_row(i), Dv, r); });
+    scale_row(out_row(i), Dv, 1.0f / l[i]);
+  }
 }
 
 void check_groups(const PrefillAttentionArgs& a) {
   KCHECK(a.kv_group >= 1 && a.H % a.kv_group == 0, "prefill_attention: kv_group must be >= 1 and divide H");
+  KCHECK(a.window >= 0, "prefill_attention: window must be >= 0");
 }
 
 bool has_avx512() {

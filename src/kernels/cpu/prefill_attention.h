@@ -14,6 +14,13 @@
 // query's bits do not depend on the chunk it arrives in, the batch, the thread count or the ISA path:
 // prefill_attention (AVX-512 where the CPU has it, else AVX2 + FMA, else the scalar definition) equals
 // prefill_attention_reference bit for bit (tested, each vector path on its own).
+// Sliding window (window = W > 0): the query sees keys j ≥ lo = max(0, p − W + 1) alone (p − j < W). Its blocks
+// start at the one holding lo, whose keys below lo are skipped (no part in the block max, l or o); blocks wholly
+// below lo are not visited, no value below lo is read, and a work item walks only the key blocks some query of
+// it sees (O(T · W) work). window = 0: every key up to p.
+// Sink (sinks non-null): after the last block, query head h meets one more key of score sinks[h] (the units of s)
+// and value 0: when sinks[h] > m: r = exp(m − sinks[h]), l ·= r, o ·= r, m = sinks[h]; then l += exp(sinks[h] − m),
+// before out. So the sink takes its share of the softmax and adds nothing to the output.
 // Grouped-query attention (kv_group > 1, a divisor of H; KCHECK): query head h reads key/value head
 // h / kv_group, and computes exactly what it would with kv_group = 1 and that head copied into its own slot.
 #pragma once
@@ -33,6 +40,11 @@ inline void pack_key_part(float* kt_head, int64_t Dk, int64_t j, int64_t d0, con
   for (int64_t d = 0; d < n; ++d) dst[(d0 + d) * kKeyBlock] = src[d];
 }
 
+// The first key the query at position pos sees (lo above): 0 without a window (window = 0).
+inline int64_t window_first_key(int64_t pos, int64_t window) {
+  return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
 struct PrefillAttentionArgs {
   int64_t T = 0, L = 0, H = 0, Dk = 0, Dv = 0;  // queries are the last T of L positions; H query heads
   const float* q = nullptr;                     // [T, H, Dk]
@@ -43,7 +55,9 @@ struct PrefillAttentionArgs {
   int64_t kv_group = 1;  // query heads per key/value head: query head h reads key/value head h / kv_group (GQA);
                          //   1 = one per head
   float scale = 1.0f;
-  float* out = nullptr;  // [T, H, Dv]
+  int64_t window = 0;             // keys per query, its own included (sliding window); 0 = every key up to it
+  const float* sinks = nullptr;   // [H]: each query head's sink score; nullptr = none
+  float* out = nullptr;           // [T, H, Dv]
 };
 
 void prefill_attention(const PrefillAttentionArgs& a);

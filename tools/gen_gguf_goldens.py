@@ -68,13 +68,14 @@ import sys
 src, model_dir, out, outtype = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 sys.path.insert(0, src)
 import convert_hf_to_gguf as conv
-from conversion import deepseek, kimi_k3, kimi_linear, qwen
+from conversion import deepseek, gpt_oss, kimi_k3, kimi_linear, qwen
 # tokenizer-less test checkpoints: dummy vocabulary (vocab size still comes from the config)
 kimi_k3.KimiK3Model.set_vocab = lambda self: self._set_vocab_none()
 kimi_linear.KimiLinearModel.set_vocab = lambda self: self._set_vocab_none()
 deepseek.DeepseekV2Model.set_vocab = lambda self: self._set_vocab_none()
-# (conversion/qwen.py writes no <arch>.vocab_size, which llama.cpp needs without a vocabulary: added here)
+# (conversion/qwen.py and gpt_oss.py write no <arch>.vocab_size, which llama.cpp needs without a vocabulary: added here)
 qwen.Qwen3MoeModel.set_vocab = lambda self: (self._set_vocab_none(), self.gguf_writer.add_vocab_size(self.hparams["vocab_size"]))
+gpt_oss.GptOssModel.set_vocab = lambda self: (self._set_vocab_none(), self.gguf_writer.add_vocab_size(self.hparams["vocab_size"]))
 sys.argv = ["convert_hf_to_gguf.py", "--outtype", outtype, "--outfile", out, model_dir]
 conv.main()
 """

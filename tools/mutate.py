@@ -255,6 +255,48 @@ MUTATIONS["gqa_decode_cached_rows_dropped"] = (
     "    d.T = sg.T, d.L = sg.T, d.H = nh_, d.G = nkv_, d.D = hd_;",
     "Qwen3|qwen3",
     "a Qwen3-MoE decode step attends only to its own new rows: the cached keys and values of earlier tokens are dropped")
+MUTATIONS["gqa_window_dropped"] = (
+    "src/layers/gqa_layer.cpp",
+    "    d.window = window_;",
+    "    d.window = 0;",
+    "GptOss|gptoss",
+    "gpt-oss decode steps on a sliding layer attend to every cached key instead of the window")
+MUTATIONS["gqa_sinks_dropped"] = (
+    "src/layers/gqa_layer.cpp",
+    "  a.sinks = sinks_.empty() ? nullptr : sinks_.data();",
+    "  a.sinks = nullptr;",
+    "GptOss|gptoss",
+    "gpt-oss prefill chunks attend without the per-head sink in the softmax denominator")
+MUTATIONS["attention_sink_weight_off"] = (
+    "src/kernels/cpu/prefill_attention_tiles.h",
+    "  l += prefill_exp(sink - m);",
+    "  l += prefill_exp(sink - m - 1.0f);",
+    "PrefillAttention|GqaDecode",
+    "the attention kernels give the sink e^(s-1) instead of e^s in the denominator")
+MUTATIONS["moe_fused_expert_bias_dropped"] = (
+    "src/layers/moe_fused.cpp",
+    "    ex.add_gate_up_bias(g, u, fe.n, inter, r0, r1);",
+    "",
+    "GptOss|gptoss",
+    "the fused int8 MoE path leaves out the experts' gate and up biases")
+MUTATIONS["moe_router_bias_dropped"] = (
+    "src/layers/ffn.cpp",
+    "  if (logit_bias_.empty()) return;",
+    "  return;",
+    "GptOss|gptoss",
+    "gpt-oss routes on the router's logits without its bias")
+MUTATIONS["swiglu_oai_unclamped"] = (
+    "src/kernels/cpu/elementwise.cpp",
+    "    const float x = std::min(g[i], limit), y = std::clamp(u[i], -limit, limit);",
+    "    const float x = g[i], y = std::clamp(u[i], -limit, limit);",
+    "GptOss|gptoss",
+    "gpt-oss's SwiGLU without the clamp of the gate at the limit")
+MUTATIONS["yarn_truncate_ignored"] = (
+    "src/layers/rope.cpp",
+    "  double low = std::max(c.truncate ? std::floor(lo) : lo, 0.0);",
+    "  double low = std::max(std::floor(lo), 0.0);",
+    "GptOss",
+    "YaRN rounds the ramp's lower end whatever the config's truncate says")
 NEEDS_CPU_FLAG["sparse_mla_lane_sums_heads_swapped"] = "avx512f"
 MUTATIONS["sparse_mla_lane_sums_heads_swapped"] = (
     "src/kernels/cpu/sparse_mla_attention.cpp",

@@ -66,8 +66,22 @@ void GatedMlp::gate_up_tasks(const float* x, int64_t T, float* g, float* u, std:
 void GatedMlp::activate(float* g, const float* u, int64_t n) const {
   if (c_->hidden_act == Activation::kSiTU)
     kernels::situ_glu(g, u, n, c_->situ_beta, c_->situ_linear_beta, g);
+  else if (c_->hidden_act == Activation::kSwiGluOai)
+    kernels::swiglu_oai(g, u, n, c_->swiglu_alpha, c_->swiglu_limit, g);
   else
     kernels::swiglu(g, u, n, g);
+}
+
+void GatedMlp::add_gate_up_bias(float* g, float* u, int64_t rows, int64_t ld, int64_t c0, int64_t c1) const {
+  if (bg_ == nullptr) return;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = c0; c < c1; ++c) g[r * ld + c] += bg_[c], u[r * ld + c] += bu_[c];
+}
+
+void GatedMlp::add_down_bias(float* y, int64_t rows, int64_t ld, int64_t d0, int64_t d1) const {
+  if (bd_ == nullptr) return;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = d0; d < d1; ++d) y[r * ld + d] += bd_[d];
 }
 
 void GatedMlp::forward(const float* x, int64_t T, float* y) {
@@ -163,6 +177,7 @@ Status MoeBlock::bind(Binder& b, const std::string& p, const TextConfig& c, cons
   const int64_t hid = c.hidden_size;
   router_ = b.linear(p + "gate", E_, hid);
   if (c.router_bias) bias_ = b.vec(p + "gate.e_score_correction_bias", {E_});
+  if (c.router_logit_bias) logit_bias_ = b.vec(p + "gate.bias", {E_});
   in_ = c.latent_moe() ? c.routed_expert_hidden_size : hid;
   if (c.latent_moe()) {
     lat_down_ = b.linear(p + "routed_expert_down_proj", in_, hid);
@@ -170,6 +185,8 @@ Status MoeBlock::bind(Binder& b, const std::string& p, const TextConfig& c, cons
     if (c.latent_moe_use_norm) lat_norm_ = b.vec(p + "routed_expert_norm.weight", {in_});
   }
   shard_ = b.expert_shard();
+  if (sharded() && c.expert_bias)
+    return unsupported("expert parallelism does not run experts with biases (gpt-oss) yet");
   if (sharded() && K_ > kMaxEpTopK)
     return unsupported("expert parallelism supports up to " + std::to_string(kMaxEpTopK) + " experts per token, not " +
                        std::to_string(K_));
@@ -183,6 +200,15 @@ Status MoeBlock::bind(Binder& b, const std::string& p, const TextConfig& c, cons
     experts_[static_cast<size_t>(e)].bind(b, ep, names.gate, names.up, names.down, in_, c.moe_intermediate_size, c);
   }
   if (sharded()) ep_by_expert_.resize(static_cast<size_t>(E_));
+  if (c.expert_bias) {
+    const int64_t inter = c.moe_intermediate_size;
+    gate_bias_ = b.vec(p + "experts.gate_proj_bias", {E_, inter});
+    up_bias_ = b.vec(p + "experts.up_proj_bias", {E_, inter});
+    down_bias_ = b.vec(p + "experts.down_proj_bias", {E_, in_});
+    for (int64_t e = 0; e < E_ && b.ok(); ++e)
+      experts_[static_cast<size_t>(e)].set_biases(gate_bias_.data() + e * inter, up_bias_.data() + e * inter,
+                                                  down_bias_.data() + e * in_);
+  }
   has_shared_ = c.num_shared_experts > 0;
   if (has_shared_)
     shared_.bind_dense(b, p + "shared_experts.", "gate_proj", "up_proj", "down_proj", hid,
@@ -197,7 +223,39 @@ void MoeBlock::route(const float* x, int64_t T, std::vector<int>& ids, std::vect
   Temps& ts = shared_temps<Temps>();
   ts.logits.resize(static_cast<size_t>(T * E_));
   matmul(router_, x, T, ts.logits.data());
+  add_router_bias(T);
   select(T, ids, weights);
+}
+
+void MoeBlock::add_router_bias(int64_t T) {
+  if (logit_bias_.empty()) return;
+  float* l = shared_temps<Temps>().logits.data();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t e = 0; e < E_; ++e) l[t * E_ + e] += logit_bias_[static_cast<size_t>(e)];
+}
+
+// The biases of the grouped path's rows (by_expert_ order: each active expert's tokens in turn).
+void MoeBlock::add_gate_up_biases() {
+  Temps& ts = shared_temps<Temps>();
+  const int64_t inter = c_->moe_intermediate_size;
+  int64_t off = 0;
+  for (int64_t e = 0; e < E_; ++e) {
+    const auto n = static_cast<int64_t>(by_expert_[static_cast<size_t>(e)].size());
+    if (n == 0) continue;
+    experts_[static_cast<size_t>(e)].add_gate_up_bias(ts.g.data() + off * inter, ts.u.data() + off * inter, n, inter, 0, inter);
+    off += n;
+  }
+}
+
+void MoeBlock::add_down_biases() {
+  Temps& ts = shared_temps<Temps>();
+  int64_t off = 0;
+  for (int64_t e = 0; e < E_; ++e) {
+    const auto n = static_cast<int64_t>(by_expert_[static_cast<size_t>(e)].size());
+    if (n == 0) continue;
+    experts_[static_cast<size_t>(e)].add_down_bias(ts.eout.data() + off * in_, n, in_, 0, in_);
+    off += n;
+  }
 }
 
 void MoeBlock::select(int64_t T, std::vector<int>& ids, std::vector<float>& weights) {
@@ -281,6 +339,7 @@ void MoeBlock::forward(const float* x, int64_t T, float* out) {
     in = ts.z.data();
   }
   if (T > 0) kernels::matmul_many(tasks_);
+  add_router_bias(T);
   std::vector<int>& ids = route_ids_;
   select(T, ids, w_);
 
@@ -358,9 +417,11 @@ void MoeBlock::forward_grouped(const float* x, const float* in, int64_t T) {
     down_.push_back(shared_.down_task(ts.sg.data(), T, ts.shared_out.data()));
   }
   kernels::matmul_many(tasks_);
+  if (c_->expert_bias) add_gate_up_biases();
   if (off > 0) experts_[0].activate(ts.g.data(), ts.u.data(), off * inter);
   if (has_shared_) shared_.activate(ts.sg.data(), ts.su.data(), T * sh_inter);
   kernels::matmul_many(down_);
+  if (c_->expert_bias) add_down_biases();
 
   // Weighted sum per token, experts in ascending order (the order does not depend on the batch).
   ts.acc.assign(static_cast<size_t>(T * in_), 0.0f);

@@ -33,6 +33,13 @@ class GatedMlp {
   // g, u [T, inter] = x Wg^T, x Wu^T;  g = act(g, u) over n elements;  y [T, in] = g Wd^T.
   void gate_up_tasks(const float* x, int64_t T, float* g, float* u, std::vector<kernels::MatmulTask>& out) const;
   void activate(float* g, const float* u, int64_t n) const;
+  // Biased experts (gpt-oss): the gate / up biases added to columns [c0, c1) of `rows` rows of g and u (row
+  // stride ld) before the activation, the down bias to columns [d0, d1) of y after the down product. No-ops
+  // without biases. The pointers stay owned by the caller (MoeBlock keeps them for the model's life).
+  void set_biases(const float* gate, const float* up, const float* down) { bg_ = gate, bu_ = up, bd_ = down; }
+  bool biased() const { return bg_ != nullptr; }
+  void add_gate_up_bias(float* g, float* u, int64_t rows, int64_t ld, int64_t c0, int64_t c1) const;
+  void add_down_bias(float* y, int64_t rows, int64_t ld, int64_t d0, int64_t d1) const;
   kernels::MatmulTask down_task(const float* h, int64_t T, float* y) const { return {&wd_, h, T, y}; }
   const kernels::WeightMatrix& gate_weight() const { return wg_; }
   const kernels::WeightMatrix& up_weight() const { return wu_; }
@@ -45,6 +52,7 @@ class GatedMlp {
 
   const TextConfig* c_ = nullptr;
   kernels::WeightMatrix wg_, wu_, wd_;
+  const float *bg_ = nullptr, *bu_ = nullptr, *bd_ = nullptr;
   std::vector<kernels::MatmulTask> tasks_;
   // Tensor parallel (null: every column bound). The down slice is a copy (a row's slice is not contiguous).
   ExpertShard* tp_ = nullptr;
@@ -70,7 +78,8 @@ struct ExpertNames {
 };
 inline constexpr ExpertNames kHfExpertNames{"gate_proj", "up_proj", "down_proj"};
 
-// Routing (docs/model-math.md §7), fp32: scores = sigmoid or softmax of the router logits; the
+// Routing (docs/model-math.md §7), fp32: scores = sigmoid or softmax of the router logits (+ the router's own
+// bias where it has one, gpt-oss); the
 // choice uses scores + e_score_correction_bias (when present); with n_group > 1 only the top
 // topk_group groups (group score = sum of the top-2 biased scores, or the max without a bias) are
 // eligible (others −inf); weights = the chosen UNBIASED scores, renormalised (norm_topk_prob) and
@@ -110,8 +119,12 @@ class MoeBlock {
 
   const TextConfig* c_ = nullptr;
   int64_t E_ = 0, K_ = 0, in_ = 0;  // in_ = latent width (LatentMoE) or hidden
+  // Biases of the router's logits and of the experts' gate / up [E, inter] and down [E, in] (gpt-oss).
+  void add_router_bias(int64_t T);
+  void add_gate_up_biases();
+  void add_down_biases();
   kernels::WeightMatrix router_, lat_down_, lat_up_;
-  std::vector<float> bias_, lat_norm_;
+  std::vector<float> bias_, lat_norm_, logit_bias_, gate_bias_, up_bias_, down_bias_;
   std::vector<GatedMlp> experts_;
   GatedMlp shared_;
   bool has_shared_ = false;

@@ -32,6 +32,12 @@ constexpr Rename kLayerRenames[] = {
     {"self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight"},
     // GQA (qwen3moe): q/k/v/o as above, plus the per-head norms
     {"self_attn.q_norm.weight", "attn_q_norm.weight"}, {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+    // gpt-oss: q/k/v/o biases, the per-head sinks, the router's bias and the experts' biases stacked [E, n]
+    {"self_attn.q_proj.bias", "attn_q.bias"}, {"self_attn.k_proj.bias", "attn_k.bias"},
+    {"self_attn.v_proj.bias", "attn_v.bias"}, {"self_attn.o_proj.bias", "attn_output.bias"},
+    {"self_attn.sinks", "attn_sinks.weight"}, {"mlp.gate.bias", "ffn_gate_inp.bias"},
+    {"mlp.experts.gate_proj_bias", "ffn_gate_exps.bias"}, {"mlp.experts.up_proj_bias", "ffn_up_exps.bias"},
+    {"mlp.experts.down_proj_bias", "ffn_down_exps.bias"},
     // dense MLP
     {"mlp.gate_proj", "ffn_gate"}, {"mlp.up_proj", "ffn_up"}, {"mlp.down_proj", "ffn_down"},
     // MoE
@@ -284,6 +290,13 @@ Result<TensorView> GgufWeights::get(const std::string& hf_name, const std::vecto
   if (!mp || mp->kind == Kind::kExpert || mp->kind == Kind::kKvB || mp->kind == Kind::kGProj)
     return not_found(path() + ": no GGUF float tensor corresponds to '" + hf_name + "'");
   const GgufTensorInfo* t = find(mp->gguf);
+  // gpt-oss's converter writes the post-attention norm as post_attention_norm, the others as ffn_norm.
+  const std::string ffn_norm = "ffn_norm.weight";
+  if (t == nullptr && mp->gguf.size() > ffn_norm.size() &&
+      mp->gguf.compare(mp->gguf.size() - ffn_norm.size(), ffn_norm.size(), ffn_norm) == 0) {
+    const std::string alt = mp->gguf.substr(0, mp->gguf.size() - ffn_norm.size()) + "post_attention_norm.weight";
+    if (file_.header().tensor(alt) != nullptr) t = find(mp->gguf = alt);
+  }
   if (t == nullptr) return not_found(path() + ": tensor '" + mp->gguf + "' (for '" + hf_name + "') not found");
   std::vector<int64_t> have = t->shape();
   auto check = [&](const std::vector<int64_t>& s) -> Status {

@@ -1,7 +1,10 @@
 // GGUF tensors presented under the Hugging Face names the Binder asks for (K3 with or without the
 // `language_model.` prefix; Kimi Linear; DeepSeek V3 / Kimi K2 `deepseek2`, whose MoE lives under
-// `mlp.` with experts.E.{gate,up,down}_proj). This inverts what llama.cpp's converter does
-// (conversion/kimi_k3.py, conversion/kimi_linear.py, conversion/deepseek.py, gguf-py tensor_mapping.py):
+// `mlp.` with experts.E.{gate,up,down}_proj; Qwen3-MoE `qwen3moe`; gpt-oss `gpt-oss`, bound under those names
+// plus its q/k/v/o biases, sinks, router bias and `mlp.experts.{gate,up,down}_proj_bias` [E, n], its
+// post-attention norm written as post_attention_norm). This inverts what llama.cpp's converter does
+// (conversion/kimi_k3.py, conversion/kimi_linear.py, conversion/deepseek.py, conversion/qwen.py,
+// conversion/gpt_oss.py, gguf-py tensor_mapping.py):
 //   renames                      model.layers.L.self_attn.q_proj → blk.L.attn_q, … (table in the .cpp)
 //   experts stacked to 3-D       experts.E.w1/w3/w2 → ffn_{gate,up,down}_exps ne [in, out, n_expert]:
 //                                expert E is rows [E·out, (E+1)·out) — a zero-copy view (any type)

@@ -12,6 +12,7 @@
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/prefill_attention.h"
+#include "layers/rope.h"
 #include "layers/shared_temps.h"
 
 namespace kestrel {
@@ -25,7 +26,7 @@ constexpr int64_t kDecodeMaxT = 4;
 
 }  // namespace
 
-Status GqaLayer::bind(Binder& b, const std::string& p, const TextConfig& c) {
+Status GqaLayer::bind(Binder& b, const std::string& p, const TextConfig& c, int layer) {
   c_ = &c;
   nh_ = c.num_attention_heads;
   nkv_ = c.num_key_value_heads;
@@ -39,13 +40,31 @@ Status GqaLayer::bind(Binder& b, const std::string& p, const TextConfig& c) {
     q_norm_ = b.vec(p + "q_norm.weight", {hd_});
     k_norm_ = b.vec(p + "k_norm.weight", {hd_});
   }
-  // transformers' default RoPE: inv_freq[i] = 1 / theta^(2i / d) in fp32 (MlaRope's plain table).
-  MlaRopeConfig rc;
-  rc.theta = c.gqa_rope_theta;
-  inv_freq_ = MlaRope(rc, hd_).inv_freq();
+  if (c.attention_bias) {
+    bq_ = b.vec(p + "q_proj.bias", {nh_ * hd_});
+    bk_ = b.vec(p + "k_proj.bias", {nkv_ * hd_});
+    bv_ = b.vec(p + "v_proj.bias", {nkv_ * hd_});
+    bo_ = b.vec(p + "o_proj.bias", {hid});
+  }
+  if (c.attn_sinks) sinks_ = b.vec(p + "sinks", {nh_});
+  window_ = c.gqa_window.empty() ? 0 : c.gqa_window[static_cast<size_t>(layer)];
+  // transformers' RoPE tables in fp32: plain inv_freq[i] = 1 / theta^(2i / d), or YaRN's blend (MlaRope).
+  const MlaRope rope(c.gqa_rope, hd_);
+  inv_freq_ = rope.inv_freq();
+  rope_mag_ = rope.magnitude();
   scale_ = 1.0f / std::sqrt(static_cast<float>(hd_));
   return b.status();
 }
+
+namespace {
+// y[t, :] += bias for T rows of stride ld.
+void add_bias(float* y, const std::vector<float>& bias, int64_t T, int64_t ld) {
+  if (bias.empty()) return;
+  const auto n = static_cast<int64_t>(bias.size());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < n; ++i) y[t * ld + i] += bias[static_cast<size_t>(i)];
+}
+}  // namespace
 
 void GqaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCache>> segs, float* out) {
   Temps& ts = shared_temps<Temps>();
@@ -58,6 +77,9 @@ void GqaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCac
                                          {&wk_, x, T, ts.rows.data(), row},
                                          {&wv_, x, T, ts.rows.data() + kw, row}};
   kernels::matmul_many(from_x);
+  add_bias(ts.q.data(), bq_, T, nh_ * hd_);
+  add_bias(ts.rows.data(), bk_, T, row);
+  add_bias(ts.rows.data() + kw, bv_, T, row);
   if (c_->qk_norm) {
     kernels::rms_norm(ts.q.data(), q_norm_.data(), T * nh_, hd_, c_->rms_norm_eps, ts.q.data());
     for (int64_t t = 0; t < T; ++t)
@@ -80,8 +102,8 @@ void GqaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCac
       const float pos = static_cast<float>(cache.n_tokens + t);
       for (int64_t i = 0; i < half; ++i) {
         const float a = pos * inv_freq_[static_cast<size_t>(i)];
-        ts.cos[static_cast<size_t>(i)] = std::cos(a);
-        ts.sin[static_cast<size_t>(i)] = std::sin(a);
+        ts.cos[static_cast<size_t>(i)] = std::cos(a) * rope_mag_;
+        ts.sin[static_cast<size_t>(i)] = std::sin(a) * rope_mag_;
       }
       const int64_t r = sg.offset + t;
       for (int64_t h = 0; h < nh_; ++h) rotate(ts.q.data() + (r * nh_ + h) * hd_);
@@ -98,12 +120,15 @@ void GqaLayer::forward(const float* x, int64_t T, std::span<const Segment<MlaCac
     d.q = ts.q.data() + sg.offset * nh_ * hd_;
     d.pages = cache.pages.data(), d.page_tokens = cache.page_tokens, d.row = cache.row;
     d.scale = scale_;
+    d.window = window_;
+    d.sinks = sinks_.empty() ? nullptr : sinks_.data();
     d.out = ts.attn.data() + sg.offset * nh_ * hd_;
     decode_.push_back(d);
   }
   if (!decode_.empty()) kernels::gqa_decode(decode_);
   decode_.clear();
   kernels::matmul(wo_, ts.attn.data(), T, out);
+  add_bias(out, bo_, T, c_->hidden_size);
 }
 
 // The segment's L cached rows decoded into the kernel's layouts, per KV head: keys packed (pack_key_part), values
@@ -135,6 +160,8 @@ void GqaLayer::attend(int64_t off, int64_t T, const MlaCache& cache) {
   a.kt = ts.kt.data(), a.kt_head_stride = kt_stride;
   a.v = ts.v.data(), a.v_head_stride = v_stride;
   a.scale = scale_;
+  a.window = window_;
+  a.sinks = sinks_.empty() ? nullptr : sinks_.data();
   a.out = ts.attn.data() + off * nh_ * hd_;
   kernels::prefill_attention(a);
 }

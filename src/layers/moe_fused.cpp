@@ -177,6 +177,7 @@ void MoeBlock::forward_fused(const float* x, const float* in, int64_t T) {
     float* u = ts.u.data() + fe.off * inter;
     picked_rows(ex.gate_weight(), ts.fx, tok, fe.n, g, inter, r0, r1);
     picked_rows(ex.up_weight(), ts.fx, tok, fe.n, u, inter, r0, r1);
+    ex.add_gate_up_bias(g, u, fe.n, inter, r0, r1);
     for (int64_t i = 0; i < fe.n; ++i) {
       ex.activate(g + i * inter + r0, u + i * inter + r0, r1 - r0);
       kernels::q8_acts_fill_chunks(g + i * inter, fe.off + i, c0, c1, ts.fh);
@@ -186,9 +187,11 @@ void MoeBlock::forward_fused(const float* x, const float* in, int64_t T) {
     const int64_t d0 = k * kDownStripe, d1 = std::min(in_, d0 + kDownStripe);
     if (has_shared_ && d0 < hid) all_tokens_rows(shared_.down_weight(), ts.fsh, ts.shared_out.data(), hid, d0, std::min(hid, d0 + kDownStripe));
     if (d0 >= in_) return;
-    for (const FusedExpert& fe : fused_experts_)
-      picked_rows(experts_[static_cast<size_t>(fe.e)].down_weight(), ts.fh, ts.fused_row.data() + fe.off, fe.n, ts.eout.data() + fe.off * in_,
-                  in_, d0, d1);
+    for (const FusedExpert& fe : fused_experts_) {
+      const GatedMlp& ex = experts_[static_cast<size_t>(fe.e)];
+      picked_rows(ex.down_weight(), ts.fh, ts.fused_row.data() + fe.off, fe.n, ts.eout.data() + fe.off * in_, in_, d0, d1);
+      ex.add_down_bias(ts.eout.data() + fe.off * in_, fe.n, in_, d0, d1);
+    }
     // Weighted sum per token, experts in ascending order (forward_grouped's operations, stripe by stripe).
     for (int64_t t = 0; t < T; ++t) std::fill(ts.acc.data() + t * in_ + d0, ts.acc.data() + t * in_ + d1, 0.0f);
     for (int64_t r = 0; r < rows; ++r)

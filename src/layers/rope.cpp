@@ -21,8 +21,9 @@ MlaRope::MlaRope(const MlaRopeConfig& c, int64_t dim) {
     return static_cast<double>(dim) * std::log(c.original_max_position_embeddings / (rot * 2.0 * M_PI)) /
            (2.0 * std::log(c.theta));
   };
-  double low = std::max(std::floor(corr(c.beta_fast)), 0.0);
-  double high = std::min(std::ceil(corr(c.beta_slow)), static_cast<double>(dim - 1));
+  const double lo = corr(c.beta_fast), hi = corr(c.beta_slow);
+  double low = std::max(c.truncate ? std::floor(lo) : lo, 0.0);
+  double high = std::min(c.truncate ? std::ceil(hi) : hi, static_cast<double>(dim - 1));
   if (low == high) high += 0.001;  // no singularity
   const float factor = static_cast<float>(c.factor);
   for (int64_t i = 0; i < half; ++i) {

@@ -22,8 +22,32 @@ int token_id(const json& j, const char* key, Reader& r) {
   return r.req_int(key);
 }
 
-// rope_theta + rope_scaling (HF) or rope_parameters (transformers ≥ 5 style).
-Status parse_rope(const json& j, const std::string& label, MlaRopeConfig& rope) {
+Status parse_fp8(const json& j, const std::string& label, TextConfig& t) {
+  if (!j.contains("quantization_config") || j["quantization_config"].is_null()) return Status::ok();
+  const json& q = j["quantization_config"];
+  if (!q.is_object()) return invalid_argument(label + ": key 'quantization_config': must be an object");
+  Reader r(q, label + " quantization_config");
+  const std::string method = r.req_str("quant_method");
+  if (!r.status().is_ok()) return r.status();
+  if (method != "fp8")
+    return unsupported(label + ": quantization_config.quant_method '" + method +
+                       "' is not supported for " + "DeepSeek-family checkpoints (fp8 block weights only)");
+  if (r.has("fmt") && r.req_str("fmt") != "e4m3") r.fail("fmt", "only 'e4m3' is supported");
+  if (r.has("activation_scheme") && r.req_str("activation_scheme") != "dynamic")
+    r.fail("activation_scheme", "only 'dynamic' is supported");
+  if (!r.has("weight_block_size")) r.fail("weight_block_size", "missing required key");
+  if (!r.status().is_ok()) return r.status();
+  const json& b = q["weight_block_size"];
+  if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
+      b[0].get<int64_t>() != 128 || b[1].get<int64_t>() != 128)
+    return unsupported(label + ": quantization_config key 'weight_block_size': only [128, 128] is supported");
+  t.weights_fp8_block = true;
+  return Status::ok();
+}
+
+}  // namespace
+
+Status parse_rope_config(const json& j, const std::string& label, MlaRopeConfig& rope) {
   Reader top(j, label);
   const char* key = top.has("rope_scaling") ? "rope_scaling" : top.has("rope_parameters") ? "rope_parameters" : nullptr;
   rope.theta = top.opt_float("rope_theta", 10000.0f);
@@ -51,6 +75,10 @@ Status parse_rope(const json& j, const std::string& label, MlaRopeConfig& rope) 
   rope.mscale = num("mscale", 1.0);
   rope.mscale_all_dim = num("mscale_all_dim", 0.0);
   rope.original_max_position_embeddings = r.req_int("original_max_position_embeddings");
+  if (r.has("truncate")) {
+    if (!rs["truncate"].is_boolean()) r.fail("truncate", "must be a bool");
+    else rope.truncate = rs["truncate"].get<bool>();
+  }
   if (!r.has("factor")) r.fail("factor", "missing required key");
   if (!r.status().is_ok()) return r.status();
   if (!(rope.factor >= 1.0 && rope.factor <= 1e6) || !(rope.beta_fast > 0) || !(rope.beta_slow > 0) ||
@@ -60,31 +88,6 @@ Status parse_rope(const json& j, const std::string& label, MlaRopeConfig& rope) 
                             "original_max_position_embeddings ≥ 1");
   return Status::ok();
 }
-
-Status parse_fp8(const json& j, const std::string& label, TextConfig& t) {
-  if (!j.contains("quantization_config") || j["quantization_config"].is_null()) return Status::ok();
-  const json& q = j["quantization_config"];
-  if (!q.is_object()) return invalid_argument(label + ": key 'quantization_config': must be an object");
-  Reader r(q, label + " quantization_config");
-  const std::string method = r.req_str("quant_method");
-  if (!r.status().is_ok()) return r.status();
-  if (method != "fp8")
-    return unsupported(label + ": quantization_config.quant_method '" + method +
-                       "' is not supported for " + "DeepSeek-family checkpoints (fp8 block weights only)");
-  if (r.has("fmt") && r.req_str("fmt") != "e4m3") r.fail("fmt", "only 'e4m3' is supported");
-  if (r.has("activation_scheme") && r.req_str("activation_scheme") != "dynamic")
-    r.fail("activation_scheme", "only 'dynamic' is supported");
-  if (!r.has("weight_block_size")) r.fail("weight_block_size", "missing required key");
-  if (!r.status().is_ok()) return r.status();
-  const json& b = q["weight_block_size"];
-  if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
-      b[0].get<int64_t>() != 128 || b[1].get<int64_t>() != 128)
-    return unsupported(label + ": quantization_config key 'weight_block_size': only [128, 128] is supported");
-  t.weights_fp8_block = true;
-  return Status::ok();
-}
-
-}  // namespace
 
 double yarn_mscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
 
@@ -208,7 +211,7 @@ Status parse_deepseek_config(const json& j, const std::string& label, ModelConfi
   }
 
   MlaRopeConfig rope;
-  KESTREL_RETURN_IF_ERROR(parse_rope(j, label, rope));
+  KESTREL_RETURN_IF_ERROR(parse_rope_config(j, label, rope));
   if (!(rope.theta > 1.0) || !std::isfinite(rope.theta)) return invalid_argument(label + ": key 'rope_theta': must be > 1");
   t.mla_rope = rope;
   KESTREL_RETURN_IF_ERROR(parse_fp8(j, label, t));

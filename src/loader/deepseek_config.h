@@ -14,6 +14,10 @@ namespace kestrel {
 // `j` is the top-level config object; c.model_type is already set.
 Status parse_deepseek_config(const nlohmann::json& j, const std::string& label, ModelConfig& c);
 
+// rope_theta + rope_scaling (HF) or rope_parameters (transformers ≥ 5 style): default or YaRN (factor,
+// beta_fast, beta_slow, mscale, mscale_all_dim, original_max_position_embeddings, truncate); others refused.
+Status parse_rope_config(const nlohmann::json& j, const std::string& label, MlaRopeConfig& rope);
+
 // YaRN attention magnitude 0.1·m·ln(s) + 1 (1 for s ≤ 1); used for the softmax scale and cos/sin.
 double yarn_mscale(double factor, double m);
 

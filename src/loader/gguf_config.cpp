@@ -205,6 +205,78 @@ Result<std::string> qwen3moe_config_json(const GgufHeader& h, const std::string&
   return t.dump();
 }
 
+// `gpt-oss` (gpt-oss as conversion/gpt_oss.py writes it) → a gpt_oss config.json, read as llama.cpp's
+// openai-moe graph reads the file: sliding window on the layers of pattern 2 (even layers) unless the file lists
+// them, the clamped SwiGLU with llama.cpp's constants (alpha 1.702, limit 7), YaRN with the ramp ends rounded out
+// to whole pairs (llama.cpp always rounds; the released config.json says "truncate": false, so the same weights from
+// safetensors and from GGUF rotate a few pair frequencies differently), attention factor 1 + 0.1 ln(factor).
+Result<std::string> gptoss_config_json(const GgufHeader& h, const std::string& label) {
+  Keys k(h, "gpt-oss", label);
+  json t;
+  t["model_type"] = "gpt_oss";
+  const int64_t layers = k.req_int("block_count");
+  t["num_hidden_layers"] = layers;
+  t["hidden_size"] = k.req_int("embedding_length");
+  t["num_attention_heads"] = k.req_int("attention.head_count");
+  t["num_key_value_heads"] = k.req_int("attention.head_count_kv");
+  const int64_t hd = k.req_int("attention.key_length");
+  if (auto v = k.opt_int("attention.value_length"); v && *v != hd)
+    k.fail("attention.value_length", "must equal attention.key_length");
+  if (auto r = k.opt_int("rope.dimension_count"); r && *r != hd)
+    k.fail("rope.dimension_count", "partial RoPE is not supported (must equal attention.key_length)");
+  t["head_dim"] = hd;
+  t["intermediate_size"] = k.req_int("expert_feed_forward_length");
+  t["rms_norm_eps"] = k.req_num("attention.layer_norm_rms_epsilon");
+  vocab_size(h, k, t);
+  t["num_local_experts"] = k.req_int("expert_count");
+  t["num_experts_per_tok"] = k.req_int("expert_used_count");
+  if (auto w = k.opt_num("expert_weights_scale"); w && *w != 0.0 && *w != 1.0)
+    k.fail("expert_weights_scale", "only 1 is supported");
+  const int64_t window = k.req_int("attention.sliding_window");
+  t["sliding_window"] = window;
+  json types = json::array();
+  const GgufValue* pat = k.find("attention.sliding_window_pattern");
+  for (int64_t l = 0; l < layers; ++l) {
+    bool swa = l % 2 == 0;  // llama.cpp's pattern 2: il % 2 < 1
+    if (pat != nullptr && pat->is_array()) {
+      auto b = static_cast<int64_t>(pat->size()) == layers ? pat->as_int(static_cast<size_t>(l)) : std::nullopt;
+      if (!b) k.fail("attention.sliding_window_pattern", "needs one bool per layer");
+      swa = b.value_or(0) != 0;
+    } else if (pat != nullptr) {
+      const auto n = pat->as_int();
+      if (!n || *n < 1) k.fail("attention.sliding_window_pattern", "must be a positive integer or a per-layer array");
+      swa = n && *n >= 1 && l % *n < *n - 1;
+    }
+    types.push_back(swa ? "sliding_attention" : "full_attention");
+  }
+  t["layer_types"] = types;
+  t["rope_theta"] = k.opt_num("rope.freq_base").value_or(10000.0);
+  if (k.find("rope.freq_base_swa") && k.req_num("rope.freq_base_swa") != t["rope_theta"].get<double>())
+    k.fail("rope.freq_base_swa", "a different RoPE base on the sliding layers is not supported");
+  const auto scaling = opt_string(h, "gpt-oss.rope.scaling.type");
+  if (scaling && *scaling == "yarn") {
+    for (const char* key : {"rope.scaling.yarn_attn_factor", "rope.scaling.yarn_ext_factor"})
+      if (auto a = k.opt_num(key); a && *a != 1.0) k.fail(key, "only 1 is supported");
+    t["rope_scaling"] = {{"rope_type", "yarn"},
+                         {"factor", k.req_num("rope.scaling.factor")},
+                         {"original_max_position_embeddings", k.req_int("rope.scaling.original_context_length")},
+                         {"beta_fast", k.opt_num("rope.scaling.yarn_beta_fast").value_or(32.0)},
+                         {"beta_slow", k.opt_num("rope.scaling.yarn_beta_slow").value_or(1.0)},
+                         {"truncate", true}};
+  } else if (scaling && *scaling != "none") {
+    k.fail("rope.scaling.type", "'" + *scaling + "' is not supported (none, yarn)");
+  } else {
+    t["rope_scaling"] = {{"rope_type", "default"}};
+  }
+  t["attention_bias"] = any_layer_tensor(h, ".attn_q.bias");
+  t["swiglu_alpha"] = 1.702;
+  t["swiglu_limit"] = 7.0;
+  t["tie_word_embeddings"] = h.tensor("output.weight") == nullptr;
+  token_ids(h, t);
+  if (!k.status().is_ok()) return k.status();
+  return t.dump();
+}
+
 }  // namespace
 
 Result<std::string> gguf_to_hf_config_json(const GgufHeader& h, const std::string& label) {
@@ -213,9 +285,10 @@ Result<std::string> gguf_to_hf_config_json(const GgufHeader& h, const std::strin
   if (!arch) return invalid_argument(label + ": key 'general.architecture': missing or not a string");
   if (*arch == "deepseek2") return deepseek2_config_json(h, label);
   if (*arch == "qwen3moe") return qwen3moe_config_json(h, label);
+  if (*arch == "gpt-oss") return gptoss_config_json(h, label);
   if (*arch != "kimi-k3" && *arch != "kimi-linear")
     return unsupported(label + ": GGUF architecture '" + *arch +
-                       "' is not supported (kimi-k3, kimi-linear, deepseek2, qwen3moe are)");
+                       "' is not supported (kimi-k3, kimi-linear, deepseek2, qwen3moe, gpt-oss are)");
   const bool k3 = *arch == "kimi-k3";
   Keys k(h, *arch, label);
   json t;
@@ -297,7 +370,7 @@ Result<ModelConfig> model_config_from_gguf(const GgufHeader& h, const std::strin
   auto c = parse_model_config(*text, label + " (metadata)");
   if (!c) return c.error();
   const GgufTensorInfo* e = h.tensor("blk." + std::to_string(c->text.num_hidden_layers - 1) + ".ffn_gate_exps.weight");
-  c->text.experts_mxfp4 = c->arch != Arch::kDeepseekV3 && c->arch != Arch::kQwen3Moe && e != nullptr && e->type == GgmlType::kMXFP4;
+  c->text.experts_mxfp4 = c->arch != Arch::kDeepseekV3 && c->arch != Arch::kQwen3Moe && c->arch != Arch::kGptOss && e != nullptr && e->type == GgmlType::kMXFP4;
   return c;
 }
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "loader/deepseek_config.h"
+#include "loader/gptoss_config.h"
 #include "loader/qwen3_config.h"
 #include "loader/json_reader.h"
 
@@ -301,9 +302,12 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
   } else if (c.model_type == "qwen3_moe") {
     c.arch = Arch::kQwen3Moe;
     KESTREL_RETURN_IF_ERROR(parse_qwen3_moe_config(j, label, c));
+  } else if (c.model_type == "gpt_oss") {
+    c.arch = Arch::kGptOss;
+    KESTREL_RETURN_IF_ERROR(parse_gpt_oss_config(j, label, c));
   } else {
     return unsupported(label + ": unknown model_type '" + c.model_type +
-                       "' (supported: kimi_k3, kimi_linear, deepseek_v3, kimi_k2, deepseek_v32, qwen3_moe)");
+                       "' (supported: kimi_k3, kimi_linear, deepseek_v3, kimi_k2, deepseek_v32, qwen3_moe, gpt_oss)");
   }
   return c;
 }

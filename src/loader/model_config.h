@@ -6,6 +6,8 @@
 // (parsed in deepseek_config.cpp).
 // Qwen3-MoE ("qwen3_moe", Qwen3MoeForCausalLM): grouped-query attention with per-head q/k RMSNorm and NeoX RoPE,
 // softmax top-k MoE without shared experts (parsed in qwen3_config.cpp).
+// gpt-oss ("gpt_oss", GptOssForCausalLM): grouped-query attention with biases, sinks, alternating sliding window
+// and YaRN; softmax-over-the-chosen-k MoE with biased router and experts and the clamped SwiGLU (gptoss_config.cpp).
 #pragma once
 
 #include <optional>
@@ -16,8 +18,8 @@
 
 namespace kestrel {
 
-enum class Arch { kKimiK3, kKimiLinear, kDeepseekV3, kDeepseekV32, kQwen3Moe };
-enum class Activation { kSiLU, kSiTU };
+enum class Arch { kKimiK3, kKimiLinear, kDeepseekV3, kDeepseekV32, kQwen3Moe, kGptOss };
+enum class Activation { kSiLU, kSiTU, kSwiGluOai };
 // kMla layers listed in sparse_attn_layers also run the DSA indexer; kGqa: grouped-query attention (Qwen3-MoE),
 // whose cached rows [keys of every KV head | values of every KV head] live in the same paged pool as MLA latents.
 enum class AttnKind { kKda, kMla, kGqa };
@@ -32,6 +34,9 @@ struct MlaRopeConfig {
   double factor = 1.0, beta_fast = 32.0, beta_slow = 1.0;
   double mscale = 1.0, mscale_all_dim = 0.0;  // 0 = key absent (vLLM / transformers defaults)
   int original_max_position_embeddings = 0;
+  // The ramp's ends [low, high] rounded out to whole pairs (floor / ceil), as DeepSeek's code, llama.cpp and
+  // transformers' default do; gpt-oss's config says "truncate": false (the exact ends).
+  bool truncate = true;
 };
 
 struct LinearAttnConfig {
@@ -53,6 +58,10 @@ struct TextConfig {
   Activation hidden_act = Activation::kSiLU;
   float situ_beta = 4.0f;
   float situ_linear_beta = 25.0f;
+  // Activation::kSwiGluOai (gpt-oss): g' = min(g, limit), u' = clamp(u, −limit, limit),
+  // act = g' · sigmoid(alpha · g') · (u' + 1).
+  float swiglu_alpha = 1.702f;
+  float swiglu_limit = 7.0f;
   float rms_norm_eps = 1e-5f;
   int attn_res_block_size = 0;  // 0 = plain additive residual (Kimi Linear)
 
@@ -72,6 +81,10 @@ struct TextConfig {
   // e_score_correction_bias present (noaux_tc). Group score = sum of the top-2 biased scores in a
   // group when true, the group max otherwise (group_limited_greedy).
   bool router_bias = true;
+  // gpt-oss: the router is a Linear with a bias (added to the logits before the choice), and every routed
+  // expert's gate, up and down projections carry biases.
+  bool router_logit_bias = false;
+  bool expert_bias = false;
 
   int q_lora_rank = 0;  // 0 → plain q_proj (Kimi Linear)
   int kv_lora_rank = 0;
@@ -87,11 +100,18 @@ struct TextConfig {
 
   // Grouped-query attention (AttnKind::kGqa): num_key_value_heads heads of head_dim for keys and values, shared
   // by num_attention_heads / num_key_value_heads query heads each; q and k RMSNorm per head (qk_norm, eps
-  // rms_norm_eps) before NeoX RoPE (rotate-half) over the whole head at gqa_rope_theta; softmax scale head_dim^-0.5.
+  // rms_norm_eps) before NeoX RoPE (rotate-half) over the whole head with gqa_rope's frequencies (plain at its
+  // theta, or YaRN-blended with its cos/sin magnitude); softmax scale head_dim^-0.5.
+  // gpt-oss adds q/k/v/o biases (attention_bias), one learned sink logit per query head (attn_sinks: the
+  // softmax denominator gains exp(sink)) and a sliding window on some layers (gqa_window[l] = W > 0: a query at
+  // position p sees keys j with p − j < W; 0 = full causal).
   int num_key_value_heads = 0;
   int head_dim = 0;
   bool qk_norm = false;
-  double gqa_rope_theta = 10000.0;
+  MlaRopeConfig gqa_rope;
+  bool attention_bias = false;
+  bool attn_sinks = false;
+  std::vector<int> gqa_window;  // per layer (empty: every layer full)
   int gqa_row_floats() const { return 2 * num_key_value_heads * head_dim; }
 
   // DSA (DeepSeek-V3.2 lightning indexer) on some full-attention layers. DeepSeek V3.2 (deepseek_v32):

@@ -26,7 +26,7 @@ Status parse_qwen3_moe_config(const json& j, const std::string& label, ModelConf
   t.intermediate_size = r.opt_int("intermediate_size", 0);
   const std::string act = r.has("hidden_act") ? r.req_str("hidden_act") : "silu";
   t.rms_norm_eps = r.opt_float("rms_norm_eps", 1e-6f);
-  t.gqa_rope_theta = r.has("rope_theta") ? static_cast<double>(r.req_float("rope_theta")) : 10000.0;
+  t.gqa_rope.theta = r.has("rope_theta") ? static_cast<double>(r.req_float("rope_theta")) : 10000.0;
   t.num_experts = r.opt_int("num_experts", 0);
   t.num_experts_per_token = r.opt_int("num_experts_per_tok", 0);
   t.moe_intermediate_size = r.opt_int("moe_intermediate_size", 0);
@@ -80,7 +80,7 @@ Status parse_qwen3_moe_config(const json& j, const std::string& label, ModelConf
   if (t.head_dim % 2 != 0) return invalid_argument(label + ": key 'head_dim': must be even (RoPE rotates halves)");
   if (!(t.rms_norm_eps > 0.0f) || !(t.rms_norm_eps < 1.0f))
     return invalid_argument(label + ": key 'rms_norm_eps': must be in (0, 1)");
-  if (!(t.gqa_rope_theta > 1.0) || !std::isfinite(t.gqa_rope_theta))
+  if (!(t.gqa_rope.theta > 1.0) || !std::isfinite(t.gqa_rope.theta))
     return invalid_argument(label + ": key 'rope_theta': must be > 1");
   if (t.num_experts > 0) {
     if (t.num_experts_per_token < 1 || t.num_experts_per_token > t.num_experts)

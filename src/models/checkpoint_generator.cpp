@@ -204,7 +204,7 @@ std::vector<std::string> gen_preset_names() {
           "k3-bench", "k3-default",   "deepseek-v3-tiny", "deepseek-v32-tiny", "deepseek-v32-sparse-tiny", "deepseek-v2style-tiny",
           "deepseek-v3-micro-bf16", "deepseek-v2-lite-micro-bf16", "deepseek2-lite-bench",
           "deepseek-bench", "deepseek-bench-dsa", "k3-micro", "k3-micro-bf16", "kimi-linear-micro", "k3-tiny-dsa", "k3-bench-dsa",
-          "kimi-linear-bench", "k3-shape-bench", "qwen3moe-micro-bf16", "qwen3moe-bench"};
+          "kimi-linear-bench", "k3-shape-bench", "qwen3moe-micro-bf16", "qwen3moe-bench", "gptoss-bench"};
 }
 
 Result<GenSpec> gen_preset(const std::string& name) {
@@ -392,12 +392,22 @@ Result<GenSpec> gen_preset(const std::string& name) {
     }
     return s;
   }
+  if (name == "gptoss-bench") {  // gpt-oss-20b widths (docs/model-math.md §12): 64 query / 8 KV heads of 64,
+    s.arch = "gpt_oss";            // 32 experts top-4 of 2880, window 128 on the even layers
+    s.mxfp4_experts = false, s.fp8 = false;
+    s.vocab = 32768, s.hidden = 2880, s.layers = 4;
+    s.mla_heads = 64, s.kv_heads = 8, s.head_dim = 64;
+    s.experts = 32, s.top_k = 4, s.moe_inter = 2880, s.sliding_window = 128;
+    s.shards = 4;
+    return s;
+  }
   return invalid_argument("unknown model preset '" + name + "'");
 }
 
 Status generate_checkpoint(const GenSpec& s, const std::string& dir, Progress* progress) {
   if (s.arch == "deepseek_v3" || s.arch == "deepseek_v32") return generate_deepseek_checkpoint(s, dir, progress);
   if (s.arch == "qwen3_moe") return generate_qwen3_moe_checkpoint(s, dir, progress);
+  if (s.arch == "gpt_oss") return generate_gpt_oss_checkpoint(s, dir, progress);
   if (s.arch != "kimi_k3" && s.arch != "kimi_linear") return invalid_argument("arch must be kimi_k3 or kimi_linear");
   if ((s.arch == "kimi_k3" ? s.latent : s.hidden) % 32 != 0 || s.moe_inter % 32 != 0)
     if (s.mxfp4_experts) return invalid_argument("MXFP4 experts need dims that are multiples of 32");

@@ -12,7 +12,7 @@
 namespace kestrel {
 
 struct GenSpec {
-  std::string arch = "kimi_k3";  // or "kimi_linear", "deepseek_v3", "deepseek_v32", "qwen3_moe"
+  std::string arch = "kimi_k3";  // or "kimi_linear", "deepseek_v3", "deepseek_v32", "qwen3_moe", "gpt_oss"
   int vocab = 512, hidden = 256, layers = 9, intermediate = 512;
   int mla_heads = 2, kda_heads = 2, head_dim = 128;
   std::vector<int> full_attn_layers = {4, 8, 9};  // one-based; the rest are KDA
@@ -36,7 +36,8 @@ struct GenSpec {
   int yarn_original_max = 4096;
   bool q_lora_zero_key = false;  // q_lora 0 written to config.json as 0 (llama.cpp's converter then keeps the key), not null
   int mtp_layers = 0;  // extra MTP layer tensors after the main layers (accepted, not run)
-  int kv_heads = 2;    // Qwen3-MoE only: key/value heads (mla_heads = query heads, head_dim their width)
+  int kv_heads = 2;    // Qwen3-MoE / gpt-oss: key/value heads (mla_heads = query heads, head_dim their width)
+  int sliding_window = 128;  // gpt-oss: the window of its even layers
   // Routing: "noaux_tc" (sigmoid + correction bias) or V2-style softmax "greedy" / "group_limited_greedy"
   // (no bias tensor); norm_topk_prob as written to config.json.
   std::string topk_method = "noaux_tc";
@@ -57,7 +58,9 @@ struct GenSpec {
 // 3 KDA + 1 MLA, 64 experts top-8) and "k3-shape-bench" (K3 layer widths: KDA + dense, MLA + LatentMoE with 32
 // MXFP4 experts top-8), vocab 32768: the llama.cpp side-by-side benchmark (bench/llama_cpp_compare.py).
 // "qwen3moe-micro-bf16" (Qwen3-MoE structure at micro widths, BF16: the source of the qwen3moe GGUF test files) and
-// "qwen3moe-bench" (Qwen3-30B-A3B layer widths, 8 of its 48 layers, vocab 32768, BF16: the side-by-side benchmark).
+// "qwen3moe-bench" (Qwen3-30B-A3B layer widths, 8 of its 48 layers, vocab 32768, BF16: the side-by-side benchmark);
+// "gptoss-bench" (gpt-oss-20b layer widths, 4 of its 24 layers, vocab 32768, BF16 in transformers' unquantized
+// gpt-oss layout: the side-by-side benchmark quantizes its experts to MXFP4 with llama.cpp).
 Result<GenSpec> gen_preset(const std::string& name);
 std::vector<std::string> gen_preset_names();
 

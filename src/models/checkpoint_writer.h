@@ -193,4 +193,5 @@ namespace kestrel {
 Status generate_deepseek_checkpoint(const GenSpec& spec, const std::string& dir, Progress* progress);
 // qwen3_checkpoint.cpp: spec.arch "qwen3_moe".
 Status generate_qwen3_moe_checkpoint(const GenSpec& spec, const std::string& dir, Progress* progress);
+Status generate_gpt_oss_checkpoint(const GenSpec& spec, const std::string& dir, Progress* progress);
 }  // namespace kestrel

@@ -1,4 +1,4 @@
-#include "models/qwen3_model.h"
+#include "models/gqa_moe_model.h"
 
 #include <filesystem>
 
@@ -8,7 +8,7 @@
 
 namespace kestrel {
 
-Result<std::unique_ptr<Qwen3MoeModel>> Qwen3MoeModel::load(const std::string& dir, ExpertShard* shard) {
+Result<std::unique_ptr<GqaMoeModel>> GqaMoeModel::load(const std::string& dir, ExpertShard* shard) {
   std::error_code ec;
   if (std::filesystem::is_regular_file(dir, ec)) {
     if (shard != nullptr && shard->size > 1)
@@ -18,10 +18,13 @@ Result<std::unique_ptr<Qwen3MoeModel>> Qwen3MoeModel::load(const std::string& di
   }
   auto cfg = load_model_config(dir);
   if (!cfg) return cfg.error();
+  if (cfg->arch == Arch::kGptOss)
+    return unsupported(dir + ": gpt-oss safetensors checkpoints (experts fused as gate_up_proj) are not loaded yet; "
+                             "convert the checkpoint to GGUF with llama.cpp's converter and load that file");
   if (cfg->arch != Arch::kQwen3Moe) return invalid_argument(dir + ": model_type '" + cfg->model_type + "' is not qwen3_moe");
   auto ck = Checkpoint::open(dir);
   if (!ck) return ck.error();
-  auto m = std::unique_ptr<Qwen3MoeModel>(new Qwen3MoeModel());
+  auto m = std::unique_ptr<GqaMoeModel>(new GqaMoeModel());
   m->cfg_ = std::move(*cfg);
   m->ckpt_ = std::make_unique<Checkpoint>(std::move(*ck));
   KESTREL_RETURN_IF_ERROR(bind_whole_checkpoint(*m->ckpt_, dir, m->cfg_.model_type, shard, 0,
@@ -30,20 +33,21 @@ Result<std::unique_ptr<Qwen3MoeModel>> Qwen3MoeModel::load(const std::string& di
   return m;
 }
 
-Result<std::unique_ptr<Qwen3MoeModel>> Qwen3MoeModel::load_gguf(const std::string& path) {
+Result<std::unique_ptr<GqaMoeModel>> GqaMoeModel::load_gguf(const std::string& path) {
   auto g = GgufWeights::open(path);
   if (!g) return g.error();
   auto cfg = model_config_from_gguf((*g)->file().header(), path);
   if (!cfg) return cfg.error();
-  if (cfg->arch != Arch::kQwen3Moe) return invalid_argument(path + ": not a qwen3moe GGUF file");
-  auto m = std::unique_ptr<Qwen3MoeModel>(new Qwen3MoeModel());
+  if (cfg->arch != Arch::kQwen3Moe && cfg->arch != Arch::kGptOss)
+    return invalid_argument(path + ": not a qwen3moe or gpt-oss GGUF file");
+  auto m = std::unique_ptr<GqaMoeModel>(new GqaMoeModel());
   m->cfg_ = std::move(*cfg);
   m->gguf_ = std::move(*g);
   KESTREL_RETURN_IF_ERROR(bind_whole_gguf(*m->gguf_, path, m->cfg_.model_type, [&](Binder& b) { return m->bind(b); }));
   return m;
 }
 
-Status Qwen3MoeModel::bind(Binder& b) {
+Status GqaMoeModel::bind(Binder& b) {
   const TextConfig& c = cfg_.text;
   const int64_t D = c.hidden_size, V = c.vocab_size;
   embed_ = b.linear("model.embed_tokens", V, D);
@@ -55,7 +59,7 @@ Status Qwen3MoeModel::bind(Binder& b) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     L.in_norm = b.vec(p + "input_layernorm.weight", {D});
     L.post_norm = b.vec(p + "post_attention_layernorm.weight", {D});
-    KESTREL_RETURN_IF_ERROR(L.attn.bind(b, p + "self_attn.", c));
+    KESTREL_RETURN_IF_ERROR(L.attn.bind(b, p + "self_attn.", c, l));
     if (c.ffn_kind[static_cast<size_t>(l)] == FfnKind::kDense) {
       L.dense = std::make_unique<GatedMlp>();
       L.dense->bind_dense(b, p + "mlp.", "gate_proj", "up_proj", "down_proj", D, c.intermediate_size, c);
@@ -69,7 +73,7 @@ Status Qwen3MoeModel::bind(Binder& b) {
 }
 
 // Plain pre-norm residual stream: h += GQA(norm h); h += FFN(norm h); logits = lm_head(norm h).
-void Qwen3MoeModel::forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions&) {
+void GqaMoeModel::forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions&) {
   const TextConfig& c = cfg_.text;
   const int64_t T = embed_runs(runs, embed_, h_), D = c.hidden_size, n = T * D;
   normed_.resize(static_cast<size_t>(n));

@@ -1,10 +1,13 @@
-// Qwen3-MoE (model_type qwen3_moe, Qwen3MoeForCausalLM) text model on CPU (docs/model-math.md §11), built from
-// layers/: every layer is grouped-query attention (layers/gqa_layer.h) followed by a softmax top-k MoE without
-// shared experts (or a dense SwiGLU MLP where the config asks for one); plain pre-norm residual. Weights stay in
-// checkpoint format and are decoded inside the kernels; math in fp32.
-//
-// Also loads a `qwen3moe` GGUF file (llama.cpp's converter; loader/gguf_config.h maps the metadata,
-// layers/gguf_weights.h the tensor names): the same layers, weights used in place from the mmap.
+// Grouped-query-attention MoE text models on CPU, built from layers/: every layer is grouped-query attention
+// (layers/gqa_layer.h) followed by a softmax top-k MoE without shared experts (or a dense SwiGLU MLP where the
+// config asks for one); plain pre-norm residual. Weights stay in checkpoint format and are decoded inside the
+// kernels; math in fp32. Two families (docs/model-math.md):
+//   Qwen3-MoE (qwen3_moe, Qwen3MoeForCausalLM; §11): q/k RMSNorm, plain RoPE; safetensors or a `qwen3moe` GGUF;
+//   gpt-oss (gpt_oss, GptOssForCausalLM; §12): q/k/v/o biases, sinks, alternating sliding window, YaRN, biased
+//   router and experts with the clamped SwiGLU; a `gpt-oss` GGUF (its safetensors fuse gate/up per layer and are
+//   refused with a message).
+// GGUF files: llama.cpp's converter; loader/gguf_config.h maps the metadata, layers/gguf_weights.h the tensor
+// names; the same layers, weights used in place from the mmap.
 #pragma once
 
 #include <memory>
@@ -20,11 +23,11 @@
 
 namespace kestrel {
 
-class Qwen3MoeModel final : public Model {
+class GqaMoeModel final : public Model {
  public:
-  // `dir` is a checkpoint directory or a `qwen3moe` GGUF file.
-  static Result<std::unique_ptr<Qwen3MoeModel>> load(const std::string& dir, ExpertShard* shard = nullptr);
-  static Result<std::unique_ptr<Qwen3MoeModel>> load_gguf(const std::string& path);
+  // `dir` is a checkpoint directory or a `qwen3moe` / `gpt-oss` GGUF file.
+  static Result<std::unique_ptr<GqaMoeModel>> load(const std::string& dir, ExpertShard* shard = nullptr);
+  static Result<std::unique_ptr<GqaMoeModel>> load_gguf(const std::string& path);
   void forward_batch(std::span<const SeqRun> runs, std::vector<float>& logits, const ForwardOptions& opt = {}) override;
 
  private:
@@ -34,7 +37,7 @@ class Qwen3MoeModel final : public Model {
     std::unique_ptr<GatedMlp> dense;
     std::unique_ptr<MoeBlock> moe;
   };
-  Qwen3MoeModel() = default;
+  GqaMoeModel() = default;
   Status bind(Binder& b);
 
   std::unique_ptr<Checkpoint> ckpt_;   // owns the mmaps every WeightMatrix points into

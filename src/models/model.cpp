@@ -10,7 +10,7 @@
 #include "loader/gguf.h"
 #include "models/deepseek_model.h"
 #include "models/kimi_model.h"
-#include "models/qwen3_model.h"
+#include "models/gqa_moe_model.h"
 
 namespace kestrel {
 
@@ -185,7 +185,7 @@ Result<std::string> gguf_architecture(const std::string& path) {
 Result<std::unique_ptr<Model>> load_model(const std::string& dir, ExpertShard* shard) {
 
   std::error_code ec;
-  if (std::filesystem::is_regular_file(dir, ec)) {  // a GGUF file (kimi-k3 / kimi-linear / deepseek2 / qwen3moe)
+  if (std::filesystem::is_regular_file(dir, ec)) {  // a GGUF file (kimi-k3 / kimi-linear / deepseek2 / qwen3moe / gpt-oss)
     if (shard != nullptr && shard->size > 1)
       return unsupported(dir + ": expert parallelism needs a safetensors checkpoint (a GGUF file stacks a layer's "
                                "experts in one tensor)");
@@ -196,8 +196,8 @@ Result<std::unique_ptr<Model>> load_model(const std::string& dir, ExpertShard* s
       if (!m) return m.error();
       return std::unique_ptr<Model>(std::move(*m));
     }
-    if (*arch == "qwen3moe") {
-      auto m = Qwen3MoeModel::load_gguf(dir);
+    if (*arch == "qwen3moe" || *arch == "gpt-oss") {
+      auto m = GqaMoeModel::load_gguf(dir);
       if (!m) return m.error();
       return std::unique_ptr<Model>(std::move(*m));
     }
@@ -220,8 +220,9 @@ Result<std::unique_ptr<Model>> load_model(const std::string& dir, ExpertShard* s
       if (!m) return m.error();
       return std::unique_ptr<Model>(std::move(*m));
     }
-    case Arch::kQwen3Moe: {
-      auto m = Qwen3MoeModel::load(dir, shard);
+    case Arch::kQwen3Moe:
+    case Arch::kGptOss: {
+      auto m = GqaMoeModel::load(dir, shard);
       if (!m) return m.error();
       return std::unique_ptr<Model>(std::move(*m));
     }

@@ -37,7 +37,9 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <sstream>
 
 #include "common/test_util.h"
 #include "kernels/cpu/bf16_dot.h"
@@ -221,7 +223,12 @@ INSTANTIATE_TEST_SUITE_P(
                       // against its exact decode: the same figures).
                       RefCase{"qwen3moe_bf16", "qwen3moe_micro_bf16", 6e-5, 1.5e-4, 0, 0.95},
                       RefCase{"qwen3moe_q8_0", "qwen3moe_micro_q8_0", 8e-4, 0.35, 3, 0.9},
-                      RefCase{"qwen3moe_q4_0", "qwen3moe_micro_q4_0", 1e-3, 0.25, 2, 0.88}),
+                      RefCase{"qwen3moe_q4_0", "qwen3moe_micro_q4_0", 1e-3, 0.25, 2, 0.88},
+                      // gpt-oss (GQA 8 / 2 heads, biases, sinks, 16-token window on layers 0 and 2, YaRN, MXFP4
+                      // experts): measured median 5.2e-5 / 7.0e-4, worst 0.16 / 0.24, rows > 0.1: 2 / 1, top-1 0.94 /
+                      // 0.95 (llama.cpp's own native path against its exact decode: the same figures).
+                      RefCase{"gptoss_bf16", "gptoss_micro_bf16", 1.5e-4, 0.35, 4, 0.88},
+                      RefCase{"gptoss_mxfp4", "gptoss_micro_mxfp4", 2e-3, 0.5, 3, 0.88}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // The default int8 mode (GGUF Q4_0/Q8_0/MXFP4 products with Q8_0 activations, as llama.cpp computes
@@ -315,7 +322,14 @@ INSTANTIATE_TEST_SUITE_P(Micro, GgufInt8VsLlamaCpp,
                                            // 3.1e-15 / 2.0e-4 (Q8_0), 0 / 2.2e-4 (Q4_0); median 3.4e-15 / 3.0e-5; worst row
                                            // 4.7e-15 / 1.3e-4; top-1 1.00 / 0.98.
                                            Int8Case{"qwen3moe_q8_0", "qwen3moe_micro_q8_0", 1e-6, 1e-6, 1e-3, 0, 0.95},
-                                           Int8Case{"qwen3moe_q4_0", "qwen3moe_micro_q4_0", 1e-4, 2e-5, 5e-4, 0, 0.95}),
+                                           Int8Case{"qwen3moe_q4_0", "qwen3moe_micro_q4_0", 1e-4, 2e-5, 5e-4, 0, 0.95},
+                                           // gpt-oss (MXFP4 experts, Q8_0 elsewhere; Zen 4, 2026-12-07), int8 mode / exact
+                                           // path: q10 NMSE 3.3e-15 / 3.4e-4, q25 1.3e-4 / 4.2e-4, median 2.1e-4 / 7.0e-4,
+                                           // worst row 1.5e-3 / 0.24, top-1 0.94 / 0.95. The rows that differ start at ggml's
+                                           // MXFP4 dot product, which converts and scales each lane's partial sums before
+                                           // adding them (ours: the block's exact int32 sum, then the scales); the next
+                                           // layer's Q8_0 rounding magnifies that last-bit difference.
+                                           Int8Case{"gptoss_mxfp4", "gptoss_micro_mxfp4", 5e-4, 2.3e-4, 3e-3, 2, 0.87}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // deepseek2, one token per call: every position runs MLA in the absorbed (MQA) form over the cache instead
@@ -340,7 +354,8 @@ INSTANTIATE_TEST_SUITE_P(Micro, GgufTokenByToken,
                          ::testing::Values("deepseek_v3_micro_bf16", "deepseek_v3_micro_f16", "deepseek_v3_micro_q8_0",
                                            "deepseek_v3_micro_q4_0", "deepseek_v2_lite_micro_bf16",
                                            "deepseek_v2_lite_micro_q8_0", "deepseek_v2_lite_micro_q4_0",
-                                           "qwen3moe_micro_bf16", "qwen3moe_micro_q8_0", "qwen3moe_micro_q4_0"));
+                                           "qwen3moe_micro_bf16", "qwen3moe_micro_q8_0", "qwen3moe_micro_q4_0",
+                                           "gptoss_micro_bf16", "gptoss_micro_mxfp4"));
 
 // deepseek2 Q8_0 / Q4_0 in the default int8 mode, one token per call: the absorbed MLA runs the file's
 // k_b / v_b halves in place as per-head int8 products, which is llama.cpp's deepseek2 graph (always absorbed),
@@ -495,7 +510,7 @@ TEST(GgufQwen3moe, MetadataGivesTheCheckpointsConfig) {
   EXPECT_EQ(a.num_attention_heads, b.num_attention_heads);
   EXPECT_EQ(a.num_key_value_heads, b.num_key_value_heads);
   EXPECT_EQ(a.head_dim, b.head_dim);
-  EXPECT_EQ(a.gqa_rope_theta, b.gqa_rope_theta);
+  EXPECT_EQ(a.gqa_rope.theta, b.gqa_rope.theta);
   EXPECT_EQ(a.qk_norm, b.qk_norm);
   EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
   EXPECT_EQ(a.attn_kind, b.attn_kind);
@@ -507,6 +522,55 @@ TEST(GgufQwen3moe, MetadataGivesTheCheckpointsConfig) {
   EXPECT_EQ(a.router_scoring, b.router_scoring);
   EXPECT_EQ(a.router_bias, b.router_bias);
   EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
+}
+
+// gpt-oss metadata (llama.cpp's converter) → the same ModelConfig as the config.json it was converted from
+// (tools/gen_gptoss_goldens.py keeps that file; its YaRN says truncate: true, what llama.cpp always does).
+TEST(GgufGptOss, MetadataGivesTheCheckpointsConfig) {
+  std::ifstream in(data("gptoss_micro.config.json"));
+  ASSERT_TRUE(in);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto want = parse_model_config(ss.str(), "gptoss_micro.config.json");
+  ASSERT_TRUE(want) << want.error().message();
+  auto f = GgufFile::open(data("gptoss_micro_mxfp4.gguf"));
+  ASSERT_TRUE(f) << f.error().message();
+  auto got = model_config_from_gguf(f->header(), "gptoss_micro_mxfp4.gguf");
+  ASSERT_TRUE(got) << got.error().message();
+  EXPECT_EQ(got->arch, Arch::kGptOss);
+  EXPECT_EQ(want->arch, Arch::kGptOss);
+  const TextConfig &a = got->text, &b = want->text;
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.hidden_size, b.hidden_size);
+  EXPECT_EQ(a.num_hidden_layers, b.num_hidden_layers);
+  EXPECT_EQ(a.num_attention_heads, b.num_attention_heads);
+  EXPECT_EQ(a.num_key_value_heads, b.num_key_value_heads);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+  EXPECT_EQ(a.gqa_rope.theta, b.gqa_rope.theta);
+  EXPECT_TRUE(a.gqa_rope.yarn && b.gqa_rope.yarn);
+  EXPECT_EQ(a.gqa_rope.factor, b.gqa_rope.factor);
+  EXPECT_EQ(a.gqa_rope.beta_fast, b.gqa_rope.beta_fast);
+  EXPECT_EQ(a.gqa_rope.beta_slow, b.gqa_rope.beta_slow);
+  EXPECT_EQ(a.gqa_rope.original_max_position_embeddings, b.gqa_rope.original_max_position_embeddings);
+  EXPECT_TRUE(a.gqa_rope.truncate && b.gqa_rope.truncate);
+  EXPECT_EQ(a.gqa_window, (std::vector<int>{16, 0, 16}));
+  EXPECT_EQ(a.gqa_window, b.gqa_window);
+  EXPECT_EQ(a.attention_bias, b.attention_bias);
+  EXPECT_TRUE(a.attn_sinks && b.attn_sinks);
+  EXPECT_EQ(a.qk_norm, b.qk_norm);
+  EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
+  EXPECT_EQ(a.attn_kind, b.attn_kind);
+  EXPECT_EQ(a.ffn_kind, b.ffn_kind);
+  EXPECT_EQ(a.num_experts, b.num_experts);
+  EXPECT_EQ(a.num_experts_per_token, b.num_experts_per_token);
+  EXPECT_EQ(a.moe_intermediate_size, b.moe_intermediate_size);
+  EXPECT_EQ(a.hidden_act, Activation::kSwiGluOai);
+  EXPECT_EQ(a.hidden_act, b.hidden_act);
+  EXPECT_EQ(a.swiglu_alpha, b.swiglu_alpha);
+  EXPECT_EQ(a.swiglu_limit, b.swiglu_limit);
+  EXPECT_TRUE(a.router_logit_bias && b.router_logit_bias && a.expert_bias && b.expert_bias);
+  EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
+  EXPECT_FALSE(a.experts_mxfp4);  // GGUF MXFP4 runs through the GGUF int8 kernels, not the W4A8 form
 }
 
 // DeepSeek-V2-Lite files: what llama.cpp reads the same way is accepted as the same model (no

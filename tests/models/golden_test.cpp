@@ -19,6 +19,10 @@
 //   qwen3moe_micro.safetensors    ← transformers Qwen3MoeForCausalLM fp32 (tools/gen_qwen3_goldens.py): GQA
 //                                   (4 query / 2 KV heads), per-head q/k RMSNorm, NeoX RoPE at θ = 1e6,
 //                                   softmax top-2 of 8 experts renormalised, no shared experts.
+//   gptoss_micro.safetensors      ← transformers GptOssForCausalLM fp32 (tools/gen_gptoss_goldens.py) on the
+//                                   weights of tests/data/gguf/gptoss_micro_bf16.gguf (bf16-exact): GQA 8 / 2
+//                                   heads with q/k/v/o biases and sinks, a 16-token sliding window on layers 0
+//                                   and 2, YaRN, biased router and experts, the clamped SwiGLU (hit).
 //   k3_tiny_mxfp4_allexp.safetensors ← llama.cpp's native MXFP4 path, every expert routed. llama.cpp rounds
 //                                   the expert inputs to Q8_0 there, which with top-k routing flips expert
 //                                   choices and then diverges (docs/model-math.md §2.9); with all experts routed the
@@ -42,6 +46,7 @@
 #include <filesystem>
 
 #include "common/test_util.h"
+#include "kernels/cpu/gguf_int8.h"
 #include "loader/safetensors.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
@@ -88,8 +93,17 @@ TEST_P(GoldenTest, MatchesReference) {
   ASSERT_TRUE(std::filesystem::exists(path)) << path << " missing: regenerate with the script named in it";
   const Golden g = read_golden(path);
   testing::TempDir tmp;
-  testing::make_checkpoint(c.preset, tmp.path());
-  auto eng = Engine::load(tmp.path());
+  // A preset, or a committed model file ("gguf/NAME.gguf" under the test data).
+  // GGUF files run on the exact path (fp32 activations, as the reference): no int8 / bf16-activation products.
+  std::string model = tmp.path();
+  const bool gguf = std::string(c.preset).rfind("gguf/", 0) == 0;
+  if (gguf) model = std::string(KESTREL_TEST_DATA) + "/" + c.preset;
+  else testing::make_checkpoint(c.preset, tmp.path());
+  kernels::set_gguf_int8(!gguf);
+  struct Restore {
+    ~Restore() { kernels::set_gguf_int8(true); }
+  } restore;
+  auto eng = Engine::load(model);
   ASSERT_TRUE(eng) << eng.error().message();
   const int64_t V = (*eng)->config().text.vocab_size;
   ASSERT_EQ(g.logits.size(), g.prompt.size() * static_cast<size_t>(V));
@@ -222,6 +236,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"deepseek_v32_sparse_top8_vs_transformers", "deepseek-v32-sparse-tiny", "deepseek_v32_sparse_tiny.safetensors", 2e-4, 1e-9, 1.0, true},
                       Case{"deepseek_v2style_vs_transformers_v2", "deepseek-v2style-tiny", "deepseek_v2style_tiny.safetensors", 2e-4, 1e-9, 1.0, true},
                       Case{"qwen3moe_vs_transformers", "qwen3moe-micro-bf16", "qwen3moe_micro.safetensors", 2e-4, 1e-9, 1.0, true},
+                      Case{"gptoss_vs_transformers", "gguf/gptoss_micro_bf16.gguf", "gptoss_micro.safetensors", 2e-4, 1e-9, 1.0, true},
                       Case{"k3_mxfp4_native_vs_llamacpp_q8", "k3-tiny-allexp", "k3_tiny_mxfp4_allexp.safetensors", 1.0, 3e-2, 0.9, false}),
     [](const auto& info) { return std::string(info.param.name); });
 

@@ -347,13 +347,12 @@ void pool_backed_batch_equals_owned(const char* preset, size_t sparse_layer) {
 TEST(DsaModel, PoolBackedBatchEqualsOwned) { pool_backed_batch_equals_owned("k3-tiny-dsa", 3); }
 TEST(DeepseekV32, PoolBackedBatchEqualsOwned) { pool_backed_batch_equals_owned("deepseek-v32-sparse-tiny", 0); }
 
-// Qwen3-MoE's attention reads every earlier token's [k | v] row back from the cache and runs the same tiled kernel
-// whatever the chunk, so chunked prefill, prefill + decode and a pool-backed batch (pages of 16 tokens, two
-// sequences per forward) give the one-chunk logits bit for bit.
-TEST(Qwen3Moe, ChunksDecodeAndPooledBatchAreBitwiseOneChunk) {
-  testing::TempDir tmp;
-  testing::make_checkpoint("qwen3moe-micro-bf16", tmp.path(), nullptr);
-  auto e = Engine::load(tmp.path());
+// Grouped-query attention reads every earlier token's [k | v] row back from the cache and runs the same tiled
+// kernel definition whatever the chunk, so chunked prefill, prefill + decode and a pool-backed batch (pages of 16
+// tokens, two sequences per forward) give the one-chunk logits bit for bit. `model` is a checkpoint directory or a
+// GGUF file.
+void gqa_chunks_decode_pooled_bitwise(const std::string& model) {
+  auto e = Engine::load(model);
   ASSERT_TRUE(e) << e.error().message();
   Model& m = (*e)->model();
   const int vocab = m.config().text.vocab_size;
@@ -385,6 +384,21 @@ TEST(Qwen3Moe, ChunksDecodeAndPooledBatchAreBitwiseOneChunk) {
   EXPECT_TRUE(same(la, ra));
   EXPECT_TRUE(same(lb, rb));
   EXPECT_FALSE(same(std::vector<float>(ra.begin(), ra.begin() + 90 * vocab), rb));
+}
+
+TEST(Qwen3Moe, ChunksDecodeAndPooledBatchAreBitwiseOneChunk) {
+  testing::TempDir tmp;
+  testing::make_checkpoint("qwen3moe-micro-bf16", tmp.path(), nullptr);
+  gqa_chunks_decode_pooled_bitwise(tmp.path());
+}
+
+// gpt-oss adds a 16-token sliding window (layers 0 and 2), sinks and biases: the 150-token prompt's decode steps
+// and chunks all cross the window; BF16 file on the default path, MXFP4 experts + Q8_0 on the int8 kernels.
+TEST(GptOss, ChunksDecodeAndPooledBatchAreBitwiseOneChunk) {
+  for (const char* f : {"gptoss_micro_bf16.gguf", "gptoss_micro_mxfp4.gguf"}) {
+    SCOPED_TRACE(f);
+    gqa_chunks_decode_pooled_bitwise(std::string(KESTREL_TEST_DATA) + "/gguf/" + f);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, ModelConsistency, ::testing::ValuesIn(variants()),

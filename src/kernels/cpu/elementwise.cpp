@@ -152,4 +152,11 @@ void gelu_tanh_inplace(float* x, int64_t n) {
 #endif
 #endif
 
+void swiglu_oai(const float* g, const float* u, int64_t count, float alpha, float limit, float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float x = std::min(g[i], limit), y = std::clamp(u[i], -limit, limit);
+    out[i] = x / (1.0f + std::exp(alpha * -x)) * (y + 1.0f);
+  }
+}
+
 }  // namespace kestrel::kernels

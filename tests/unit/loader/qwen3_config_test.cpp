@@ -34,7 +34,7 @@ TEST(Qwen3Config, ThirtyBA3B) {
   EXPECT_EQ(t.num_attention_heads, 32);
   EXPECT_EQ(t.num_key_value_heads, 4);
   EXPECT_EQ(t.head_dim, 128);
-  EXPECT_EQ(t.gqa_rope_theta, 1e6);
+  EXPECT_EQ(t.gqa_rope.theta, 1e6);
   EXPECT_TRUE(t.qk_norm);
   EXPECT_EQ(t.num_experts, 128);
   EXPECT_EQ(t.num_experts_per_token, 8);

@@ -23,8 +23,11 @@ Models (made once under --work-dir, reused afterwards; sha256 recorded):
                                                                                           -> Q4_0
   qwen3moe-bench     Qwen3-30B-A3B layer widths (hidden 2048, 32 query / 4 KV heads of 128, q/k norms,
                      128 experts top-8 at 768, no shared expert), 8 of its 48 layers, vocab 32768 -> Q4_0
+  gptoss-bench       gpt-oss-20b layer widths (hidden 2880, 64 query / 8 KV heads of 64 with biases and sinks,
+                     window 128 on the even layers, YaRN, 32 experts top-4 at 2880 with biases), 4 of its 24
+                     layers, vocab 32768                   -> MXFP4_MOE (experts MXFP4, other matrices Q8_0)
 Pipeline: `kestrel make-model` (HF layout) -> llama.cpp's convert_hf_to_gguf.py -> llama_model_quantize
-(Q4_0; output and token_embd forced to Q4_0, F32 norms/routers kept as llama.cpp keeps them).
+(Q4_0; output and token_embd forced to Q4_0, F32 norms/routers kept as llama.cpp keeps them; or MXFP4_MOE).
 
 Protocol per file (docs/model-math.md §9.3; llama-bench semantics):
   * page cache warmed (one full read of the file) before each engine;
@@ -112,8 +115,9 @@ CELLS = [
     ("k3-shape-bench MXFP4 experts + BF16", "k3-shape-bench", "mxfp4", ["int8"]),
     ("deepseek2-lite-bench Q4_0", "deepseek2-lite-bench", "q4_0", []),
     ("qwen3moe-bench Q4_0", "qwen3moe-bench", "q4_0", []),
+    ("gptoss-bench MXFP4 experts + Q8_0", "gptoss-bench", "mxfp4_moe", []),
 ]
-IK_ARCHS = {"deepseek2", "qwen3moe"}  # GGUF architectures of these cells that ik_llama.cpp loads
+IK_ARCHS = {"deepseek2", "qwen3moe", "gpt-oss"}  # GGUF architectures of these cells that ik_llama.cpp loads
 NO_REPACK_ARCHS = {"deepseek2"}
 IK_ARGS = "-mla 3 -fa 1 -fmoe 1"
 
@@ -336,7 +340,11 @@ def main():
         ckpt = lm.make_checkpoint(args.kestrel, preset, os.path.join(args.work_dir, preset))
         mx = os.path.join(args.work_dir, f"{preset}-{'mxfp4' if preset.startswith('k3') else 'bf16'}.gguf")
         lm.convert(sys.executable, llama_src, ckpt, mx, "bf16")
-        path = lm.quantize_q4_0(mx, os.path.join(args.work_dir, f"{preset}-q4_0.gguf")) if kind == "q4_0" else mx
+        path = mx
+        if kind == "q4_0":
+            path = lm.quantize_q4_0(mx, os.path.join(args.work_dir, f"{preset}-q4_0.gguf"))
+        elif kind == "mxfp4_moe":
+            path = lm.quantize_mxfp4_moe(mx, os.path.join(args.work_dir, f"{preset}-mxfp4-moe.gguf"))
         files[(preset, kind)] = (ckpt, path)
 
     # 2. Machine limits, same run.

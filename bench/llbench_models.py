@@ -2,7 +2,7 @@
 
 Every file is made by an independent tool: `kestrel make-model` writes the HF checkpoint, llama.cpp's own
 converter (the vendored convert_hf_to_gguf.py, driven as tools/gen_gguf_goldens.py drives it) writes the
-GGUF, llama.cpp's llama_model_quantize writes the Q4_0 file. Kestrel only reads them.
+GGUF, llama.cpp's llama_model_quantize writes the Q4_0 and MXFP4_MOE files. Kestrel only reads them.
 """
 import hashlib
 import os
@@ -13,6 +13,7 @@ import sys
 import numpy as np
 
 LLAMA_FTYPE_MOSTLY_Q4_0 = 2
+LLAMA_FTYPE_MOSTLY_MXFP4_MOE = 38
 GGML_TYPE_Q4_0 = 2
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
@@ -69,6 +70,23 @@ def quantize_q4_0(src, dst, threads=2):
     p.nthread = threads
     tmp = dst + ".part"
     log(f"+ llama_model_quantize {src} -> {dst} (Q4_0)")
+    if llama_cpp.llama_model_quantize(src.encode(), tmp.encode(), p) != 0:
+        raise RuntimeError(f"llama_model_quantize failed on {src}")
+    os.replace(tmp, dst)
+    return dst
+
+
+def quantize_mxfp4_moe(src, dst, threads=2):
+    """llama_model_quantize MOSTLY_MXFP4_MOE: the 3-D expert tensors MXFP4, the other matrices Q8_0 (what
+    llama.cpp's quantizer does for that type), tensors it keeps F32 (norms, biases, sinks, router) stay F32."""
+    if os.path.exists(dst):
+        return dst
+    import llama_cpp
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = LLAMA_FTYPE_MOSTLY_MXFP4_MOE
+    p.nthread = threads
+    tmp = dst + ".part"
+    log(f"+ llama_model_quantize {src} -> {dst} (MXFP4_MOE)")
     if llama_cpp.llama_model_quantize(src.encode(), tmp.encode(), p) != 0:
         raise RuntimeError(f"llama_model_quantize failed on {src}")
     os.replace(tmp, dst)

@@ -27,7 +27,6 @@ Steps
      (gptoss_micro.config.json) so a test can compare the GGUF metadata with it.
 """
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -39,10 +38,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from golden_command import recorded_command  # noqa: E402
 import gen_gguf_goldens as gg  # noqa: E402
+from golden_hf import golden_tensors, prompt_and_greedy  # noqa: E402
 
-PROMPT_LEN = 200
-GREEDY_PROMPT_LEN = 65
-GREEDY_NEW = 32
 LLAMA_FTYPE_MOSTLY_MXFP4_MOE = 38
 
 
@@ -103,42 +100,6 @@ def rope_tables(torch):
     return out
 
 
-def transformers_goldens(model, torch):
-    vocab = model.config.vocab_size
-    prompt = np.random.RandomState(0).randint(0, vocab, size=PROMPT_LEN).astype(np.int64)
-    with torch.no_grad():
-        ids = torch.from_numpy(prompt)[None]
-        logits = model(input_ids=ids, use_cache=False).logits[0].float()
-        pre = model(input_ids=ids[:, :GREEDY_PROMPT_LEN], use_cache=False).logits[0].float()
-        d_prefix = (pre - logits[:GREEDY_PROMPT_LEN]).abs().max().item()
-        print(f"self-consistency: prefix[{GREEDY_PROMPT_LEN}] alone vs the {PROMPT_LEN} run: max|diff|={d_prefix:.3e}")
-        assert d_prefix < 1e-3
-        out = model(input_ids=ids[:, :GREEDY_PROMPT_LEN], use_cache=True)
-        cache = out.past_key_values
-        step_logits = [out.logits[0, -1].float()]
-        greedy = []
-        for t in range(GREEDY_NEW):
-            nxt = int(torch.argmax(step_logits[-1]))
-            greedy.append(nxt)
-            if t + 1 == GREEDY_NEW:
-                break
-            out = model(input_ids=torch.tensor([[nxt]]), past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
-            step_logits.append(out.logits[0, -1].float())
-        step_logits = torch.stack(step_logits)
-        tf_ids = torch.cat([ids[:, :GREEDY_PROMPT_LEN], torch.tensor([greedy[:-1]])], dim=1)
-        tf = model(input_ids=tf_ids, use_cache=False).logits[0, GREEDY_PROMPT_LEN - 1:].float()
-        d_cache = (tf - step_logits).abs().max().item()
-        assert torch.equal(tf.argmax(-1), torch.tensor(greedy)), "cached greedy != teacher-forced argmax"
-        top2 = torch.topk(step_logits, 2, dim=-1).values
-        margin = (top2[:, 0] - top2[:, 1]).min().item()
-        print(f"self-consistency: cached decode vs teacher-forced: max|diff|={d_cache:.3e}; min greedy margin={margin:.4f}")
-        assert d_cache < 1e-3
-    return prompt, logits, greedy, {"prefix_vs_full_max_abs_diff": f"{d_prefix:.6e}",
-                                    "cached_vs_teacher_forced_max_abs_diff": f"{d_cache:.6e}",
-                                    "greedy_min_top2_margin": f"{margin:.6f}"}
-
-
 def clamp_fraction(model, torch):
     """Share of expert gate pre-activations above the SwiGLU limit on the golden prompt (the clamp is exercised)."""
     hits = []
@@ -190,15 +151,13 @@ def main():
     # Reload from disk (the checkpoint the converter reads) and check it is the same model.
     model2 = GptOssForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager")
     model2.eval()
-    prompt, logits, greedy, consistency = transformers_goldens(model2, torch)
+    prompt, logits, greedy, consistency = prompt_and_greedy(model2, torch)
 
     meta = {"reference": f"transformers {transformers.__version__} GptOssForCausalLM float32 eager",
             "torch": torch.__version__, "command": command, "gate_above_limit_fraction": f"{clamp:.4f}",
             "model": "tests/data/gguf/gptoss_micro_bf16.gguf (the same weights; gptoss_micro.config.json)"}
     meta.update(consistency)
-    tensors = {"prompt": prompt.astype(np.int32), "logits": np.ascontiguousarray(logits.numpy().astype(np.float32)),
-               "greedy_prompt_len": np.array([GREEDY_PROMPT_LEN], dtype=np.int32),
-               "greedy": np.array(greedy, dtype=np.int32)}
+    tensors = golden_tensors(prompt, logits, greedy)
     tensors.update(rope_tables(torch))
     save_file(tensors, args.models_out, metadata=meta)
     print(f"wrote {args.models_out} ({os.path.getsize(args.models_out)} bytes)")

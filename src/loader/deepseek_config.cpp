@@ -8,6 +8,8 @@
 namespace kestrel {
 namespace {
 
+using config_detail::check_bounds;
+using config_detail::kBigSize;
 using config_detail::Reader;
 using nlohmann::json;
 
@@ -138,25 +140,17 @@ Status parse_deepseek_config(const json& j, const std::string& label, ModelConfi
   if (!interleave)
     return unsupported(label + ": key 'rope_interleave': only DeepSeek's interleaved rope layout (true) is supported");
 
-  struct Bound {
-    const char* key;
-    long long value, lo, hi;
-  };
-  constexpr long long kBig = 1 << 24;
-  for (const Bound& b : std::initializer_list<Bound>{
-           {"vocab_size", t.vocab_size, 1, kBig}, {"hidden_size", t.hidden_size, 1, kBig},
+  KESTREL_RETURN_IF_ERROR(check_bounds(label, {
+           {"vocab_size", t.vocab_size, 1, kBigSize}, {"hidden_size", t.hidden_size, 1, kBigSize},
            {"num_hidden_layers", t.num_hidden_layers, 1, 4096}, {"num_attention_heads", t.num_attention_heads, 1, 4096},
-           {"intermediate_size", t.intermediate_size, 1, kBig}, {"q_lora_rank", t.q_lora_rank, 0, kBig},
-           {"kv_lora_rank", t.kv_lora_rank, 1, kBig}, {"qk_nope_head_dim", t.qk_nope_head_dim, 0, 1 << 16},
+           {"intermediate_size", t.intermediate_size, 1, kBigSize}, {"q_lora_rank", t.q_lora_rank, 0, kBigSize},
+           {"kv_lora_rank", t.kv_lora_rank, 1, kBigSize}, {"qk_nope_head_dim", t.qk_nope_head_dim, 0, 1 << 16},
            {"qk_rope_head_dim", t.qk_rope_head_dim, 2, 1 << 16}, {"v_head_dim", t.v_head_dim, 1, 1 << 16},
            {"n_routed_experts", t.num_experts, 0, 1 << 16}, {"n_shared_experts", t.num_shared_experts, 0, 1024},
-           {"moe_intermediate_size", t.moe_intermediate_size, 0, kBig},
+           {"moe_intermediate_size", t.moe_intermediate_size, 0, kBigSize},
            {"first_k_dense_replace", t.first_k_dense_replace, 0, 4096}, {"moe_layer_freq", t.moe_layer_freq, 1, 4096},
            {"n_group", t.num_expert_group, 1, 1 << 16}, {"topk_group", t.topk_group, 1, 1 << 16},
-           {"num_nextn_predict_layers", t.num_nextn_predict_layers, 0, 64}})
-    if (b.value < b.lo || b.value > b.hi)
-      return invalid_argument(label + ": key '" + b.key + "': " + std::to_string(b.value) + " is outside " +
-                              std::to_string(b.lo) + ".." + std::to_string(b.hi));
+           {"num_nextn_predict_layers", t.num_nextn_predict_layers, 0, 64}}));
   if (!(t.rms_norm_eps > 0.0f) || !(t.rms_norm_eps < 1.0f))
     return invalid_argument(label + ": key 'rms_norm_eps': must be in (0, 1)");
   if (t.qk_rope_head_dim % 2 != 0)

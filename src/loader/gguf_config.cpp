@@ -169,6 +169,19 @@ Result<std::string> deepseek2_config_json(const GgufHeader& h, const std::string
   return t.dump();
 }
 
+// The grouped-query attention keys qwen3moe and gpt-oss share: query and key/value heads and their width (the
+// value width and the RoPE dimensions must equal it).
+void gqa_head_keys(Keys& k, json& t) {
+  t["num_attention_heads"] = k.req_int("attention.head_count");
+  t["num_key_value_heads"] = k.req_int("attention.head_count_kv");
+  const int64_t hd = k.req_int("attention.key_length");
+  if (auto v = k.opt_int("attention.value_length"); v && *v != hd)
+    k.fail("attention.value_length", "must equal attention.key_length");
+  if (auto r = k.opt_int("rope.dimension_count"); r && *r != hd)
+    k.fail("rope.dimension_count", "partial RoPE is not supported (must equal attention.key_length)");
+  t["head_dim"] = hd;
+}
+
 // `qwen3moe` (Qwen3-MoE as conversion/qwen.py's Qwen3MoeModel writes it) → a qwen3_moe config.json. llama.cpp
 // runs every layer as MoE with softmax routing and always renormalises the chosen weights (its graph passes
 // norm_w = true whatever the checkpoint's norm_topk_prob), so the config says the same.
@@ -178,14 +191,7 @@ Result<std::string> qwen3moe_config_json(const GgufHeader& h, const std::string&
   t["model_type"] = "qwen3_moe";
   t["num_hidden_layers"] = k.req_int("block_count");
   t["hidden_size"] = k.req_int("embedding_length");
-  t["num_attention_heads"] = k.req_int("attention.head_count");
-  t["num_key_value_heads"] = k.req_int("attention.head_count_kv");
-  const int64_t hd = k.req_int("attention.key_length");
-  if (auto v = k.opt_int("attention.value_length"); v && *v != hd)
-    k.fail("attention.value_length", "must equal attention.key_length");
-  if (auto r = k.opt_int("rope.dimension_count"); r && *r != hd)
-    k.fail("rope.dimension_count", "partial RoPE is not supported (must equal attention.key_length)");
-  t["head_dim"] = hd;
+  gqa_head_keys(k, t);
   t["intermediate_size"] = k.opt_int("feed_forward_length").value_or(0);
   t["rms_norm_eps"] = k.req_num("attention.layer_norm_rms_epsilon");
   vocab_size(h, k, t);
@@ -217,14 +223,7 @@ Result<std::string> gptoss_config_json(const GgufHeader& h, const std::string& l
   const int64_t layers = k.req_int("block_count");
   t["num_hidden_layers"] = layers;
   t["hidden_size"] = k.req_int("embedding_length");
-  t["num_attention_heads"] = k.req_int("attention.head_count");
-  t["num_key_value_heads"] = k.req_int("attention.head_count_kv");
-  const int64_t hd = k.req_int("attention.key_length");
-  if (auto v = k.opt_int("attention.value_length"); v && *v != hd)
-    k.fail("attention.value_length", "must equal attention.key_length");
-  if (auto r = k.opt_int("rope.dimension_count"); r && *r != hd)
-    k.fail("rope.dimension_count", "partial RoPE is not supported (must equal attention.key_length)");
-  t["head_dim"] = hd;
+  gqa_head_keys(k, t);
   t["intermediate_size"] = k.req_int("expert_feed_forward_length");
   t["rms_norm_eps"] = k.req_num("attention.layer_norm_rms_epsilon");
   vocab_size(h, k, t);

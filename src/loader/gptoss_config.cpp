@@ -8,6 +8,8 @@
 
 namespace kestrel {
 
+using config_detail::check_bounds;
+using config_detail::kBigSize;
 using config_detail::Reader;
 using nlohmann::json;
 
@@ -59,20 +61,12 @@ Status parse_gpt_oss_config(const json& j, const std::string& label, ModelConfig
   if (rope.yarn && (rope.mscale != 1.0 || rope.mscale_all_dim != 0.0))
     return unsupported(label + ": key 'rope_scaling': mscale / mscale_all_dim are not supported for gpt-oss");
 
-  struct Bound {
-    const char* key;
-    long long value, lo, hi;
-  };
-  constexpr long long kBig = 1 << 24;
-  for (const Bound& b : std::initializer_list<Bound>{
-           {"vocab_size", t.vocab_size, 1, kBig}, {"hidden_size", t.hidden_size, 1, kBig},
+  KESTREL_RETURN_IF_ERROR(check_bounds(label, {
+           {"vocab_size", t.vocab_size, 1, kBigSize}, {"hidden_size", t.hidden_size, 1, kBigSize},
            {"num_hidden_layers", t.num_hidden_layers, 1, 4096}, {"num_attention_heads", t.num_attention_heads, 1, 4096},
            {"num_key_value_heads", t.num_key_value_heads, 1, 4096}, {"head_dim", t.head_dim, 2, 4096},
-           {"intermediate_size", t.moe_intermediate_size, 1, kBig}, {"num_local_experts", t.num_experts, 1, 1 << 16},
-           {"sliding_window", window, 0, kBig}})
-    if (b.value < b.lo || b.value > b.hi)
-      return invalid_argument(label + ": key '" + b.key + "': " + std::to_string(b.value) + " is outside " +
-                              std::to_string(b.lo) + ".." + std::to_string(b.hi));
+           {"intermediate_size", t.moe_intermediate_size, 1, kBigSize}, {"num_local_experts", t.num_experts, 1, 1 << 16},
+           {"sliding_window", window, 0, kBigSize}}));
   if (t.num_attention_heads % t.num_key_value_heads != 0)
     return invalid_argument(label + ": key 'num_key_value_heads': must divide num_attention_heads");
   if (t.head_dim % 2 != 0) return invalid_argument(label + ": key 'head_dim': must be even (RoPE rotates halves)");

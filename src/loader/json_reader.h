@@ -3,6 +3,7 @@
 // straight through and check status() once.
 #pragma once
 
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -63,5 +64,22 @@ class Reader {
   std::string where_;
   Status st_;
 };
+
+// A size read from a config and the range it must lie in, checked before any arithmetic (shapes, modulo,
+// products) uses it.
+struct Bound {
+  const char* key;
+  long long value, lo, hi;
+};
+inline constexpr long long kBigSize = 1 << 24;
+
+// The first bound broken, as an error naming the file and the key; ok when none is.
+inline Status check_bounds(const std::string& where, std::initializer_list<Bound> bounds) {
+  for (const Bound& b : bounds)
+    if (b.value < b.lo || b.value > b.hi)
+      return invalid_argument(where + ": key '" + b.key + "': " + std::to_string(b.value) + " is outside " +
+                              std::to_string(b.lo) + ".." + std::to_string(b.hi));
+  return Status::ok();
+}
 
 }  // namespace kestrel::config_detail

@@ -16,6 +16,8 @@ namespace kestrel {
 namespace {
 
 using nlohmann::json;
+using config_detail::check_bounds;
+using config_detail::kBigSize;
 using config_detail::Reader;
 
 Status parse_linear_attn(const json& j, const std::string& where, int layers, LinearAttnConfig& la) {
@@ -87,25 +89,16 @@ Status parse_text(const json& j, const std::string& where, Arch arch, TextConfig
   if (!nope) return unsupported(where + ": key 'mla_use_nope': only NoPE MLA (true) is supported");
   if (t.num_expert_group != 1 || t.topk_group != 1)
     return unsupported(where + ": group-limited routing (num_expert_group > 1) is not supported yet");
-  // Every size is range-checked here so later arithmetic (shapes, modulo, products) is safe.
-  struct Bound {
-    const char* key;
-    long long value, lo, hi;
-  };
-  constexpr long long kBig = 1 << 24;
-  for (const Bound& b : std::initializer_list<Bound>{
-           {"vocab_size", t.vocab_size, 1, kBig}, {"hidden_size", t.hidden_size, 1, kBig},
+  KESTREL_RETURN_IF_ERROR(check_bounds(where, {
+           {"vocab_size", t.vocab_size, 1, kBigSize}, {"hidden_size", t.hidden_size, 1, kBigSize},
            {"num_hidden_layers", t.num_hidden_layers, 1, 4096}, {"num_attention_heads", t.num_attention_heads, 1, 4096},
-           {"intermediate_size", t.intermediate_size, 1, kBig}, {"attn_res_block_size", t.attn_res_block_size, 0, 4096},
+           {"intermediate_size", t.intermediate_size, 1, kBigSize}, {"attn_res_block_size", t.attn_res_block_size, 0, 4096},
            {"first_k_dense_replace", t.first_k_dense_replace, 0, 4096}, {"moe_layer_freq", t.moe_layer_freq, 1, 4096},
            {"num_experts", t.num_experts, 0, 1 << 16}, {"num_shared_experts", t.num_shared_experts, 0, 1024},
-           {"moe_intermediate_size", t.moe_intermediate_size, 1, kBig},
-           {"routed_expert_hidden_size", t.routed_expert_hidden_size, 0, kBig}, {"q_lora_rank", t.q_lora_rank, 0, kBig},
-           {"kv_lora_rank", t.kv_lora_rank, 1, kBig}, {"qk_nope_head_dim", t.qk_nope_head_dim, 0, 1 << 16},
-           {"qk_rope_head_dim", t.qk_rope_head_dim, 0, 1 << 16}, {"v_head_dim", t.v_head_dim, 1, 1 << 16}})
-    if (b.value < b.lo || b.value > b.hi)
-      return invalid_argument(where + ": key '" + b.key + "': " + std::to_string(b.value) + " is outside " +
-                              std::to_string(b.lo) + ".." + std::to_string(b.hi));
+           {"moe_intermediate_size", t.moe_intermediate_size, 1, kBigSize},
+           {"routed_expert_hidden_size", t.routed_expert_hidden_size, 0, kBigSize}, {"q_lora_rank", t.q_lora_rank, 0, kBigSize},
+           {"kv_lora_rank", t.kv_lora_rank, 1, kBigSize}, {"qk_nope_head_dim", t.qk_nope_head_dim, 0, 1 << 16},
+           {"qk_rope_head_dim", t.qk_rope_head_dim, 0, 1 << 16}, {"v_head_dim", t.v_head_dim, 1, 1 << 16}}));
   if (!(t.rms_norm_eps > 0.0f) || !(t.rms_norm_eps < 1.0f))
     return invalid_argument(where + ": key 'rms_norm_eps': must be in (0, 1)");
   if (t.qk_nope_head_dim + t.qk_rope_head_dim < 1) return invalid_argument(where + ": MLA head dims are zero");
@@ -151,16 +144,9 @@ Status parse_sparse_attn(const json& j, const std::string& where, TextConfig& t)
   t.index_rope_head_dim = r.opt_int("index_rope_head_dim", t.qk_rope_head_dim);
   t.index_rope_theta = r.opt_float("index_rope_theta", 10000.0f);
   if (!r.status().is_ok()) return r.status();
-  struct Bound {
-    const char* key;
-    int value, lo, hi;
-  };
-  for (const Bound& b : {Bound{"index_n_heads", t.index_n_heads, 1, 4096},
-                         Bound{"index_head_dim", t.index_head_dim, 1, 1 << 16},
-                         Bound{"index_topk", t.index_topk, 1, 1 << 24}})
-    if (b.value < b.lo || b.value > b.hi)
-      return invalid_argument(where + ": key '" + b.key + "': " + std::to_string(b.value) + " is outside " +
-                              std::to_string(b.lo) + ".." + std::to_string(b.hi));
+  KESTREL_RETURN_IF_ERROR(check_bounds(where, {{"index_n_heads", t.index_n_heads, 1, 4096},
+                                              {"index_head_dim", t.index_head_dim, 1, 1 << 16},
+                                              {"index_topk", t.index_topk, 1, 1 << 24}}));
   if (t.sparse_attn_layers.empty())
     return invalid_argument(where + ": key 'sparse_attn_layers': must name at least one layer");
   for (int l : t.sparse_attn_layers) {

@@ -8,6 +8,8 @@
 
 namespace kestrel {
 
+using config_detail::check_bounds;
+using config_detail::kBigSize;
 using config_detail::Reader;
 using nlohmann::json;
 
@@ -61,20 +63,12 @@ Status parse_qwen3_moe_config(const json& j, const std::string& label, ModelConf
   if (attention_bias) return unsupported(label + ": key 'attention_bias': q/k/v/o biases are not supported");
   if (sliding) return unsupported(label + ": key 'use_sliding_window': sliding-window attention is not supported");
 
-  struct Bound {
-    const char* key;
-    long long value, lo, hi;
-  };
-  constexpr long long kBig = 1 << 24;
-  for (const Bound& b : std::initializer_list<Bound>{
-           {"vocab_size", t.vocab_size, 1, kBig}, {"hidden_size", t.hidden_size, 1, kBig},
+  KESTREL_RETURN_IF_ERROR(check_bounds(label, {
+           {"vocab_size", t.vocab_size, 1, kBigSize}, {"hidden_size", t.hidden_size, 1, kBigSize},
            {"num_hidden_layers", t.num_hidden_layers, 1, 4096}, {"num_attention_heads", t.num_attention_heads, 1, 4096},
            {"num_key_value_heads", t.num_key_value_heads, 1, 4096}, {"head_dim", t.head_dim, 2, 4096},
-           {"intermediate_size", t.intermediate_size, 0, kBig}, {"num_experts", t.num_experts, 0, 1 << 16},
-           {"moe_intermediate_size", t.moe_intermediate_size, 0, kBig}, {"decoder_sparse_step", sparse_step, 1, 4096}})
-    if (b.value < b.lo || b.value > b.hi)
-      return invalid_argument(label + ": key '" + b.key + "': " + std::to_string(b.value) + " is outside " +
-                              std::to_string(b.lo) + ".." + std::to_string(b.hi));
+           {"intermediate_size", t.intermediate_size, 0, kBigSize}, {"num_experts", t.num_experts, 0, 1 << 16},
+           {"moe_intermediate_size", t.moe_intermediate_size, 0, kBigSize}, {"decoder_sparse_step", sparse_step, 1, 4096}}));
   if (t.num_attention_heads % t.num_key_value_heads != 0)
     return invalid_argument(label + ": key 'num_key_value_heads': must divide num_attention_heads");
   if (t.head_dim % 2 != 0) return invalid_argument(label + ": key 'head_dim': must be even (RoPE rotates halves)");

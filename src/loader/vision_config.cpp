@@ -48,20 +48,12 @@ Result<VisionConfig> parse_vision_config(const std::string& json_text, const std
     return invalid_argument(label + ": key 'merge_kernel_size': must be a list of two integers");
   v.merge_h = j["merge_kernel_size"][0].get<int>();
   v.merge_w = j["merge_kernel_size"][1].get<int>();
-  struct Bound {
-    const char* key;
-    int value, lo, hi;
-  };
-  const Bound bounds[] = {{"vt_num_hidden_layers", v.num_layers, 1, 1024},    {"vt_hidden_size", v.hidden, 1, 1 << 16},
+  KESTREL_RETURN_IF_ERROR(config_detail::check_bounds(label, {{"vt_num_hidden_layers", v.num_layers, 1, 1024},    {"vt_hidden_size", v.hidden, 1, 1 << 16},
                           {"vt_intermediate_size", v.intermediate, 1, 1 << 18}, {"vt_num_attention_heads", v.num_heads, 1, 1024},
                           {"qkv_hidden_size", v.qkv_hidden, 1, 1 << 16},        {"patch_size", v.patch_size, 1, 1024},
                           {"init_pos_emb_height", v.pos_emb_height, 1, 4096},   {"init_pos_emb_width", v.pos_emb_width, 1, 4096},
                           {"merge_kernel_size", v.merge_h, 1, 16},              {"merge_kernel_size", v.merge_w, 1, 16},
-                          {"mm_hidden_size", v.mm_hidden, 1, 1 << 16},          {"text_hidden_size", v.text_hidden, 1, 1 << 18}};
-  for (const Bound& b : bounds)
-    if (b.value < b.lo || b.value > b.hi)
-      return invalid_argument(label + ": key '" + b.key + "': " + std::to_string(b.value) + " is outside " +
-                              std::to_string(b.lo) + ".." + std::to_string(b.hi));
+                          {"mm_hidden_size", v.mm_hidden, 1, 1 << 16},          {"text_hidden_size", v.text_hidden, 1, 1 << 18}}));
   if (v.qkv_hidden % v.num_heads != 0)
     return invalid_argument(label + ": qkv_hidden_size " + std::to_string(v.qkv_hidden) +
                             " is not a multiple of vt_num_attention_heads " + std::to_string(v.num_heads));

@@ -226,13 +226,15 @@ void form_shapes(benchmark::internal::Benchmark* b) {
 }
 
 // GGUF Q4_0 / Q8_0 / MXFP4 × Q8_0 activations (gguf_int8.h), one thread, quantization included. Args:
-// format (0 Q4_0, 1 Q8_0, 2 MXFP4), path (Q8_0 / MXFP4: 0 small-T kernel gguf_int8_rows_avx512, 1 prefill
-// GEMM gguf_int8_gemm_rows; Q4_0: 2 the packed kernel q4_x16_rows_avx512, its only int8 kernel), out, in, T.
+// format (0 Q4_0, 1 Q8_0, 2 MXFP4), path (Q8_0 / MXFP4 in place: 0 small-T kernel gguf_int8_rows_avx512, 1
+// prefill GEMM gguf_int8_gemm_rows; Q4_0 / MXFP4: 2 the packed kernel q4_x16_rows_avx512, Q4_0's only int8
+// kernel and what MXFP4 matrices loaded from a file run on), out, in, T.
 void BM_GgufInt8(benchmark::State& state) {
   if (!isa_supported(Isa::kAvx512Vnni)) return state.SkipWithError("unsupported: no AVX-512 VNNI");
   const auto f = state.range(0) == 0 ? WeightFormat::kGgufQ4_0 : state.range(0) == 1 ? WeightFormat::kGgufQ8_0 : WeightFormat::kGgufMxfp4;
   const bool gemm = state.range(1) == 1, packed = state.range(1) == 2;
-  if (packed != (f == WeightFormat::kGgufQ4_0)) return state.SkipWithError("path 2 (the packed kernel) for Q4_0, and only for Q4_0");
+  if ((f == WeightFormat::kGgufQ4_0 && !packed) || (f == WeightFormat::kGgufQ8_0 && packed))
+    return state.SkipWithError("Q4_0 runs on path 2 (the packed kernel) only, Q8_0 on paths 0 and 1");
   const int64_t out = state.range(2), in = state.range(3), T = state.range(4), bb = gguf_block_bytes(f);
   std::mt19937 rng(1);
   std::vector<uint8_t> data(static_cast<size_t>(out * in / 32 * bb));
@@ -244,7 +246,7 @@ void BM_GgufInt8(benchmark::State& state) {
   WeightMatrix w;
   w.format = f, w.out = out, w.in = in, w.data = data.data();
   kestrel::AlignedVector<uint8_t> rows16;
-  if (packed) rows16 = pack_q4_0_x16(w), w.packed = rows16.data();
+  if (packed) rows16 = f == WeightFormat::kGgufQ4_0 ? pack_q4_0_x16(w) : pack_mxfp4_x16(w), w.packed = rows16.data();
   std::normal_distribution<float> d(0, 1);
   std::vector<float> x(static_cast<size_t>(T * in)), y(static_cast<size_t>(T * out));
   for (auto& v : x) v = d(rng);
@@ -273,6 +275,10 @@ void gguf_shapes(benchmark::internal::Benchmark* b) {
       for (int64_t T : {8, 16, 32, 128, 512})
         for (int path : {0, 1, 2})
           if ((path == 2) == (fmt == 0)) b->Args({fmt, path, o, i, T});  // Q4_0: packed only
+  // gpt-oss-20b's expert width (2880 × 2880): MXFP4 in place (small-T, GEMM) against its packed rows, decode
+  // (T = 1, 4: routed experts see few tokens) to prefill.
+  for (int64_t T : {1, 4, 64, 512})
+    for (int path : {0, 1, 2}) b->Args({2, path, 2880, 2880, T});
 }
 
 }  // namespace

@@ -185,10 +185,13 @@ Result<kernels::WeightMatrix> GgufWeights::matrix(const GgufTensorInfo& t, int64
   w.in = in;
   w.data = p;
   w.act_bf16 = w.format == kernels::WeightFormat::kBF16;
-  if (pack && w.format == kernels::WeightFormat::kGgufQ4_0) {
-    // The int8 products read only the packed copy; the ggml rows stay mapped for the exact path (decoded
-    // on demand), their pages dropped so that the copy does not double the resident weights.
-    w.packed = packed_.emplace_back(kernels::pack_q4_0_x16(w)).data();
+  if (pack && kernels::x16_format(w.format)) {
+    // Q4_0 and MXFP4: the int8 products read only the packed copy; the ggml rows stay mapped for the exact
+    // path (decoded on demand), their pages dropped so that the copy does not double the resident weights.
+    w.packed = packed_
+                   .emplace_back(w.format == kernels::WeightFormat::kGgufQ4_0 ? kernels::pack_q4_0_x16(w)
+                                                                               : kernels::pack_mxfp4_x16(w))
+                   .data();
     file_.drop_pages(p, static_cast<size_t>(out * row_bytes));
   }
   return w;

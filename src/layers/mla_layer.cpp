@@ -25,7 +25,7 @@ namespace {
 
 // Rows [r0, r0 + n) of a GGUF block-format matrix, in place.
 kernels::WeightMatrix row_view(const kernels::WeightMatrix& w, int64_t r0, int64_t n) {
-  if (w.format == kernels::WeightFormat::kGgufQ4_0) return kernels::q4_0_row_view(w, r0, n);  // and its packed rows
+  if (kernels::x16_format(w.format)) return kernels::x16_row_view(w, r0, n);  // and its packed rows
   kernels::WeightMatrix v = w;
   const int64_t bb = kernels::gguf_block_bytes(w.format);
   v.out = n;

@@ -11,10 +11,11 @@
 // Two barriers (after A, after B) instead of the grouped path's three regions (gate/up, activation, down)
 // with their quantization barriers and serial gather and combine. Items are dynamically scheduled, so
 // both cores stay busy whatever the token count per expert. Every product goes through gguf_int8_product(_at):
-// Q4_0 on its packed rows (gguf_q4_x16.h, one kernel at every T); Q8_0 / MXFP4 on the small-T kernel
-// (gguf_int8_rows_at) or, for the shared experts at T ≥ gguf_int8_gemm_min_tokens and the routed experts that
-// receive that many tokens (prefill), the GEMM form (gguf_int8_gemm_rows / _at), all of which give each
-// token the bits matmul_many gives it: the result equals forward_grouped's bit for bit.
+// Q4_0 and MXFP4 (as loaded from a file) on their packed rows (gguf_q4_x16.h, one kernel at every T); Q8_0 /
+// in-place MXFP4 on the small-T kernel (gguf_int8_rows_at) or, for the shared experts at
+// T ≥ gguf_int8_gemm_min_tokens and the routed experts that receive that many tokens (prefill), the GEMM form
+// (gguf_int8_gemm_rows / _at), all of which give each token the bits matmul_many gives it: the result equals
+// forward_grouped's bit for bit.
 #include <omp.h>
 
 #include <algorithm>
@@ -29,7 +30,6 @@
 namespace kestrel {
 
 using kernels::Q8Acts;
-using kernels::WeightFormat;
 using kernels::WeightMatrix;
 
 namespace {
@@ -44,17 +44,16 @@ bool int8_mlp(const GatedMlp& m) {
          kernels::is_gguf_int8_format(m.down_weight().format);
 }
 
-// The GEMM layouts an input needs (Q8Acts::gemm_q4 / gemm_q8 / gemm_mx).
-struct Layouts {
-  bool q4 = false, q8 = false, mx = false;
-};
+// The layouts an input needs (Q8Acts::gemm_q4 / gemm_q8 / gemm_mx).
+using Layouts = kernels::Q8Layouts;
 
-// Adds the GEMM layout a product on w over T tokens wants (its GEMM form, or the small-T kernel's loads).
+// Adds the layout a product on w over T tokens wants (the packed kernels' Q4_0 layout for Q4_0 and packed
+// MXFP4; for the others their GEMM form's, or the small-T kernel's loads).
 void gemm_layouts(const WeightMatrix& w, int64_t T, Layouts& l) {
-  if (!kernels::gguf_int8_layout_wanted(w, T)) return;
-  l.q4 = l.q4 || w.format == WeightFormat::kGgufQ4_0;
-  l.q8 = l.q8 || w.format == WeightFormat::kGgufQ8_0;
-  l.mx = l.mx || w.format == WeightFormat::kGgufMxfp4;
+  const Layouts n = kernels::gguf_int8_layout(w, T);
+  l.q4 = l.q4 || n.q4;
+  l.q8 = l.q8 || n.q8;
+  l.mx = l.mx || n.mx;
 }
 
 void prepare(Q8Acts& a, int64_t T, int64_t in, const Layouts& l) { kernels::q8_acts_prepare(a, T, in, l.q4, l.q8, l.mx); }

@@ -146,10 +146,23 @@ int64_t gguf_int8_gemm_min_tokens(WeightFormat f) {
   return f == WeightFormat::kGgufMxfp4 ? 64 : kGgufGemmMinTokens;
 }
 
+bool gguf_int8_runs_packed(const WeightMatrix& w) {
+  return w.format == WeightFormat::kGgufQ4_0 || (w.format == WeightFormat::kGgufMxfp4 && w.packed != nullptr);
+}
+
 bool gguf_int8_layout_wanted(const WeightMatrix& w, int64_t T) {
-  if (w.format == WeightFormat::kGgufQ4_0) return T > 0;  // the packed kernels read −8·Σq per block (n4)
+  if (gguf_int8_runs_packed(w)) return T > 0;  // the packed kernels read −8·Σq per block (n4)
   if (gguf_int8_gemm_applies(w.format, T)) return true;
   return T > 0 && wide_isa() && w.format != WeightFormat::kGgufQ8_0 && gguf_int8_vbmi_applies(w);
+}
+
+Q8Layouts gguf_int8_layout(const WeightMatrix& w, int64_t T) {
+  Q8Layouts l;
+  if (!gguf_int8_layout_wanted(w, T)) return l;
+  if (gguf_int8_runs_packed(w)) l.q4 = true;  // whatever the format: −8·Σq per block
+  else if (w.format == WeightFormat::kGgufQ8_0) l.q8 = true;
+  else if (w.format == WeightFormat::kGgufMxfp4) l.mx = true;
+  return l;
 }
 
 bool gguf_int8_gemm_applies(WeightFormat f, int64_t T) {
@@ -159,7 +172,7 @@ bool gguf_int8_gemm_applies(WeightFormat f, int64_t T) {
 }
 
 void gguf_int8_product(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  if (w.format == WeightFormat::kGgufQ4_0) return gguf_int8_product_at(w, a, nullptr, a.T, y, ldy, r0, r1);
+  if (gguf_int8_runs_packed(w)) return gguf_int8_product_at(w, a, nullptr, a.T, y, ldy, r0, r1);
   const bool gemm = gguf_int8_gemm_applies(w.format, a.T);
   if (wide_isa()) return gemm ? gguf_int8_gemm_rows(w, a, y, ldy, r0, r1) : gguf_int8_rows_avx512(w, a, y, ldy, r0, r1);
   KCHECK(avx2_kernel_runs(), "gguf_int8: no int8 kernel for this CPU (needs AVX-512 VNNI or AVX2 + FMA + F16C)");
@@ -169,7 +182,7 @@ void gguf_int8_product(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t
 
 void gguf_int8_product_at(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
                           int64_t r0, int64_t r1) {
-  if (w.format == WeightFormat::kGgufQ4_0) {  // one kernel at every T (gguf_q4_x16.h)
+  if (gguf_int8_runs_packed(w)) {  // one kernel at every T (gguf_q4_x16.h)
     if (wide_isa()) return q4_x16_rows_avx512(w, a, tok, n, y, ldy, r0, r1);
     KCHECK(avx2_kernel_runs(), "gguf_int8: no int8 kernel for this CPU (needs AVX-512 VNNI or AVX2 + FMA + F16C)");
     return q4_x16_rows_avx2(w, a, tok, n, y, ldy, r0, r1);

@@ -3,9 +3,10 @@
 // d = amax/127 stored as fp16, q = round_half_even(x · 127/amax)), and each block contributes
 //   float(Σ_j w_j · q_j) · d_w · d_x          (int32 inside the block, exact)
 // with w_j the block's small integers (Q4_0: nibble − 8; Q8_0: int8; MXFP4: 2·E2M1) and d_w its
-// scale (fp16; MXFP4: 2^(e−128)). Q8_0 and MXFP4 weights are used in place from the mmap (linear_gguf.h
-// layouts) by the kernels declared here; Q4_0 runs on a copy of its rows repacked in groups of 16
-// (WeightMatrix::packed, gguf_q4_x16.h), which gguf_int8_product / _at route to.
+// scale (fp16; MXFP4: 2^(e−128)). Q4_0 and MXFP4 matrices loaded from a file run on a copy of their rows
+// repacked in groups of 16 (WeightMatrix::packed, gguf_q4_x16.h: one kernel at every T), which
+// gguf_int8_product / _at route to; Q8_0 weights, and MXFP4 matrices without packed rows, are used in
+// place (linear_gguf.h layouts) by the small-T and GEMM kernels declared here.
 // This is the default for GGUF quantized weights (what llama.cpp computes on the same file);
 // set_gguf_int8(false) or KESTREL_GGUF_INT8=0 selects the exact path (rows decoded to fp32, fp32
 // activations), which the exactness goldens use.
@@ -31,11 +32,11 @@ namespace kestrel::kernels {
 //                     (the u8-offset compensation, multiplied by −12 for MXFP4);
 //   d    [T, nc·4]    fp32 value of each block's fp16 scale (0 for padding).
 // With gemm_q4 / gemm_mx / gemm_q8, derived once per token:
-//   n4      [T, nc·16]  lane 4k+i of chunk c: −8·comp (the packed Q4_0 kernels' block compensation,
-//                       gguf_q4_x16.h; gemm_q4);
+//   n4      [T, nc·16]  lane 4k+i of chunk c: −8·comp (the packed kernels' block compensation,
+//                       gguf_q4_x16.h, Q4_0 and MXFP4 alike; gemm_q4);
 //   dx4     [T, nc·16]  lane 4k+i of chunk c: d of block 4c + k (MXFP4 lanes, with n12; gemm_mx);
-//   n12     [T, nc·16]  −12·comp (MXFP4 lanes; with dx4): the GEMM form's input, and the VBMI small-T
-//                       loader's when present;
+//   n12     [T, nc·16]  −12·comp (MXFP4 lanes; with dx4): the in-place MXFP4 GEMM form's input, and the
+//                       VBMI small-T loader's when present;
 //   n8, dx8 [T, nc·32]  half h, lane l: −128·Σ of q over elements 64h + 4l .. +3 of the chunk, and
 //                       d of block 4c + 2h + l/8 (Q8_0 lanes, the GEMM form's input).
 // Buffers only grow (steady-state decode allocates nothing) and start on a cache line, so the
@@ -63,11 +64,15 @@ bool is_gguf_int8_format(WeightFormat f);
 // Whether matmul uses this path for `w` (format handled, Q4_0 with its packed rows, mode on, AVX-512 VNNI
 // or AVX2 + FMA + F16C active).
 bool gguf_int8_applies(const WeightMatrix& w);
+// Whether w's int8 products run on the packed kernels (gguf_q4_x16.h): Q4_0 always (without packed rows
+// it has no int8 path), MXFP4 when it has packed rows (w.packed; GgufWeights packs every matrix it loads).
+bool gguf_int8_runs_packed(const WeightMatrix& w);
 bool gguf_int8_enabled();
 void set_gguf_int8(bool on);
 
-// The small-T kernel for Q8_0 and MXFP4 (a Q4_0 matrix is refused: it runs on its packed rows,
-// gguf_q4_x16.h): y[t, r] for r in [r0, r1), every token of `a` (y row stride ldy). Serial; callers
+// The small-T kernel for Q8_0 and MXFP4, read in place from the ggml rows (Q4_0 is refused: it runs on
+// its packed rows, gguf_q4_x16.h, as packed MXFP4 does in gguf_int8_product): y[t, r] for r in [r0, r1),
+// every token of `a` (y row stride ldy). Serial; callers
 // split rows. With in % 128 == 0 on a CPU with AVX-512 VBMI it takes a faster chunk loader (byte
 // permutes instead of per-block inserts; same arithmetic, same bits); vbmi = false forces the generic
 // AVX-512 loader (tests run both).
@@ -111,20 +116,26 @@ bool gguf_int8_gemm_applies(WeightFormat f, int64_t T);
 // two halves (AMD Zen 4), where the MXFP4 small-T kernel stays as fast up to 32 tokens: MXFP4 from 64,
 // Q8_0 from kGgufGemmMinTokens. The bits are the same either way.
 int64_t gguf_int8_gemm_min_tokens(WeightFormat f);
-// Whether an input of T tokens to a product on w wants the layout of w's format (Q8Acts::gemm_q4 /
-// gemm_q8 / gemm_mx): the packed Q4_0 kernels always read it (n4), the GEMM form needs it, and the
-// AVX-512 VBMI small-T kernel reads the token side of MXFP4 chunks from it (the same lane values, loaded
-// instead of derived per block call: the same bits; one core of a Zen 4, 2048 × 2048 at T = 16: MXFP4
-// 1.08 → 0.88 ms).
+// Whether an input of T tokens to a product on w wants the layout w's kernel reads (gguf_int8_layout:
+// Q8Acts::gemm_q4 for the packed kernels, else gemm_q8 / gemm_mx by format): the packed kernels always
+// read it (n4), the GEMM form needs it, and the AVX-512 VBMI small-T kernel reads the token side of
+// in-place MXFP4 chunks from it (the same lane values, loaded instead of derived per block call: the same
+// bits; one core of a Zen 4, 2048 × 2048 at T = 16: MXFP4 1.08 → 0.88 ms).
 bool gguf_int8_layout_wanted(const WeightMatrix& w, int64_t T);
-// The product the active ISA runs for every token of `a` (or n tokens picked by index): Q4_0 on its
-// packed rows (gguf_q4_x16.h, one kernel at every T); Q8_0 / MXFP4 on the GEMM form where
-// gguf_int8_gemm_applies, else the small-T kernel (AVX-512 or AVX2). The same bits any way.
+// Which of the layouts an input of T tokens to a product on w wants (all false where none is).
+struct Q8Layouts {
+  bool q4 = false, q8 = false, mx = false;  // Q8Acts::gemm_q4 / gemm_q8 / gemm_mx
+};
+Q8Layouts gguf_int8_layout(const WeightMatrix& w, int64_t T);
+// The product the active ISA runs for every token of `a` (or n tokens picked by index): Q4_0 and packed
+// MXFP4 on the packed rows (gguf_q4_x16.h, one kernel at every T: each token's bits are the lane model's
+// whatever the batch); Q8_0 / in-place MXFP4 on the GEMM form where gguf_int8_gemm_applies, else the
+// small-T kernel (AVX-512 or AVX2). The same bits any way.
 void gguf_int8_product(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 void gguf_int8_product_at(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
                           int64_t r0, int64_t r1);
-// Scalar reference for Q8_0 / MXFP4 (Q4_0's is q4_x16_rows_model): the same integer block sums, blocks
-// summed in order in fp32.
+// Scalar reference for Q8_0 / MXFP4 in place (Q4_0's and packed MXFP4's is q4_x16_rows_model): the same
+// integer block sums, blocks summed in order in fp32.
 void gguf_int8_rows_scalar(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 
 }  // namespace kestrel::kernels

@@ -775,11 +775,11 @@ struct QuantInputs {
   size_t n_q8 = 0, n_tok = 0, n_bf = 0;
 
   void clear() { inputs.clear(), task_input.clear(), n_q8 = n_tok = n_bf = 0; }
-  // `w`: the product's weights (a Q4_0 / Q8_0 / MXFP4 product adds the GEMM layout it wants to a Q8 input).
+  // `w`: the product's weights (a Q4_0 / Q8_0 / MXFP4 product adds the layout its kernel reads to a Q8
+  // input: the packed kernels' Q4_0 layout for Q4_0 and packed MXFP4, gguf_int8_layout).
   int32_t add(const float* x, int64_t T, int64_t in, ActKind kind, const WeightMatrix& w) {
-    const bool layout = kind == ActKind::kQ8Blocks && gguf_int8_layout_wanted(w, T);
-    const bool q4 = layout && w.format == WeightFormat::kGgufQ4_0, q8f = layout && w.format == WeightFormat::kGgufQ8_0;
-    const bool mx = layout && w.format == WeightFormat::kGgufMxfp4;
+    const Q8Layouts l = kind == ActKind::kQ8Blocks ? gguf_int8_layout(w, T) : Q8Layouts{};
+    const bool q4 = l.q4, q8f = l.q8, mx = l.mx;
     for (size_t i = 0; i < inputs.size(); ++i)
       if (inputs[i].x == x && inputs[i].T == T && inputs[i].in == in && inputs[i].kind == kind) {
         if (kind == ActKind::kQ8Blocks) {
@@ -899,7 +899,7 @@ void matmul_many(std::span<const MatmulTask> tasks) {
     const MatmulTask& t = tasks[i];
     const int64_t out = t.w->out;
     int64_t rows = static_cast<int64_t>(target / row_cost(t, in8.task_input[i] >= 0));
-    const int64_t align = t.w->packed != nullptr ? 16 : 4;  // packed Q4_0: whole 16-row groups per chunk
+    const int64_t align = t.w->packed != nullptr ? 16 : 4;  // packed Q4_0 / MXFP4: whole 16-row groups per chunk
     rows = std::clamp<int64_t>((rows + align - 1) / align * align, align, std::max<int64_t>(align, out));
     for (int64_t r = 0; r < out; r += rows) chunks.push_back({static_cast<int32_t>(i), r, std::min(out, r + rows)});
   }

@@ -31,8 +31,9 @@ struct WeightMatrix {
   // BF16 only: the activations may be rounded to bf16 for this matrix (GGUF files: what llama.cpp
   // computes; bf16_dot.h). Safetensors weights leave it false (exact fp32 activations).
   bool act_bf16 = false;
-  // GGUF Q4_0 only: the rows repacked in groups of 16 (gguf_q4_x16.h), which the int8 products read; data
-  // keeps the ggml rows (the exact fp32 path decodes those). Without it Q4_0 products take the exact path.
+  // GGUF Q4_0 and MXFP4 only: the rows repacked in groups of 16 (gguf_q4_x16.h), which the int8 products
+  // read; data keeps the ggml rows (the exact fp32 path decodes those). Without it Q4_0 products take the
+  // exact path and MXFP4 products the in-place int8 kernels (gguf_int8.h).
   const uint8_t* packed = nullptr;
 };
 

@@ -304,18 +304,22 @@ TEST_F(SchedulerTest, RejectsBadRequests) {
   EXPECT_EQ(sched->submit(x.make({1, 99999}, 4)).error().code(), StatusCode::kInvalidArgument);
 }
 
-// A GGUF file from llama.cpp's converter (K3 micro, Q4_0): the default mode, int8 products with Q8_0
-// activations where the CPU has AVX-512 VNNI or AVX2, else the exact fp32 path (printed).
+// GGUF files from llama.cpp's converter (K3 micro, Q4_0; gpt-oss micro, MXFP4 experts by llama-quantize
+// MXFP4_MOE): the default mode, int8 products with Q8_0 activations where the CPU has AVX-512 VNNI or AVX2,
+// else the exact fp32 path (printed).
 TEST(SchedulerGguf, BatchedEqualsAloneBitwise) {
-  auto e = Engine::load(std::string(KESTREL_TEST_DATA) + "/gguf/k3_micro_q4_0.gguf");
-  ASSERT_TRUE(e) << e.error().message();
   std::printf("GGUF int8 mode: %s\n", kernels::gguf_int8_applies(kernels::WeightMatrix{kernels::WeightFormat::kGgufQ8_0})
                                          ? "on" : "off (neither AVX-512 VNNI nor AVX2: exact path)");
-  SchedulerConfig c;
-  c.cache.budget_bytes = 64ll << 20;
-  auto s = Scheduler::create(**e, c);
-  ASSERT_TRUE(s) << s.error().message();
-  expect_batched_equals_alone(**s, 150, 24, seven_others(), 3, 10);
+  for (const char* file : {"k3_micro_q4_0.gguf", "gptoss_micro_mxfp4.gguf"}) {
+    SCOPED_TRACE(file);
+    auto e = Engine::load(std::string(KESTREL_TEST_DATA) + "/gguf/" + file);
+    ASSERT_TRUE(e) << e.error().message();
+    SchedulerConfig c;
+    c.cache.budget_bytes = 64ll << 20;
+    auto s = Scheduler::create(**e, c);
+    ASSERT_TRUE(s) << s.error().message();
+    expect_batched_equals_alone(**s, 150, 24, seven_others(), 3, 10);
+  }
 }
 
 // The same on deepseek2 GGUFs (Q4_0 by llama_model_quantize): MLA pages only. DeepSeek V3 structure, and

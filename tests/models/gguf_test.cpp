@@ -423,7 +423,7 @@ TEST_P(GgufMoeFused, SameBitsAsGroupedExperts) {
 
 INSTANTIATE_TEST_SUITE_P(Micro, GgufMoeFused,
                          ::testing::Values("k3_micro_q4_0", "k3_micro_q8_0", "deepseek_v3_micro_q4_0",
-                                           "deepseek_v3_micro_q8_0", "deepseek_v2_lite_micro_q4_0", "qwen3moe_micro_q4_0"));
+                                           "deepseek_v3_micro_q8_0", "deepseek_v2_lite_micro_q4_0", "qwen3moe_micro_q4_0", "gptoss_micro_mxfp4"));
 
 // deepseek2 metadata (llama.cpp's converter) → the same ModelConfig as the checkpoint's config.json it was
 // converted from: every field the DeepSeek model reads, the derived softmax scale bit for bit (YaRN mscale

@@ -2,7 +2,8 @@
 // at decode (T = 1, 8) and prefill (T = 128, 512) shapes, on every ISA path this CPU supports (the
 // AVX-512 VNNI one takes its GEMM form from 16 tokens); the AVX-512 VNNI small-T kernel against its
 // prefill GEMM form on one thread (BM_Int8Form); GGUF Q4_0 / Q8_0 / MXFP4 × Q8_0 activations on the
-// small-T kernel and the prefill GEMM form (BM_GgufInt8).
+// small-T kernel, the prefill GEMM form and, for the packed Q4_0 / MXFP4 rows, the AVX-512 kernel and its AMX
+// tile form (BM_GgufInt8; BM_AmxPeak measures the tile unit's tdpbssd peak).
 // Rates are per CPU second of the benchmark thread (google-benchmark's CPU time), so run it with
 // OMP_NUM_THREADS=1 on a shared machine: wall-clock rates of a 2-thread OpenMP call on an
 // oversubscribed box measure the scheduler's timeslices, not the kernel. Reported per run:
@@ -72,6 +73,29 @@ __attribute__((target("avx2"))) double avx2_int8_chains(int64_t iters) {
   return sum;
 }
 
+// AMX-INT8: 4 independent tdpbssd chains on full tiles (C 16 × 16 int32, A 16 × 64 s8, B 16 × 64 s8: 16·16·64
+// MACs = 32768 ops each). Our own asm, as amx_tiles.h does (no GCC tile intrinsics).
+struct alignas(64) AmxPeakConfig {
+  uint8_t palette = 1, start = 0, reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16};
+};
+__attribute__((target("amx-tile,amx-int8"))) double amx_chains(int64_t iters) {
+  static const AmxPeakConfig cfg;
+  alignas(64) static const int8_t ab[16 * 64] = {};
+  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm4\n\ttileloadd (%0,%1,1), %%tmm5" ::"r"(ab), "r"(int64_t{64}) : "memory");
+  __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::: "memory");
+  for (int64_t it = 0; it < iters; ++it)
+    __asm__ volatile(
+        "tdpbssd %%tmm5, %%tmm4, %%tmm0\n\ttdpbssd %%tmm5, %%tmm4, %%tmm1\n\t"
+        "tdpbssd %%tmm5, %%tmm4, %%tmm2\n\ttdpbssd %%tmm5, %%tmm4, %%tmm3" ::: "memory");
+  alignas(64) int32_t c[16][16];
+  __asm__ volatile("tilestored %%tmm0, (%0,%1,1)" ::"r"(c), "r"(int64_t{64}) : "memory");
+  __asm__ volatile("tilerelease" ::: "memory");
+  return static_cast<double>(c[0][0]);
+}
+
 double thread_cpu_seconds() {
   timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -80,8 +104,7 @@ double thread_cpu_seconds() {
 
 // Best of 3 rates of `chains(iters)` (ops_per_iter int8 ops each iteration), per CPU-second summed over the
 // OMP threads (each thread's own CPU time, so a shared, oversubscribed machine does not deflate it).
-double chains_rate(double (*chains)(int64_t), double ops_per_iter) {
-  const int64_t iters = 20'000'000;
+double chains_rate(double (*chains)(int64_t), double ops_per_iter, int64_t iters = 20'000'000) {
   double sink = 0, best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     double rate = 0;
@@ -123,6 +146,21 @@ void BM_Int8Peak(benchmark::State& state) {
   state.counters["threads"] = omp_get_max_threads();
 }
 
+// int8 ops per CPU-second of the AMX tile unit (4 chains × 4 × 32768 ops per iteration; fewer iterations:
+// each instruction is 16 × 16 × 64 MACs).
+double amx_peak_ops() {
+  static const double peak = isa_supported(Isa::kAmx) ? chains_rate(amx_chains, 4.0 * 32768, 1'000'000) : 0.0;
+  return peak;
+}
+
+void BM_AmxPeak(benchmark::State& state) {
+  if (!isa_supported(Isa::kAmx)) return state.SkipWithError("unsupported: no AMX");
+  const double p = amx_peak_ops();
+  for (auto _ : state) benchmark::DoNotOptimize(p);
+  state.counters["TOPS"] = p * 1e-12;
+  state.counters["threads"] = omp_get_max_threads();
+}
+
 void BM_VnniPeak(benchmark::State& state) {
   const double p = vnni_peak_ops();
   for (auto _ : state) benchmark::DoNotOptimize(p);
@@ -156,7 +194,10 @@ Weights make_weights(WeightFormat f, int64_t out, int64_t in) {
 // Args: format (0 W4A8, 1 MXFP4), isa, out, in, T.
 void BM_Int8Matmul(benchmark::State& state) {
   const auto f = state.range(0) == 0 ? WeightFormat::kW4A8 : WeightFormat::kMxfp4;
-  const auto isa = static_cast<Isa>(state.range(1));
+  // range(1): an Isa through the dispatcher (AMX machines: the VNNI kernels), or kTiles: the AMX tile kernel.
+  constexpr int64_t kTiles = 4;
+  const bool tiles = state.range(1) == kTiles;
+  const auto isa = tiles ? Isa::kAmx : static_cast<Isa>(state.range(1));
   if (!isa_supported(isa)) return state.SkipWithError(("unsupported: " + isa_unsupported_reason(isa)).c_str());
   const int64_t out = state.range(2), in = state.range(3), T = state.range(4);
   Weights m = make_weights(f, out, in);
@@ -164,8 +205,14 @@ void BM_Int8Matmul(benchmark::State& state) {
   std::normal_distribution<float> d(0, 1);
   std::vector<float> x(static_cast<size_t>(T * in)), y(static_cast<size_t>(T * out));
   for (auto& v : x) v = d(rng);
+  QuantizedActs acts;
   for (auto _ : state) {
-    int8_matmul(m.w, x.data(), T, y.data(), isa);
+    if (tiles) {
+      quantize_activations(x.data(), T, in, acts);
+      int8_matmul_amx_tiles(m.w, acts, y.data());
+    } else {
+      int8_matmul(m.w, x.data(), T, y.data(), isa);
+    }
     benchmark::ClobberMemory();
   }
   const double ops = 2.0 * static_cast<double>(out * in * T);
@@ -175,19 +222,19 @@ void BM_Int8Matmul(benchmark::State& state) {
   state.counters["GBps"] = benchmark::Counter(bytes * n * 1e-9, benchmark::Counter::kIsRate);
   if (vnni_peak_ops() > 0)
     state.counters["vnni_peak"] = benchmark::Counter(ops * n / vnni_peak_ops(), benchmark::Counter::kIsRate);
-  state.SetLabel(std::string(f == WeightFormat::kW4A8 ? "w4a8" : "mxfp4") + "/" + isa_name(isa));
+  state.SetLabel(std::string(f == WeightFormat::kW4A8 ? "w4a8" : "mxfp4") + "/" + (tiles ? "amx-tiles" : isa_name(isa)));
 }
 
 void shapes(benchmark::internal::Benchmark* b) {
   // (out, in): a k3-bench projection (2048×2048), its expert (1024×1024), a 7168-wide projection.
   const std::vector<std::pair<int64_t, int64_t>> mats = {{2048, 2048}, {1024, 1024}, {4096, 7168}};
   for (int fmt : {0, 1})
-    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni, Isa::kAmx})
+    for (int64_t isa : {0, 1, 2, 3, 4})  // scalar, avx2, avx512vnni, amx (dispatcher), the AMX tile kernel
       for (auto [o, i] : mats)
         for (int64_t T : {1, 8, 128, 512}) {
-          if (isa == Isa::kScalar && T > 8) continue;  // the reference path: decode shapes only
+          if (isa == 0 && T > 8) continue;  // the reference path: decode shapes only
           if (o == 4096 && T == 512) continue;
-          b->Args({fmt, static_cast<int64_t>(isa), o, i, T});
+          b->Args({fmt, isa, o, i, T});
         }
 }
 
@@ -232,7 +279,8 @@ void form_shapes(benchmark::internal::Benchmark* b) {
 void BM_GgufInt8(benchmark::State& state) {
   if (!isa_supported(Isa::kAvx512Vnni)) return state.SkipWithError("unsupported: no AVX-512 VNNI");
   const auto f = state.range(0) == 0 ? WeightFormat::kGgufQ4_0 : state.range(0) == 1 ? WeightFormat::kGgufQ8_0 : WeightFormat::kGgufMxfp4;
-  const bool gemm = state.range(1) == 1, packed = state.range(1) == 2;
+  const bool gemm = state.range(1) == 1, packed = state.range(1) >= 2, amx = state.range(1) == 3;
+  if (amx && !isa_supported(Isa::kAmx)) return state.SkipWithError("unsupported: no AMX");
   if ((f == WeightFormat::kGgufQ4_0 && !packed) || (f == WeightFormat::kGgufQ8_0 && packed))
     return state.SkipWithError("Q4_0 runs on path 2 (the packed kernel) only, Q8_0 on paths 0 and 1");
   const int64_t out = state.range(2), in = state.range(3), T = state.range(4), bb = gguf_block_bytes(f);
@@ -254,7 +302,8 @@ void BM_GgufInt8(benchmark::State& state) {
   for (auto _ : state) {
     q8_acts_prepare(a, T, in, packed, gemm && f == WeightFormat::kGgufQ8_0, gemm && f == WeightFormat::kGgufMxfp4);
     q8_acts_fill(x.data(), 0, T, a);
-    if (packed) q4_x16_rows_avx512(w, a, nullptr, T, y.data(), out, 0, out);
+    if (amx) q4_x16_rows_amx(w, a, nullptr, T, y.data(), out, 0, out);
+    else if (packed) q4_x16_rows_avx512(w, a, nullptr, T, y.data(), out, 0, out);
     else if (gemm) gguf_int8_gemm_rows(w, a, y.data(), out, 0, out);
     else gguf_int8_rows_avx512(w, a, y.data(), out, 0, out);
     benchmark::ClobberMemory();
@@ -263,8 +312,10 @@ void BM_GgufInt8(benchmark::State& state) {
   state.counters["TOPS"] = benchmark::Counter(ops * n * 1e-12, benchmark::Counter::kIsRate);
   if (vnni_peak_ops() > 0)
     state.counters["vnni_peak"] = benchmark::Counter(ops * n / vnni_peak_ops(), benchmark::Counter::kIsRate);
+  if (amx && amx_peak_ops() > 0)
+    state.counters["amx_peak"] = benchmark::Counter(ops * n / amx_peak_ops(), benchmark::Counter::kIsRate);
   state.SetLabel(std::string(f == WeightFormat::kGgufQ4_0 ? "q4_0" : f == WeightFormat::kGgufQ8_0 ? "q8_0" : "mxfp4") +
-                 (packed ? "/packed" : gemm ? "/gemm" : "/small-T"));
+                 (amx ? "/packed-amx" : packed ? "/packed" : gemm ? "/gemm" : "/small-T"));
 }
 
 void gguf_shapes(benchmark::internal::Benchmark* b) {
@@ -273,17 +324,18 @@ void gguf_shapes(benchmark::internal::Benchmark* b) {
   for (int fmt : {0, 1, 2})
     for (auto [o, i] : mats)
       for (int64_t T : {8, 16, 32, 128, 512})
-        for (int path : {0, 1, 2})
-          if ((path == 2) == (fmt == 0)) b->Args({fmt, path, o, i, T});  // Q4_0: packed only
+        for (int path : {0, 1, 2, 3})
+          if ((path >= 2) == (fmt == 0) || (path == 3 && fmt == 2)) b->Args({fmt, path, o, i, T});  // Q4_0: packed only
   // gpt-oss-20b's expert width (2880 × 2880): MXFP4 in place (small-T, GEMM) against its packed rows, decode
   // (T = 1, 4: routed experts see few tokens) to prefill.
   for (int64_t T : {1, 4, 64, 512})
-    for (int path : {0, 1, 2}) b->Args({2, path, 2880, 2880, T});
+    for (int path : {0, 1, 2, 3}) b->Args({2, path, 2880, 2880, T});
 }
 
 }  // namespace
 
 BENCHMARK(BM_VnniPeak)->Iterations(1);
+BENCHMARK(BM_AmxPeak)->Iterations(1);
 BENCHMARK(BM_Int8Peak)->Iterations(1);
 BENCHMARK(BM_Int8Matmul)->Apply(shapes)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Int8Form)->Apply(form_shapes)->Unit(benchmark::kMillisecond);

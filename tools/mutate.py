@@ -200,6 +200,20 @@ MUTATIONS["q4_x16_compensation_dropped"] = (
     "      __m512i s = _mm512_set1_epi32(0 * C[t][4 * b]);",
     "GgufQ4x16",
     "the AVX-512 packed Q4_0 kernel forgets the −8·Σq of each block (codes used as 0..15, not −8..7)")
+NEEDS_CPU_FLAG["q4_x16_amx_codes_unsigned"] = "avx512_vnni"
+MUTATIONS["q4_x16_amx_codes_unsigned"] = (
+    "src/kernels/cpu/gguf_q4_x16_amx.cpp",
+    "    return _mm512_sub_epi8(nibbles, _mm512_set1_epi8(8));",
+    "    return nibbles;",
+    "GgufQ4x16",
+    "the AMX tile form feeds Q4_0 nibbles 0..15 to tdpbssd, not the weights −8..7")
+NEEDS_CPU_FLAG["q4_x16_amx_odd_block_scale"] = "avx512_vnni"
+MUTATIONS["q4_x16_amx_odd_block_scale"] = (
+    "src/kernels/cpu/gguf_q4_x16_amx.cpp",
+    "    accumulate(sc.c[1], row_scales<F>(g + (b + 1) * kQ4x16BlockBytes), d, b + 1, acc);",
+    "    accumulate(sc.c[1], row_scales<F>(g + (b + 1) * kQ4x16BlockBytes), d, b, acc);",
+    "GgufQ4x16",
+    "the AMX tile form scales the second block of each pair with the first block's d_x")
 NEEDS_CPU_FLAG["q4_x16_avx2_scale_unfused"] = "avx2"
 MUTATIONS["q4_x16_avx2_scale_unfused"] = (
     "src/kernels/cpu/gguf_q4_x16_avx2.cpp",

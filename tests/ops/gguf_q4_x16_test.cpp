@@ -185,11 +185,14 @@ void PrintTo(const Shape& s, std::ostream* os) { *os << name(s.f) << " " << s.ou
 class GgufQ4x16Kernel : public ::testing::TestWithParam<Shape> {
  protected:
   // Every T in 1..20, 33, 64, 65, 70: the kernel over all tokens, rows cut at odd places, equals the lane model.
-  void equals_model_at_every_t(RowsFn fn) {
+  // `more`: further T values for the kernel.
+  void equals_model_at_every_t(RowsFn fn, std::vector<int64_t> more = {}) {
     const auto [f, out, in] = GetParam();
     std::mt19937 rng(static_cast<unsigned>(out * 131 + in));
     Packed p(f, out, in, rng);
-    for (int64_t T : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 33, 64, 65, 70}) {
+    std::vector<int64_t> Ts = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 33, 64, 65, 70};
+    Ts.insert(Ts.end(), more.begin(), more.end());
+    for (int64_t T : Ts) {
       const std::vector<float> x = random_x(T, in, rng);
       Q8Acts a;
       prepare(a, x, T, in);
@@ -251,6 +254,28 @@ TEST_P(GgufQ4x16Kernel, Avx2PickedTokensKeepTheirBits) {
   picked_tokens_keep_their_bits(q4_x16_rows_avx2);
 }
 
+// The AMX tile form, on the tile unit where the CPU has one and through the emulated unit everywhere (its
+// float step is AVX-512): every T above, plus passes of 128 tokens and their tails.
+TEST_P(GgufQ4x16Kernel, AmxEqualsTheLaneModelAtEveryT) {
+  if (!isa_supported(Isa::kAmx)) GTEST_SKIP() << "AMX: " << isa_unsupported_reason(Isa::kAmx);
+  equals_model_at_every_t(q4_x16_rows_amx, {128, 129, 160, 300});
+}
+
+TEST_P(GgufQ4x16Kernel, AmxPickedTokensKeepTheirBits) {
+  if (!isa_supported(Isa::kAmx)) GTEST_SKIP() << "AMX: " << isa_unsupported_reason(Isa::kAmx);
+  picked_tokens_keep_their_bits(q4_x16_rows_amx);
+}
+
+TEST_P(GgufQ4x16Kernel, AmxEmulatedEqualsTheLaneModelAtEveryT) {
+  if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI: " << isa_unsupported_reason(Isa::kAvx512Vnni);
+  equals_model_at_every_t(q4_x16_rows_amx_emulated, {129});
+}
+
+TEST_P(GgufQ4x16Kernel, AmxEmulatedPickedTokensKeepTheirBits) {
+  if (!isa_supported(Isa::kAvx512Vnni)) GTEST_SKIP() << "AVX-512 VNNI: " << isa_unsupported_reason(Isa::kAvx512Vnni);
+  picked_tokens_keep_their_bits(q4_x16_rows_amx_emulated);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, GgufQ4x16Kernel,
                          ::testing::Values(Shape{kQ4_0, 16, 32}, Shape{kQ4_0, 37, 288}, Shape{kQ4_0, 64, 512},
                                            Shape{kQ4_0, 7, 128}, Shape{kQ4_0, 48, 2304}, Shape{kMxfp4, 16, 32},
@@ -283,14 +308,15 @@ TEST(GgufX16, MxfpScalesDecodeLikeTheReference) {
     std::vector<float> want(static_cast<size_t>(T * out));
     q4_x16_rows_model(p.w, a, nullptr, T, want.data(), out, 0, out);
     for (const float v : want) ASSERT_TRUE(std::isfinite(v));
-    for (RowsFn fn : {q4_x16_rows_avx512, q4_x16_rows_avx2}) {
-      if (fn == q4_x16_rows_avx512 && !isa_supported(Isa::kAvx512Vnni)) continue;
+    for (RowsFn fn : {q4_x16_rows_avx512, q4_x16_rows_avx2, q4_x16_rows_amx, q4_x16_rows_amx_emulated}) {
+      if ((fn == q4_x16_rows_avx512 || fn == q4_x16_rows_amx_emulated) && !isa_supported(Isa::kAvx512Vnni)) continue;
       if (fn == q4_x16_rows_avx2 && !isa_supported(Isa::kAvx2)) continue;
+      if (fn == q4_x16_rows_amx && !isa_supported(Isa::kAmx)) continue;
       for (const int64_t n : {T, int64_t{1}}) {  // the AVX2 kernel's one-token form too
         std::vector<float> got(static_cast<size_t>(n * out), -1.0f);
         fn(p.w, a, nullptr, n, got.data(), out, 0, out);
         for (size_t i = 0; i < got.size(); ++i)
-          ASSERT_EQ(got[i], want[i]) << (fn == q4_x16_rows_avx2 ? "avx2" : "avx512") << " x scale " << c.x_scale << " n "
+          ASSERT_EQ(got[i], want[i]) << (fn == q4_x16_rows_avx2 ? "avx2" : fn == q4_x16_rows_avx512 ? "avx512" : "amx") << " x scale " << c.x_scale << " n "
                                      << n << " t " << i / out << " r " << i % out;
       }
     }

@@ -168,12 +168,14 @@ std::vector<float> random_x(int64_t T, int64_t in, uint32_t seed) {
 }
 
 // A path: a supported ISA through the dispatcher, or the emulated AMX kernel.
-enum class Path { kAvx2, kAvx512Vnni, kAmx, kAmxEmulated };
+// kAmx: the dispatcher on an AMX machine (it runs the VNNI kernels); kAmxTiles: the tile kernel on the hardware.
+enum class Path { kAvx2, kAvx512Vnni, kAmx, kAmxTiles, kAmxEmulated };
 std::string path_name(Path p) {
   switch (p) {
     case Path::kAvx2: return "avx2";
     case Path::kAvx512Vnni: return "avx512vnni";
     case Path::kAmx: return "amx";
+    case Path::kAmxTiles: return "amx_tiles";
     case Path::kAmxEmulated: return "amx_emulated";
   }
   return "?";
@@ -181,10 +183,10 @@ std::string path_name(Path p) {
 
 // Runs `p` with the dispatcher forced onto it (the public int8_matmul entry, as the model calls it).
 void run_path(Path p, const WeightMatrix& w, const float* x, int64_t T, float* y) {
-  if (p == Path::kAmxEmulated) {
+  if (p == Path::kAmxEmulated || p == Path::kAmxTiles) {
     QuantizedActs a;
     quantize_activations(x, T, w.in, a);
-    return int8_matmul_amx_emulated(w, a, y);
+    return p == Path::kAmxTiles ? int8_matmul_amx_tiles(w, a, y) : int8_matmul_amx_emulated(w, a, y);
   }
   const Isa isa = p == Path::kAvx2 ? Isa::kAvx2 : p == Path::kAvx512Vnni ? Isa::kAvx512Vnni : Isa::kAmx;
   set_isa_override(isa);
@@ -202,7 +204,7 @@ class Int8Paths : public ::testing::TestWithParam<std::tuple<Path, Case>> {
  protected:
   void SetUp() override {
     const Path p = std::get<0>(GetParam());
-    const Isa isa = p == Path::kAvx2 ? Isa::kAvx2 : p == Path::kAvx512Vnni ? Isa::kAvx512Vnni : Isa::kAmx;
+    const Isa isa = p == Path::kAvx2 ? Isa::kAvx2 : p == Path::kAvx512Vnni ? Isa::kAvx512Vnni : Isa::kAmx;  // kAmxTiles: AMX
     if (p != Path::kAmxEmulated && !isa_supported(isa))
       GTEST_SKIP() << path_name(p) << " path not run on this machine: " << isa_unsupported_reason(isa);
   }
@@ -260,7 +262,7 @@ TEST_P(Int8Paths, GeneralScalesWithinReassociationTolerance) {
 
 INSTANTIATE_TEST_SUITE_P(
     All, Int8Paths,
-    ::testing::Combine(::testing::Values(Path::kAvx2, Path::kAvx512Vnni, Path::kAmx, Path::kAmxEmulated),
+    ::testing::Combine(::testing::Values(Path::kAvx2, Path::kAvx512Vnni, Path::kAmx, Path::kAmxTiles, Path::kAmxEmulated),
                        ::testing::Values(Case{WeightFormat::kW4A8, 32}, Case{WeightFormat::kW4A8, 64},
                                          Case{WeightFormat::kW4A8, 128}, Case{WeightFormat::kMxfp4, 32})),
     [](const auto& info) {
@@ -268,6 +270,32 @@ INSTANTIATE_TEST_SUITE_P(
       return path_name(std::get<0>(info.param)) + "_" +
              (c.f == WeightFormat::kW4A8 ? "w4a8_g" + std::to_string(c.G) : std::string("mxfp4"));
     });
+
+// On an AMX machine the dispatcher runs the AVX-512 VNNI kernels (small-T and GEMM form), not the tile kernel:
+// a token's bits are the VNNI kernels' at every T, where the tile kernel's fp32 order would differ.
+TEST(Int8Dispatch, AmxMachinesRunTheVnniKernels) {
+  if (!isa_supported(Isa::kAmx)) GTEST_SKIP() << "AMX: " << isa_unsupported_reason(Isa::kAmx);
+  size_t differ = 0;  // outputs where the tile kernel's bits differ from the VNNI kernels'
+  // W4A8 with bf16 group scales (MXFP4's E8M0 scales are powers of two: both orders are exact there).
+  for (const Case c : {Case{WeightFormat::kW4A8, 32}, Case{WeightFormat::kW4A8, 64}}) {
+    const int64_t out = 40, in = 512;
+    Mat m = random_matrix(c.f, out, in, c.G, /*exact=*/false, 21);
+    for (int64_t T : {int64_t{1}, kInt8GemmMinTokens + 24}) {
+      const auto x = random_x(T, in, 22);
+      std::vector<float> vnni(static_cast<size_t>(T * out)), amx(vnni.size()), tiles(vnni.size());
+      int8_matmul(m.w, x.data(), T, vnni.data(), Isa::kAvx512Vnni);
+      int8_matmul(m.w, x.data(), T, amx.data(), Isa::kAmx);
+      QuantizedActs a;
+      quantize_activations(x.data(), T, in, a);
+      int8_matmul_amx_tiles(m.w, a, tiles.data());
+      for (size_t i = 0; i < vnni.size(); ++i) {
+        ASSERT_EQ(amx[i], vnni[i]) << "T " << T << " i " << i;
+        differ += tiles[i] != vnni[i];
+      }
+    }
+  }
+  EXPECT_GT(differ, 0u) << "the tile kernel's fp32 order should differ somewhere (else this test proves nothing)";
+}
 
 // E8M0 edge codes: 0 and 1 (subnormal scales), 254 and 255 (NaN) behave as in the scalar path, in
 // every kind of chunk: inside a 4-chunk scale group, a lone chunk after the groups, the tail.

@@ -183,6 +183,8 @@ void gguf_int8_product(const WeightMatrix& w, const Q8Acts& a, float* y, int64_t
 void gguf_int8_product_at(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
                           int64_t r0, int64_t r1) {
   if (gguf_int8_runs_packed(w)) {  // one kernel at every T (gguf_q4_x16.h)
+    // AMX: the tile form from kQ4x16AmxMinTokens tokens (same bits as the AVX-512 kernel at any T).
+    if (active_isa() == Isa::kAmx && n >= kQ4x16AmxMinTokens) return q4_x16_rows_amx(w, a, tok, n, y, ldy, r0, r1);
     if (wide_isa()) return q4_x16_rows_avx512(w, a, tok, n, y, ldy, r0, r1);
     KCHECK(avx2_kernel_runs(), "gguf_int8: no int8 kernel for this CPU (needs AVX-512 VNNI or AVX2 + FMA + F16C)");
     return q4_x16_rows_avx2(w, a, tok, n, y, ldy, r0, r1);

@@ -9,8 +9,8 @@
 // (the scale product rounded to fp32, one fused multiply-add per block, blocks in order), with d_w the
 // block's fp16 scale (Q4_0) or 2^(e−128) (MXFP4, gguf_e8m0_half). Every packed int8 path (AVX-512 VNNI,
 // AVX2, any T, any row range, tokens picked by index) computes exactly this, so each token's bits depend
-// on nothing else (batch invariance). q4_x16_rows_model is the same in plain C++, read from the ggml
-// rows, not from the packed copy.
+// on nothing else (batch invariance); the AMX tile form too (its block sums are exact). q4_x16_rows_model
+// is the same in plain C++, read from the ggml rows, not from the packed copy.
 //
 // Packed layout: group g = rows 16g .. 16g+15 (rows past `out` are zero: zero codes, zero scale bytes; an
 // MXFP4 zero code is the value 0, so such a row sums to 0 either way); per group, the nb = in/32 blocks in
@@ -74,6 +74,14 @@ void q4_x16_rows_avx512(const WeightMatrix& w, const Q8Acts& a, const int32_t* t
                         int64_t r0, int64_t r1);
 void q4_x16_rows_avx2(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
                       int64_t r0, int64_t r1);
+// The AMX-INT8 form (gguf_q4_x16_amx.cpp): the same bits from the tile unit, for many tokens (callers check
+// isa_supported(Isa::kAmx) and take it from kQ4x16AmxMinTokens tokens). The _emulated twin runs the same
+// tile sequence in C++ (tests; needs AVX-512 VNNI for its float step).
+inline constexpr int64_t kQ4x16AmxMinTokens = 16;
+void q4_x16_rows_amx(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
+                     int64_t r0, int64_t r1);
+void q4_x16_rows_amx_emulated(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y,
+                              int64_t ldy, int64_t r0, int64_t r1);
 // The lane model in scalar C++ from w.data (the ggml rows; tests compare the kernels with it bit for bit).
 void q4_x16_rows_model(const WeightMatrix& w, const Q8Acts& a, const int32_t* tok, int64_t n, float* y, int64_t ldy,
                        int64_t r0, int64_t r1);

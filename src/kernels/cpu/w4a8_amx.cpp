@@ -8,104 +8,24 @@
 // group: tilezero C, tdpbusd over the group's steps, tilestored C, and in fp32
 // acc += (C − c·Σ_group x) · scale — the scalar path's exact expression and order.
 //
-// GCC 12 hazard (docs/model-math.md §9.1): its _tile_loadconfig declares an 8-byte
-// memory read, so the stores filling the 64-byte config are dead-store-eliminated and tiles stay
-// unconfigured (#UD). We do not use GCC's tile intrinsics at all: every tile instruction is our own
-// asm. ldtilecfg takes the whole 64-byte struct as its "m" operand (the compiler must materialise
-// all of it), and tileloadd / tilestored carry a "memory" clobber (GCC's versions pass only the
-// pointer in a register, so stores to the buffers they read are not ordered before them).
-// The disassembly check is recorded in docs/PERFORMANCE.md.
-//
-// The tile unit is a template parameter: HwTiles runs the instructions; EmuTiles executes the same
-// sequence in C++ (Intel SDM semantics) so tests check this kernel's layout on CPUs without AMX.
+// The tile unit (amx_tiles.h) is a template parameter: HwTiles runs the instructions; EmuTiles executes the same
+// sequence in C++ so tests check this kernel's layout on CPUs without AMX.
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/w4a8_kernels.h"
 #include "tensor/dtype.h"
 
 namespace kestrel::kernels {
 namespace {
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 0;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-static_assert(sizeof(TileConfig) == 64);
-
 constexpr int kStepK = 32;  // elements (bytes of A) per tdpbusd
 
-TileConfig make_config() {
-  TileConfig c;
-  c.palette_id = 1;
-  c.rows[0] = 16, c.colsb[0] = 64;           // C: 16 rows × 16 int32
-  c.rows[1] = 16, c.colsb[1] = kStepK;       // A: 16 rows × 32 u8
-  c.rows[2] = kStepK / 4, c.colsb[2] = 64;   // B: 8 rows × 16 tokens × 4 s8
-  return c;
-}
-
-struct HwTiles {
-  __attribute__((target("amx-tile"))) static void config(const TileConfig& c) {
-    __asm__ volatile("ldtilecfg %0" ::"m"(c));
-  }
-  __attribute__((target("amx-tile"))) static void zero_c() { __asm__ volatile("tilezero %%tmm0" ::: "memory"); }
-  __attribute__((target("amx-tile"))) static void load_a(const void* p, int64_t stride) {
-    __asm__ volatile("tileloadd (%0,%1,1), %%tmm1" ::"r"(p), "r"(stride) : "memory");
-  }
-  __attribute__((target("amx-tile"))) static void load_b(const void* p, int64_t stride) {
-    __asm__ volatile("tileloadd (%0,%1,1), %%tmm2" ::"r"(p), "r"(stride) : "memory");
-  }
-  __attribute__((target("amx-tile,amx-int8"))) static void dot() {
-    __asm__ volatile("tdpbusd %%tmm2, %%tmm1, %%tmm0" ::: "memory");  // tmm0 += u8(tmm1) · s8(tmm2)
-  }
-  __attribute__((target("amx-tile"))) static void store_c(void* p, int64_t stride) {
-    __asm__ volatile("tilestored %%tmm0, (%0,%1,1)" ::"r"(p), "r"(stride) : "memory");
-  }
-  __attribute__((target("amx-tile"))) static void release() { __asm__ volatile("tilerelease" ::: "memory"); }
-};
-
-// C++ model of the three tile registers, following the SDM pseudocode for TDPBUSD.
-struct EmuTiles {
-  struct State {
-    TileConfig cfg;
-    uint8_t t[3][16][64];
-  };
-  static State& s() {
-    thread_local State st;
-    return st;
-  }
-  static void config(const TileConfig& c) { s().cfg = c, std::memset(s().t, 0, sizeof s().t); }
-  static void zero_c() { std::memset(s().t[0], 0, sizeof s().t[0]); }
-  static void load(int i, const void* p, int64_t stride) {
-    std::memset(s().t[i], 0, sizeof s().t[i]);
-    for (int r = 0; r < s().cfg.rows[i]; ++r)
-      std::memcpy(s().t[i][r], static_cast<const uint8_t*>(p) + r * stride, s().cfg.colsb[i]);
-  }
-  static void load_a(const void* p, int64_t stride) { load(1, p, stride); }
-  static void load_b(const void* p, int64_t stride) { load(2, p, stride); }
-  static void dot() {
-    State& st = s();
-    for (int m = 0; m < st.cfg.rows[0]; ++m)
-      for (int k = 0; k < st.cfg.colsb[1] / 4; ++k)
-        for (int n = 0; n < st.cfg.colsb[0] / 4; ++n) {
-          int32_t c;
-          std::memcpy(&c, &st.t[0][m][4 * n], 4);
-          for (int i = 0; i < 4; ++i)
-            c += static_cast<int32_t>(st.t[1][m][4 * k + i]) * static_cast<int8_t>(st.t[2][k][4 * n + i]);
-          std::memcpy(&st.t[0][m][4 * n], &c, 4);
-        }
-  }
-  static void store_c(void* p, int64_t stride) {
-    for (int r = 0; r < s().cfg.rows[0]; ++r)
-      std::memcpy(static_cast<uint8_t*>(p) + r * stride, s().t[0][r], s().cfg.colsb[0]);
-  }
-  static void release() {}
-};
+// C: 16 rows × 16 int32 (tmm0); A: 16 rows × 32 u8 (tmm1); B: 8 rows × 16 tokens × 4 s8 (tmm2).
+amx::TileConfig make_config() { return amx::TileConfig().tile(0, 16, 64).tile(1, 16, kStepK).tile(2, kStepK / 4, 64); }
 
 // Position of the j-th byte of a 32-element step in natural element order: 16 even, then 16 odd.
 inline int step_element(int j) { return j < 16 ? 2 * j : 2 * (j - 16) + 1; }
@@ -172,13 +92,13 @@ void amx_rows(const Int8GemmTask& t, int64_t r0, int64_t r1) {
     for (int64_t r = 0; r < R; ++r)
       for (int64_t n = 0; n < N; ++n) sc.acc[r][n] = 0;
     for (int64_t g = 0; g < groups; ++g) {
-      Tiles::zero_c();
+      Tiles::template zero<0>();
       for (int64_t s = g * G / kStepK; s < (g + 1) * G / kStepK; ++s) {
-        Tiles::load_a(sc.wu.data() + s * kStepK, in);
-        Tiles::load_b(sc.b.data() + s * 512, 64);
-        Tiles::dot();
+        Tiles::template load<1>(sc.wu.data() + s * kStepK, in);
+        Tiles::template load<2>(sc.b.data() + s * 512, 64);
+        Tiles::template dpbusd<0, 1, 2>();
       }
-      Tiles::store_c(sc.c, 64);
+      Tiles::template store<0>(sc.c, 64);
       for (int64_t r = 0; r < R; ++r)
         for (int64_t n = 0; n < N; ++n) {
           const int32_t v = sc.c[r][n] - static_cast<int32_t>(cmul) * sc.xg[static_cast<size_t>(n * groups + g)];
@@ -195,9 +115,9 @@ void amx_rows(const Int8GemmTask& t, int64_t r0, int64_t r1) {
 
 __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni")))
 void int8_rows_amx(const Int8GemmTask& t, int64_t r0, int64_t r1) {
-  amx_rows<HwTiles>(t, r0, r1);
+  amx_rows<amx::HwTiles>(t, r0, r1);
 }
 
-void int8_rows_amx_emulated(const Int8GemmTask& t, int64_t r0, int64_t r1) { amx_rows<EmuTiles>(t, r0, r1); }
+void int8_rows_amx_emulated(const Int8GemmTask& t, int64_t r0, int64_t r1) { amx_rows<amx::EmuTiles>(t, r0, r1); }
 
 }  // namespace kestrel::kernels

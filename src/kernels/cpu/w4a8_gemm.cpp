@@ -32,19 +32,25 @@ Int8GemmTask make_task(const WeightMatrix& w, const QuantizedActs& a, float* y, 
   return t;
 }
 
+// The kernels an ISA runs. AMX machines run the AVX-512 VNNI ones: the tile kernel (int8_rows_amx) sums whole
+// scale groups before its fp32 step, the VNNI kernels 8-element words, so a tile form for prefill beside the
+// VNNI small-T kernel would give a token other bits in a larger batch; and the tile kernel alone is slow at
+// decode (a 16-token tile for one token, the rows unpacked on every call; docs/PERFORMANCE.md).
+Isa kernel_isa(Isa isa) { return isa == Isa::kAmx ? Isa::kAvx512Vnni : isa; }
+
 RowsFn rows_fn(Isa isa) {
-  switch (isa) {
+  switch (kernel_isa(isa)) {
     case Isa::kScalar: return int8_rows_scalar;
     case Isa::kAvx2: return int8_rows_avx2;
     case Isa::kAvx512Vnni: return int8_rows_avx512;
-    case Isa::kAmx: return int8_rows_amx;
+    case Isa::kAmx: break;
   }
   return int8_rows_scalar;
 }
 
 // The AVX-512 VNNI GEMM form when `form` asks for it (kAuto: from kInt8GemmMinTokens tokens, in % 128 == 0).
 bool use_gemm(const Int8GemmTask& t, Isa isa, Int8Form form) {
-  if (isa != Isa::kAvx512Vnni || form == Int8Form::kSmallT) return false;
+  if (kernel_isa(isa) != Isa::kAvx512Vnni || form == Int8Form::kSmallT) return false;
   if (form == Int8Form::kGemm) {
     KCHECK(t.in % 128 == 0, "int8_matmul: the GEMM form needs in % 128 == 0");
     return true;
@@ -78,7 +84,12 @@ void int8_matmul_rows(const WeightMatrix& w, const QuantizedActs& a, float* y, i
   const Int8GemmTask t = make_task(w, a, y, ldy);
   if (use_gemm(t, active_isa(), form)) return int8_gemm_rows_avx512(t, r0, r1);
   const RowsFn fn = rows_fn(active_isa());
-  for (int64_t r = r0; r < r1; r += kRowBlock) fn(t, r, std::min(r1, r + kRowBlock));  // AMX: ≤ 16 rows per call
+  for (int64_t r = r0; r < r1; r += kRowBlock) fn(t, r, std::min(r1, r + kRowBlock));
+}
+
+void int8_matmul_amx_tiles(const WeightMatrix& w, const QuantizedActs& a, float* y) {
+  KCHECK(isa_supported(Isa::kAmx), "int8_matmul_amx_tiles: " + isa_unsupported_reason(Isa::kAmx));
+  run_rows(make_task(w, a, y), int8_rows_amx);
 }
 
 void int8_matmul_amx_emulated(const WeightMatrix& w, const QuantizedActs& a, float* y) {

@@ -3,7 +3,8 @@
 //   kW4A8 weights: this path (linear.cpp's matmul forwards here) unless weight-only mode is on.
 //   kMxfp4 weights: opt-in fast mode (set_mxfp4_int8(true) or KESTREL_MXFP4_INT8=1); E2M1 values
 //   are small integers after ×2, so the weight side stays exact and only x is quantized.
-// The ISA path comes from active_isa() (w4a8_isa.h) unless given. Work is split across OpenMP
+// The ISA path comes from active_isa() (w4a8_isa.h) unless given; AMX machines run the AVX-512 VNNI
+// kernels (int8_matmul_amx_tiles below says why). Work is split across OpenMP
 // threads in blocks of 16 output rows (64 for the prefill GEMM form).
 // On AVX-512 VNNI, from kInt8GemmMinTokens tokens on and with in % 128 == 0, the prefill GEMM form
 // runs (w4a8_prefill_avx512.cpp: weights unpacked once per stripe of rows, then multiplied against
@@ -34,7 +35,10 @@ void int8_matmul_rows(const WeightMatrix& w, const QuantizedActs& a, float* y, i
                       Int8Form form = Int8Form::kAuto);
 // On activations already quantized (tests, benchmarks). Panics on an unsupported ISA.
 void int8_matmul_quantized(const WeightMatrix& w, const QuantizedActs& a, float* y, Isa isa, Int8Form form = Int8Form::kAuto);
-// Test hook: the AMX kernel with its tile instructions emulated in C++ (runs on any CPU).
+// The AMX tile kernel (int8_rows_amx: the scalar path's fp32 order), for tests and benchmarks: the dispatcher
+// runs the AVX-512 VNNI kernels on AMX machines (w4a8_gemm.cpp, kernel_isa). Panics without AMX.
+void int8_matmul_amx_tiles(const WeightMatrix& w, const QuantizedActs& a, float* y);
+// Test hook: the same kernel with its tile instructions emulated in C++ (runs on any CPU).
 void int8_matmul_amx_emulated(const WeightMatrix& w, const QuantizedActs& a, float* y);
 
 bool mxfp4_int8_enabled();

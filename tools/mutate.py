@@ -210,10 +210,10 @@ MUTATIONS["q4_x16_amx_codes_unsigned"] = (
 NEEDS_CPU_FLAG["q4_x16_amx_odd_block_scale"] = "avx512_vnni"
 MUTATIONS["q4_x16_amx_odd_block_scale"] = (
     "src/kernels/cpu/gguf_q4_x16_amx.cpp",
-    "    accumulate(sc.c[1], row_scales<F>(g + (b + 1) * kQ4x16BlockBytes), d, b + 1, acc);",
-    "    accumulate(sc.c[1], row_scales<F>(g + (b + 1) * kQ4x16BlockBytes), d, b, acc);",
+    "  const float* dx = t.d + b * 16;",
+    "  const float* dx = t.d + (b & ~int64_t{1}) * 16;",
     "GgufQ4x16",
-    "the AMX tile form scales the second block of each pair with the first block's d_x")
+    "the AMX tile form scales each odd block with the even block's d_x before it")
 NEEDS_CPU_FLAG["q4_x16_avx2_scale_unfused"] = "avx2"
 MUTATIONS["q4_x16_avx2_scale_unfused"] = (
     "src/kernels/cpu/gguf_q4_x16_avx2.cpp",

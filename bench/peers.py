@@ -5,7 +5,8 @@ cache directory outside the repository (default ~/.cache/kestrel-peers, or $KEST
                   from the unpacked package against the library built here)
     ik_llama.cpp  the ik_llama.cpp tree vendored in ik-llama-cpp-python's source package
 
-Each is built once with CMake (Release, -march=native, shared libraries) for the targets the benchmarks run:
+Each is built once with CMake (Release, -march=native, shared libraries; llama.cpp on an AMX CPU with GCC < 13 without
+its AMX code, which that compiler miscompiles: cmake_flags) for the targets the benchmarks run:
 libllama, llama-bench, llama-server, llama-quantize. A finished build leaves a stamp naming the source package's
 SHA-256; a build that stopped half way is redone. The Python side (llama.cpp's converter needs torch and
 transformers; the bindings need jinja2 and diskcache) lives in a virtual environment in the same directory,
@@ -34,6 +35,49 @@ PEERS = {
 TARGETS = ["llama", "llama-bench", "llama-server", "llama-quantize"]
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_CURL=OFF",
                "-DLLAMA_BUILD_TESTS=OFF"]
+
+
+# ggml's x86 ISA options and the /proc/cpuinfo flags that stand for them (used where -march=native must not be).
+GGML_ISA_FLAGS = [("GGML_SSE42", "sse4_2"), ("GGML_F16C", "f16c"), ("GGML_FMA", "fma"), ("GGML_BMI2", "bmi2"),
+                  ("GGML_AVX", "avx"), ("GGML_AVX2", "avx2"), ("GGML_AVX_VNNI", "avx_vnni"), ("GGML_AVX512", "avx512bw"),
+                  ("GGML_AVX512_VBMI", "avx512vbmi"), ("GGML_AVX512_VNNI", "avx512_vnni"),
+                  ("GGML_AVX512_BF16", "avx512_bf16")]
+
+
+def cpu_flags():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def gcc_major():
+    """The major version of the C++ compiler CMake will pick (c++), if it is GCC; else None."""
+    try:
+        out = subprocess.run(["c++", "--version"], capture_output=True, text=True).stdout
+        if "clang" in out.lower():
+            return None
+        return int(subprocess.run(["c++", "-dumpversion"], capture_output=True, text=True).stdout.split(".")[0])
+    except (OSError, ValueError):
+        return None
+
+
+def cmake_flags(name):
+    """CMAKE_FLAGS, except for llama.cpp on an AMX CPU with GCC < 13: its AMX matmul (ggml-cpu/amx/mmq.cpp) loads
+    its tile configuration through GCC 12's `_tile_loadconfig`, whose asm declares an 8-byte read, so the compiler
+    drops the stores that fill the 64-byte config and `ldtilecfg` faults (docs/model-math.md §9.1). There the
+    build names the host's ISA options one by one instead of -march=native, without AMX."""
+    flags = list(CMAKE_FLAGS)
+    host = cpu_flags()
+    major = gcc_major()
+    if name == "llama.cpp" and "amx_int8" in host and major is not None and major < 13:
+        flags.remove("-DGGML_NATIVE=ON")
+        flags += ["-DGGML_NATIVE=OFF"] + [f"-D{opt}={'ON' if cpu in host else 'OFF'}" for opt, cpu in GGML_ISA_FLAGS]
+        flags += ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+    return flags
 
 
 def log(msg):
@@ -124,12 +168,13 @@ def ensure(name, peers_dir=None, jobs=2):
     build = os.path.join(root, "build")
     bin_dir = os.path.join(build, "bin")
     stamp = os.path.join(build, "kestrel-peer.json")
-    want = {"package": package, "version": version, "sdist_sha256": digest, "cmake": CMAKE_FLAGS, "targets": TARGETS}
+    flags = cmake_flags(name)
+    want = {"package": package, "version": version, "sdist_sha256": digest, "cmake": flags, "targets": TARGETS}
     if not (os.path.exists(stamp) and json.load(open(stamp)) == want):
         if os.path.exists(stamp):
             os.remove(stamp)
         _write_build_info(src, package, version)
-        run(["cmake", "-S", src, "-B", build, *CMAKE_FLAGS], stdout=subprocess.DEVNULL)
+        run(["cmake", "-S", src, "-B", build, *flags], stdout=subprocess.DEVNULL)
         run(["cmake", "--build", build, "-j", str(jobs), "--target", *TARGETS], stdout=subprocess.DEVNULL)
         with open(stamp, "w") as f:
             json.dump(want, f)

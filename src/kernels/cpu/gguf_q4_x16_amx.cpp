@@ -2,16 +2,17 @@
 // from the tile unit. The lane model needs, per (row, token, block), the exact int32 block sum
 // isum = Σ_j w_j · q_j, then fma(float(isum), d_w · d_x, acc) in block order. One `tdpbssd` with K = 32
 // (one block) gives those sums for 16 tokens × 16 rows at once:
-//   A (tmm2/3): 16 tokens × the block's 32 activation bytes, read in place with the token stride;
+//   A (tmm2/3): 16 tokens × the block's 32 activation bytes, from the pass's copy of the tokens' rows (tokens
+//               picked by index are gathered there; zero rows pad the last tile);
 //   B (tmm4/5): the block's 16 rows as signed bytes in the tile unit's 4-byte-group layout, which is
 //               exactly the packed layout's units split into nibbles: B row u = the low nibbles of unit u,
 //               row 4 + u its high nibbles (Q4_0: nibble − 8; MXFP4: 2·E2M1 from a byte shuffle);
-//   C (tmm0/1): C[token][row] = isum.
+//   C (tmm0/1/6/7): C[token][row] = isum.
 // Each C row is then one zmm (16 rows of one token), and the float step is the AVX-512 kernel's own:
 // convert, d_w · d_x, FMA. Sums are exact and the float ops are the same ops in the same order, so every
 // token gets the lane model's bits at any T and any row split (tested against q4_x16_rows_model).
 // A row group's B tiles are unpacked once per pass of up to kPass tokens. Per 16-token tile the blocks are
-// software-pipelined: block b + 1's product is issued, block b's C stored, and block b − 1's C (stored a
+// software-pipelined: block b + 2's product is issued, block b's C stored, and block b − 1's C (stored a
 // turn earlier) converted, so the tile unit, the tile stores and the vector unit overlap; the C register
 // rotates over four tiles so no tile is rewritten while its store is in flight. The per-block float step
 // bounds this form: 16 conversions, products and FMAs per 16 × 16 × 32 tile product.
@@ -32,6 +33,7 @@
 #include "base/check.h"
 #include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/gguf_q4_x16.h"
+#include "kernels/cpu/gguf_q4_x16_avx512_scales.h"
 #include "kernels/cpu/linear_gguf.h"
 
 #define KESTREL_AMX_X16 \
@@ -55,19 +57,6 @@ amx::TileConfig tile_config() {
   return c;
 }
 
-// The 16 rows' d_w of a packed block (as q4_x16_rows_avx512 builds them).
-template <WeightFormat F>
-KESTREL_AMX_X16 inline __m512 row_scales(const uint8_t* p) {
-  if constexpr (F == WeightFormat::kGgufQ4_0) {
-    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
-  } else {
-    const __m512i e = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
-    const __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
-    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, sub));
-  }
-}
-
 // Nibbles 0..15 as signed weight bytes: Q4_0 nibble − 8, MXFP4 2·E2M1.
 template <WeightFormat F>
 KESTREL_AMX_X16 inline __m512i signed_codes(__m512i nibbles) {
@@ -85,7 +74,7 @@ template <WeightFormat F>
 KESTREL_AMX_X16 void unpack_group(const uint8_t* g, int64_t nb, int8_t* dst, float* dw) {
   const __m512i nib = _mm512_set1_epi8(15);
   for (int64_t b = 0; b < nb; ++b) {
-    _mm512_store_ps(dw + b * 16, row_scales<F>(g + b * kQ4x16BlockBytes));
+    _mm512_store_ps(dw + b * 16, x16::row_scales<F>(g + b * kQ4x16BlockBytes));
     const uint8_t* p = g + b * kQ4x16BlockBytes + 32;
     int8_t* d = dst + b * kBBytes;
     for (int u = 0; u < 4; ++u) {

@@ -16,6 +16,7 @@
 
 #include "base/check.h"
 #include "kernels/cpu/gguf_q4_x16.h"
+#include "kernels/cpu/gguf_q4_x16_avx512_scales.h"
 
 #define KESTREL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,fma,f16c")))
 
@@ -31,20 +32,6 @@ KESTREL_AVX512 inline __m512i bcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return _mm512_set1_epi32(v);
-}
-
-// The 16 rows' d_w of the block at p (32-byte aligned). MXFP4: 2^(e−128) as gguf_e8m0_half builds its bits
-// (e < 2: the subnormal 0x00200000 << e; else (e − 1) << 23).
-template <WeightFormat F>
-KESTREL_AVX512 inline __m512 row_scales(const uint8_t* p) {
-  if constexpr (F == WeightFormat::kGgufQ4_0) {
-    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
-  } else {
-    const __m512i e = _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
-    const __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
-    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, sub));
-  }
 }
 
 // Nibbles 0..15 as the unsigned bytes vpdpbusd takes: Q4_0 as they are (value + 8), MXFP4 2·E2M1 + 12.
@@ -75,7 +62,7 @@ KESTREL_AVX512 void tile(const uint8_t* g, int64_t nb, const int8_t* const* X, c
   const __m512i nib = _mm512_set1_epi8(15);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = g + b * kQ4x16BlockBytes;
-    const __m512 dw = row_scales<F>(p);
+    const __m512 dw = x16::row_scales<F>(p);
     __m512i lo[4], hi[4];
 #pragma GCC unroll 4
     for (int u = 0; u < 4; ++u) {

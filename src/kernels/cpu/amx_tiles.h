@@ -70,8 +70,7 @@ struct HwTiles {
   static KESTREL_AMX_ATTR void dpbssd() {
 #define KESTREL_TDPBSSD(c, a, b) \
   if constexpr (C == c && A == a && B == b) __asm__ volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::: "memory"); else
-    KESTREL_TDPBSSD(0, 2, 4) KESTREL_TDPBSSD(1, 3, 4) KESTREL_TDPBSSD(6, 2, 4) KESTREL_TDPBSSD(7, 3, 4)
-    KESTREL_TDPBSSD(0, 2, 5) KESTREL_TDPBSSD(1, 3, 5) KESTREL_TDPBSSD(6, 2, 5) KESTREL_TDPBSSD(7, 3, 5)
+    KESTREL_TDPBSSD(0, 2, 4) KESTREL_TDPBSSD(1, 3, 5) KESTREL_TDPBSSD(6, 2, 4) KESTREL_TDPBSSD(7, 3, 5)
     static_assert(C < 0, "HwTiles::dpbssd: add the register triple");
 #undef KESTREL_TDPBSSD
   }
